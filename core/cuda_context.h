@@ -1,0 +1,41 @@
+// CUDA-only helpers shared by the .cu files and the storage: the framework's stream per
+// device, and the check macros. Included only where TG_CUDA is on.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace tg::detail {
+[[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, cudaError_t err);
+}
+
+#define TG_CUDA_CHECK(call)                                                          \
+  do {                                                                               \
+    cudaError_t tg_err_ = (call);                                                    \
+    if (tg_err_ != cudaSuccess) ::tg::detail::throw_cuda_error(__FILE__, __LINE__, #call, tg_err_); \
+  } while (0)
+
+// After every kernel launch: catches bad configurations at the launch site.
+#define TG_LAUNCH_CHECK() TG_CUDA_CHECK(cudaGetLastError())
+
+namespace tg::cuda {
+
+// The framework's stream on the given device (created on first use, non-blocking).
+// Every kernel, copy and allocation of that device is ordered on it.
+cudaStream_t stream(int device);
+
+// Makes `device` current for the calling thread.
+void set_device(int device);
+
+// Grid size for a grid-stride loop over n elements: enough blocks to fill the GPU.
+inline unsigned grid_for(int64_t n, int threads) {
+  int64_t blocks = (n + threads - 1) / threads;
+  const int64_t cap = 132 * 32;  // a few waves of every SM; grid-stride loops cover the rest
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,95 @@
+#include "core/storage.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#if TG_CUDA
+#include "core/cuda_context.h"
+#endif
+
+namespace tg {
+namespace {
+
+constexpr int kMaxDevices = 16;
+
+struct Counters {
+  std::atomic<std::size_t> in_use{0};
+  std::atomic<std::size_t> peak{0};
+};
+Counters& counters(Device d) {
+  static Counters cpu;
+  static Counters gpu[kMaxDevices];
+  return d.is_cpu() ? cpu : gpu[d.index];
+}
+
+void count_alloc(Device d, std::size_t bytes) {
+  Counters& c = counters(d);
+  std::size_t now = c.in_use.fetch_add(bytes) + bytes;
+  std::size_t peak = c.peak.load();
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+}  // namespace
+
+Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (device.is_cpu()) {
+    // 64-byte alignment lets Eigen and vector loads use aligned accesses.
+    std::size_t rounded = (bytes + 63) / 64 * 64;
+    data_ = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (rounded && !data_) {
+      throw OutOfMemory(detail::concat("out of host memory allocating ", bytes, " bytes (",
+                                       counters(device).in_use.load(), " bytes in use)"),
+                        bytes, counters(device).in_use.load());
+    }
+  } else {
+#if TG_CUDA
+    TG_CHECK(device.index >= 0 && device.index < kMaxDevices && device.index < cuda_device_count(),
+             "Storage: no such device ", device.str(), " (", cuda_device_count(), " GPUs visible)");
+    if (bytes) {
+      cuda::set_device(device.index);
+      cudaError_t err = cudaMallocAsync(&data_, bytes, cuda::stream(device.index));
+      if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clear the sticky-free error so later calls work
+        data_ = nullptr;
+        std::size_t in_use = counters(device).in_use.load();
+        throw OutOfMemory(detail::concat("CUDA out of memory on ", device.str(), ": asked for ",
+                                         bytes, " bytes with ", in_use,
+                                         " bytes in use by tapegrad tensors"),
+                          bytes, in_use);
+      }
+      TG_CUDA_CHECK(err);
+    }
+#else
+    TG_FAIL("Storage: tensor on ", device.str(), " requested, but tapegrad was built without CUDA");
+#endif
+  }
+  count_alloc(device, bytes);
+}
+
+Storage::~Storage() {
+  if (data_) {
+    if (device_.is_cpu()) {
+      std::free(data_);
+    } else {
+#if TG_CUDA
+      // Errors here are ignored: a destructor must not throw, and a failed free at
+      // shutdown leaves nothing to recover.
+      cudaSetDevice(device_.index);
+      cudaFreeAsync(data_, cuda::stream(device_.index));
+#endif
+    }
+  }
+  counters(device_).in_use.fetch_sub(bytes_);
+}
+
+MemoryStats memory_stats(Device d) {
+  return {counters(d).in_use.load(), counters(d).peak.load()};
+}
+void reset_peak_memory(Device d) { counters(d).peak.store(counters(d).in_use.load()); }
+
+}  // namespace tg

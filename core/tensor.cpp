@@ -1,0 +1,257 @@
+#include "core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <mutex>
+
+#include "core/random.h"
+#include "core/tensor_kernels.h"
+
+namespace tg {
+namespace {
+
+#if !TG_CUDA
+[[noreturn]] void no_cuda(const char* what) {
+  TG_FAIL(what, ": tapegrad was built without CUDA");
+}
+#endif
+
+template <class F>
+void dispatch_cpu(DType t, F&& f) {
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else f(static_cast<int64_t*>(nullptr));
+}
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
+  if (dd.is_cpu() && sd.is_cpu()) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+#if TG_CUDA
+  cuda::copy_bytes(dst, dd, src, sd, bytes);
+#else
+  no_cuda("copy");
+#endif
+}
+
+}  // namespace
+
+// ---- random generator -------------------------------------------------------------------
+
+namespace {
+std::mutex g_rng_mutex;
+uint64_t g_seed = 0x7A9E6;
+uint64_t g_offset = 0;
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  g_seed = seed;
+  g_offset = 0;
+}
+
+RandomDraw next_random_draw(uint64_t n) {
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  RandomDraw d{g_seed, g_offset};
+  g_offset += n;
+  return d;
+}
+
+// ---- construction -----------------------------------------------------------------------
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions opts) {
+  TG_CHECK(shape.rank() <= kMaxDims, "Tensor: shape ", shape, " has more than ", kMaxDims, " dims");
+  for (int64_t d : shape) TG_CHECK(d >= 0, "Tensor: negative size in shape ", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = opts.dtype;
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(opts.dtype),
+                                            opts.device);
+  return Tensor(std::move(impl));
+}
+
+Tensor& Tensor::fill_(double value) {
+  if (device().is_cpu()) {
+    dispatch_cpu(dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* p = data<T>();
+      T v = static_cast<T>(value);
+      for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
+    });
+  } else {
+#if TG_CUDA
+    cuda::fill(*this, value);
+#else
+    no_cuda("fill_");
+#endif
+  }
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  TG_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: source ", describe(src),
+           " does not match destination ", describe(*this));
+  copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+  bump_version();
+  return *this;
+}
+
+void fill_uniform_(Tensor& t, double low, double high) {
+  TG_CHECK(is_floating(t.dtype()), "uniform: needs a floating dtype, got ", describe(t));
+  RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
+  if (t.device().is_cpu()) {
+    dispatch_cpu(t.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* p = t.data<T>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i)
+        p[i] = static_cast<T>(low + (high - low) * uniform_at(draw.seed, draw.offset + i));
+    });
+  } else {
+#if TG_CUDA
+    cuda::fill_uniform(t, draw, low, high);
+#else
+    no_cuda("uniform");
+#endif
+  }
+  t.bump_version();
+}
+
+void fill_normal_(Tensor& t, double mean, double stddev) {
+  TG_CHECK(is_floating(t.dtype()), "randn: needs a floating dtype, got ", describe(t));
+  RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
+  if (t.device().is_cpu()) {
+    dispatch_cpu(t.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* p = t.data<T>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i)
+        p[i] = static_cast<T>(mean + stddev * normal_at(draw.seed, draw.offset + i));
+    });
+  } else {
+#if TG_CUDA
+    cuda::fill_normal(t, draw, mean, stddev);
+#else
+    no_cuda("randn");
+#endif
+  }
+  t.bump_version();
+}
+
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
+Tensor full(const Shape& shape, double value, TensorOptions opts) {
+  Tensor t = Tensor::empty(shape, opts);
+  t.fill_(value);
+  return t;
+}
+Tensor rand(const Shape& shape, TensorOptions opts) { return uniform(shape, 0.0, 1.0, opts); }
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
+  Tensor t = Tensor::empty(shape, opts);
+  fill_uniform_(t, low, high);
+  return t;
+}
+Tensor randn(const Shape& shape, TensorOptions opts) {
+  Tensor t = Tensor::empty(shape, opts);
+  fill_normal_(t, 0.0, 1.0);
+  return t;
+}
+
+Tensor arange(int64_t n, TensorOptions opts) {
+  TG_CHECK(n >= 0, "arange: negative length ", n);
+  Tensor host = Tensor::empty(Shape{n}, {.dtype = opts.dtype});
+  dispatch_cpu(opts.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* p = host.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(i);
+  });
+  return opts.device.is_cpu() ? host : host.to(opts.device);
+}
+
+namespace {
+template <class T>
+Tensor from_values(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
+  TG_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_vector: ", values.size(),
+           " values do not fill shape ", shape);
+  Tensor host = Tensor::empty(shape, {.dtype = dtype_of<T>()});
+  if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
+  if (opts.dtype != dtype_of<T>()) host = host.to(opts.dtype);
+  return opts.device.is_cpu() ? host : host.to(opts.device);
+}
+}  // namespace
+
+Tensor from_vector(const std::vector<float>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
+Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
+Tensor from_vector(const std::vector<int64_t>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
+
+// ---- copies without autograd ------------------------------------------------------------
+
+Tensor Tensor::clone() const {
+  Tensor out = Tensor::empty(shape(), {.dtype = dtype(), .device = device()});
+  copy_bytes(out.raw_data(), device(), raw_data(), device(), nbytes());
+  return out;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = shape();
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  TG_CHECK(!on || is_floating(dtype()), "requires_grad_: ", describe(*this), " is not floating point");
+  impl()->requires_grad = on;
+  return *this;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor src = *this;
+  if (dtype() != dtype_of<T>()) src = detach().to(dtype_of<T>());
+  std::vector<T> out(static_cast<size_t>(numel()));
+  copy_bytes(out.data(), Device::cpu(), src.raw_data(), src.device(), out.size() * sizeof(T));
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+
+double Tensor::item() const {
+  TG_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, not one");
+  if (dtype() == DType::i64) return static_cast<double>(to_vector<int64_t>()[0]);
+  return to_vector<double>()[0];
+}
+
+// ---- printing ---------------------------------------------------------------------------
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined tensor";
+  return detail::concat(dtype_name(t.dtype()), t.shape(), " on ", t.device().str());
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "Tensor(undefined)";
+  os << "Tensor(" << describe(t);
+  if (t.requires_grad()) os << ", requires_grad";
+  const int64_t shown = std::min<int64_t>(t.numel(), 8);
+  if (shown > 0) {
+    // Copy only the first few elements: printing must not move a whole GPU tensor.
+    std::vector<double> v(static_cast<size_t>(shown));
+    dispatch_cpu(t.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      std::vector<T> head(static_cast<size_t>(shown));
+      copy_bytes(head.data(), Device::cpu(), t.raw_data(), t.device(), head.size() * sizeof(T));
+      for (int64_t i = 0; i < shown; ++i) v[i] = static_cast<double>(head[i]);
+    });
+    os << ", values [";
+    for (int64_t i = 0; i < shown; ++i) os << (i ? ", " : "") << std::setprecision(6) << v[i];
+    if (t.numel() > shown) os << ", ...";
+    os << "]";
+  }
+  return os << ")";
+}
+
+}  // namespace tg

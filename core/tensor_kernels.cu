@@ -1,0 +1,117 @@
+#include "core/cuda_context.h"
+#include "core/tensor_kernels.h"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void fill_kernel(T* out, int64_t n, T value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = value;
+}
+
+template <class T>
+__global__ void uniform_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, double low, double high) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = static_cast<T>(low + (high - low) * uniform_at(seed, offset + i));
+}
+
+template <class T>
+__global__ void normal_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double stddev) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = static_cast<T>(mean + stddev * normal_at(seed, offset + i));
+}
+
+template <class S, class D>
+__global__ void cast_kernel(const S* in, D* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = static_cast<D>(in[i]);
+}
+
+// Calls f with a null pointer of the tensor's element type.
+template <class F>
+void dispatch(DType t, F&& f) {
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else f(static_cast<int64_t*>(nullptr));
+}
+
+}  // namespace
+
+void fill(const Tensor& t, double value) {
+  int64_t n = t.numel();
+  if (n == 0) return;
+  set_device(t.device().index);
+  dispatch(t.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    fill_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
+        t.data<T>(), n, static_cast<T>(value));
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void fill_uniform(const Tensor& t, RandomDraw draw, double low, double high) {
+  int64_t n = t.numel();
+  if (n == 0) return;
+  set_device(t.device().index);
+  dispatch(t.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    uniform_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
+        t.data<T>(), n, draw.seed, draw.offset, low, high);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev) {
+  int64_t n = t.numel();
+  if (n == 0) return;
+  set_device(t.device().index);
+  dispatch(t.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    normal_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
+        t.data<T>(), n, draw.seed, draw.offset, mean, stddev);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void cast(const Tensor& src, const Tensor& dst) {
+  int64_t n = src.numel();
+  if (n == 0) return;
+  set_device(src.device().index);
+  dispatch(src.dtype(), [&](auto* stag) {
+    using S = std::remove_pointer_t<decltype(stag)>;
+    dispatch(dst.dtype(), [&](auto* dtag) {
+      using D = std::remove_pointer_t<decltype(dtag)>;
+      cast_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, stream(src.device().index)>>>(
+          src.data<S>(), dst.data<D>(), n);
+    });
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cuda() && src_device.is_cuda()) {
+    set_device(src_device.index);
+    if (dst_device.index != src_device.index) {
+      // Order after pending work on both devices, then copy peer to peer.
+      TG_CUDA_CHECK(cudaStreamSynchronize(stream(dst_device.index)));
+      TG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes,
+                                        stream(src_device.index)));
+      TG_CUDA_CHECK(cudaStreamSynchronize(stream(src_device.index)));
+    } else {
+      TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(src_device.index)));
+    }
+    return;
+  }
+  int dev = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  set_device(dev);
+  cudaMemcpyKind kind = dst_device.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream(dev)));
+  // The host buffer may be freed or read as soon as we return.
+  TG_CUDA_CHECK(cudaStreamSynchronize(stream(dev)));
+}
+
+}  // namespace tg::cuda

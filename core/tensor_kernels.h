@@ -1,0 +1,19 @@
+// GPU fills, casts and copies that the core itself needs (factories, to(), to_vector).
+// Declared for every build; defined in tensor_kernels.cu when TG_CUDA is on.
+#pragma once
+#include <cstddef>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace tg::cuda {
+
+void fill(const Tensor& t, double value);
+void fill_uniform(const Tensor& t, RandomDraw draw, double low, double high);
+void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev);
+void cast(const Tensor& src, const Tensor& dst);  // same numel, any two dtypes
+// Copies bytes between any two devices, ordered on the framework's streams; returns once
+// the host side may be reused or read.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+
+}  // namespace tg::cuda

@@ -1,0 +1,122 @@
+// CPU reference kernels of the basic ops: elementwise, reductions, permute, cast.
+#include <cstring>
+
+#include "ops/broadcast.h"
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/cpu/kernels.h"
+#include "ops/reduce_index.h"
+
+namespace tg::cpu {
+
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  dispatch_floating("binary", a.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+    const int64_t n = out.numel();
+    auto apply = [op](T x, T y) {
+      switch (op) {
+        case BinaryOp::add: return x + y;
+        case BinaryOp::sub: return x - y;
+        case BinaryOp::mul: return x * y;
+        default: return x / y;
+      }
+    };
+    if (a.shape() == out.shape() && b.shape() == out.shape()) {
+      for (int64_t i = 0; i < n; ++i) po[i] = apply(pa[i], pb[i]);
+      return;
+    }
+    BroadcastIndex ix = make_broadcast_index(out.shape(), a.shape(), b.shape());
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t ia, ib;
+      ix.offsets(i, ia, ib);
+      po[i] = apply(pa[ia], pb[ib]);
+    }
+  });
+}
+
+void affine(const Tensor& out, const Tensor& a, double scale, double shift) {
+  dispatch_floating("affine", a.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* pa = a.data<T>();
+    T* po = out.data<T>();
+    const T s = static_cast<T>(scale), h = static_cast<T>(shift);
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = pa[i] * s + h;
+  });
+}
+
+void relu(const Tensor& out, const Tensor& x) {
+  dispatch_floating("relu", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = px[i] > T(0) ? px[i] : T(0);
+  });
+}
+
+void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  dispatch_floating("relu_backward", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* px = x.data<T>();
+    const T* pg = dy.data<T>();
+    T* po = dx.data<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = px[i] > T(0) ? pg[i] : T(0);
+  });
+}
+
+void sum(const Tensor& out, const Tensor& x, const ReduceIndex& ix) {
+  dispatch_floating("sum", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    for (int64_t o = 0; o < ix.out_count; ++o) {
+      const T* base = px + ix.out_base(o);
+      double acc = 0;  // f32 sums accumulate in double: the reference must be the accurate one
+      if (ix.red_rank == 1 && ix.red_strides[0] == 1) {
+        for (int64_t r = 0; r < ix.red_count; ++r) acc += base[r];
+      } else {
+        for (int64_t r = 0; r < ix.red_count; ++r) acc += base[ix.red_offset(r)];
+      }
+      po[o] = static_cast<T>(acc);
+    }
+  });
+}
+
+void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dims) {
+  const int rank = static_cast<int>(x.dim());
+  auto in_strides = contiguous_strides(x.shape());
+  // Output element i (row-major over out's shape) reads input at sum(c_d * in_stride[dims[d]]).
+  int64_t sizes[kMaxDims], strides[kMaxDims];
+  for (int d = 0; d < rank; ++d) {
+    sizes[d] = out.size(d);
+    strides[d] = in_strides[dims[d]];
+  }
+  const std::size_t elem = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    int64_t off = ReduceIndex::unravel(i, rank, sizes, strides);
+    std::memcpy(dst + i * elem, src + off * elem, elem);
+  }
+}
+
+void cast(const Tensor& out, const Tensor& x) {
+  auto convert = [&](auto* stag) {
+    using S = TG_ELEMENT_TYPE(stag);
+    const S* ps = static_cast<const S*>(x.raw_data());
+    auto write = [&](auto* dtag) {
+      using D = TG_ELEMENT_TYPE(dtag);
+      D* pd = static_cast<D*>(out.raw_data());
+      for (int64_t i = 0, n = x.numel(); i < n; ++i) pd[i] = static_cast<D>(ps[i]);
+    };
+    if (out.dtype() == DType::f32) write(static_cast<float*>(nullptr));
+    else if (out.dtype() == DType::f64) write(static_cast<double*>(nullptr));
+    else write(static_cast<int64_t*>(nullptr));
+  };
+  if (x.dtype() == DType::f32) convert(static_cast<float*>(nullptr));
+  else if (x.dtype() == DType::f64) convert(static_cast<double*>(nullptr));
+  else convert(static_cast<int64_t*>(nullptr));
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,144 @@
+#include "ops/elementwise.h"
+
+#include "autograd/tape.h"
+#include "ops/broadcast.h"
+#include "ops/cpu/kernels.h"
+#include "ops/dispatch.h"
+#include "ops/reduce.h"
+#if TG_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace tg {
+
+void check_floating(const char* op, const Tensor& t) {
+  TG_CHECK(t.defined(), op, ": an input is an undefined tensor");
+  TG_CHECK(is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
+}
+
+void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  check_floating(op, a);
+  check_floating(op, b);
+  TG_CHECK(a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
+  TG_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
+}
+
+Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
+  int64_t r = std::max(a.rank(), b.rank());
+  std::vector<int64_t> out(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.rank() ? 1 : a[i - (r - a.rank())];
+    int64_t db = i < r - b.rank() ? 1 : b[i - (r - b.rank())];
+    TG_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a, " and ", b, " cannot be broadcast together");
+    out[i] = da == 1 ? db : da;
+  }
+  return Shape(out);
+}
+
+BroadcastIndex make_broadcast_index(const Shape& out, const Shape& a, const Shape& b) {
+  BroadcastIndex ix;
+  ix.rank = static_cast<int>(out.rank());
+  auto sa = contiguous_strides(a), sb = contiguous_strides(b);
+  for (int d = 0; d < ix.rank; ++d) {
+    ix.out_sizes[d] = out[d];
+    int64_t ia = d - (out.rank() - a.rank()), ib = d - (out.rank() - b.rank());
+    ix.a_strides[d] = (ia >= 0 && a[ia] != 1) ? sa[ia] : 0;
+    ix.b_strides[d] = (ib >= 0 && b[ib] != 1) ? sb[ib] : 0;
+  }
+  return ix;
+}
+
+namespace {
+
+const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add";
+    case BinaryOp::sub: return "sub";
+    case BinaryOp::mul: return "mul";
+    default: return "div";
+  }
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = op_name(op);
+  check_same_device_dtype(name, a, b);
+  Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
+  Tensor out = Tensor::empty(out_shape, {.dtype = a.dtype(), .device = a.device()});
+  TG_DISPATCH(a.device(), binary(op, out, a, b));
+  if (should_record({a, b})) {
+    // mul and div need their inputs; add and sub need nothing.
+    std::vector<Tensor> saved;
+    if (op == BinaryOp::mul || op == BinaryOp::div) saved = {a, b};
+    record(name, {a, b}, {out}, saved, [op, sa = a.shape(), sb = b.shape()](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      Tensor ga, gb;
+      switch (op) {
+        case BinaryOp::add:
+          if (args.needs_grad[0]) ga = sum_to(g, sa);
+          if (args.needs_grad[1]) gb = sum_to(g, sb);
+          break;
+        case BinaryOp::sub:
+          if (args.needs_grad[0]) ga = sum_to(g, sa);
+          if (args.needs_grad[1]) gb = sum_to(neg(g), sb);
+          break;
+        case BinaryOp::mul:
+          if (args.needs_grad[0]) ga = sum_to(mul(g, args.saved[1]), sa);
+          if (args.needs_grad[1]) gb = sum_to(mul(g, args.saved[0]), sb);
+          break;
+        case BinaryOp::div: {
+          const Tensor& x = args.saved[0];
+          const Tensor& y = args.saved[1];
+          if (args.needs_grad[0]) ga = sum_to(div(g, y), sa);
+          // d(x/y)/dy = -x / y^2
+          if (args.needs_grad[1]) gb = sum_to(neg(div(mul(g, x), mul(y, y))), sb);
+          break;
+        }
+      }
+      return std::vector<Tensor>{ga, gb};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+
+Tensor affine(const Tensor& a, double scale, double shift) {
+  check_floating("affine", a);
+  Tensor out = Tensor::empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
+  TG_DISPATCH(a.device(), affine(out, a, scale, shift));
+  if (should_record({a})) {
+    record("affine", {a}, {out}, {}, [scale](const BackwardArgs& args) {
+      return std::vector<Tensor>{affine(args.grad_outputs[0], scale, 0.0)};
+    });
+  }
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  check_floating("relu", x);
+  Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), relu(out, x));
+  if (should_record({x})) {
+    // Saving the output instead of the input works too (y > 0 iff x > 0) and lets the
+    // input be freed; the output is kept alive by the tape anyway.
+    record("relu", {x}, {out}, {out}, [](const BackwardArgs& args) {
+      return std::vector<Tensor>{relu_backward(args.grad_outputs[0], args.saved[0])};
+    });
+  }
+  return out;
+}
+
+Tensor relu_backward(const Tensor& dy, const Tensor& x) {
+  check_same_device_dtype("relu_backward", dy, x);
+  TG_CHECK(dy.shape() == x.shape(), "relu_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  Tensor dx = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), relu_backward(dx, dy, x));
+  return dx;
+}
+
+}  // namespace tg

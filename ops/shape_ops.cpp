@@ -1,0 +1,111 @@
+// The Tensor methods that change shape, layout, dtype or device. They are declared on
+// Tensor (core) for convenience but live here because they are recorded on the tape.
+#include <numeric>
+
+#include "autograd/tape.h"
+#include "core/tensor_kernels.h"
+#include "ops/cpu/kernels.h"
+#include "ops/dispatch.h"
+#if TG_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace tg {
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  std::vector<int64_t> dims = new_shape.dims();
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == -1) {
+      TG_CHECK(infer < 0, "reshape: more than one -1 in ", new_shape, " (from ", describe(*this), ")");
+      infer = static_cast<int64_t>(i);
+    } else {
+      TG_CHECK(dims[i] >= 0, "reshape: negative size in ", new_shape);
+      known *= dims[i];
+    }
+  }
+  if (infer >= 0) {
+    TG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot infer -1 in ", new_shape,
+             " for ", describe(*this));
+    dims[infer] = numel() / known;
+  }
+  Shape target(dims);
+  TG_CHECK(target.rank() <= kMaxDims, "reshape: ", target, " has more than ", kMaxDims, " dims");
+  TG_CHECK(target.numel() == numel(), "reshape: ", describe(*this), " (", numel(),
+           " elements) cannot be viewed as ", target);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;  // a view: same buffer, same version counter
+  impl->shape = target;
+  impl->dtype = dtype();
+  Tensor out(std::move(impl));
+  if (should_record({*this})) {
+    record("reshape", {*this}, {out}, {}, [in_shape = shape()](const BackwardArgs& args) {
+      return std::vector<Tensor>{args.grad_outputs[0].reshape(in_shape)};
+    });
+  }
+  return out;
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  TG_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(),
+           " dims given for ", describe(*this));
+  std::vector<int64_t> perm(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  std::vector<int64_t> out_dims(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int64_t d = dims[i] < 0 ? dims[i] + dim() : dims[i];
+    TG_CHECK(d >= 0 && d < dim() && !seen[d], "permute: invalid permutation for ", describe(*this));
+    seen[d] = true;
+    perm[i] = d;
+    out_dims[i] = size(d);
+  }
+  Tensor out = Tensor::empty(Shape(out_dims), {.dtype = dtype(), .device = device()});
+  TG_DISPATCH(device(), permute(out, *this, perm));
+  if (should_record({*this})) {
+    std::vector<int64_t> inverse(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+    record("permute", {*this}, {out}, {}, [inverse](const BackwardArgs& args) {
+      return std::vector<Tensor>{args.grad_outputs[0].permute(inverse)};
+    });
+  }
+  return out;
+}
+
+Tensor Tensor::contiguous() const {
+  // Every tensor is contiguous; this is a plain (differentiable) copy.
+  std::vector<int64_t> identity(static_cast<size_t>(dim()));
+  std::iota(identity.begin(), identity.end(), 0);
+  return permute(identity);
+}
+
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  Tensor out = Tensor::empty(shape(), {.dtype = dtype(), .device = target});
+  out.copy_(*this);
+  if (should_record({*this})) {
+    record("to_device", {*this}, {out}, {}, [source = device()](const BackwardArgs& args) {
+      return std::vector<Tensor>{args.grad_outputs[0].to(source)};
+    });
+  }
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = Tensor::empty(shape(), {.dtype = target, .device = device()});
+  if (device().is_cpu()) {
+    cpu::cast(out, *this);
+  } else {
+#if TG_CUDA
+    cuda::cast(*this, out);
+#endif
+  }
+  if (is_floating(target) && should_record({*this})) {
+    record("to_dtype", {*this}, {out}, {}, [source = dtype()](const BackwardArgs& args) {
+      return std::vector<Tensor>{args.grad_outputs[0].to(source)};
+    });
+  }
+  return out;
+}
+
+}  // namespace tg
