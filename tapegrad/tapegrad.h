@@ -11,3 +11,7 @@
 #include "core/tensor.h"
 #include "ops/elementwise.h"
 #include "ops/reduce.h"
+#include "nn/init.h"
+#include "nn/module.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"

@@ -1,0 +1,79 @@
+#include "nn/optim/adam.h"
+
+#include <cmath>
+
+#include "nn/optim/cuda_updates.h"
+
+namespace tg::nn {
+namespace {
+
+// The CPU form of the fused update; same expression order as the CUDA kernel.
+template <class T>
+void adam_cpu(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, const AdamUpdate& u) {  // all (n)
+  const T one_minus_beta1 = T(1.0 - u.beta1), beta2 = T(u.beta2), one_minus_beta2 = T(1.0 - u.beta2);
+  const T eps = T(u.eps), weight_decay = T(u.weight_decay), decay_factor = T(1.0 - u.lr * u.weight_decay);
+  const T step_size = T(u.step_size), bias_correction2_sqrt = T(u.bias_correction2_sqrt);
+  for (int64_t i = 0; i < n; ++i) {
+    T p = param[i];
+    T g = grad[i];
+    if (u.decoupled_weight_decay) p = p * decay_factor;
+    else if (weight_decay != T(0)) g = g + weight_decay * p;
+    T m = exp_avg[i];
+    m = m + one_minus_beta1 * (g - m);
+    T v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    T denom = std::sqrt(v) / bias_correction2_sqrt + eps;
+    param[i] = p - step_size * (m / denom);
+  }
+}
+
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options, false, "Adam") {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled_weight_decay, const char* name)
+    : Optimizer(std::move(params)), options_(o), decoupled_(decoupled_weight_decay), name_(name) {
+  TG_CHECK(o.lr >= 0, name_, ": invalid learning rate ", o.lr);
+  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, name_, ": invalid beta1 ", o.beta1, " (needs 0 <= beta1 < 1)");
+  TG_CHECK(o.beta2 >= 0 && o.beta2 < 1, name_, ": invalid beta2 ", o.beta2, " (needs 0 <= beta2 < 1)");
+  TG_CHECK(o.eps >= 0, name_, ": invalid eps ", o.eps);
+  TG_CHECK(o.weight_decay >= 0, name_, ": invalid weight_decay ", o.weight_decay);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
+    : Adam(std::move(params),
+           AdamOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay},
+           true, "AdamW") {}
+
+void Adam::set_lr(double lr) {
+  TG_CHECK(lr >= 0, name_, ": invalid learning rate ", lr);
+  options_.lr = lr;
+}
+
+void Adam::update(size_t i, const Tensor& g, ParamState& s) {
+  const Tensor& p = params_[i];
+  for (Tensor& b : s.buffers)
+    if (!b.defined()) b = zeros(p.shape(), {.dtype = p.dtype(), .device = p.device()});
+  const double t = static_cast<double>(s.steps);
+  AdamUpdate u{.lr = options_.lr, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+               .weight_decay = options_.weight_decay, .decoupled_weight_decay = decoupled_,
+               .step_size = options_.lr / (1.0 - std::pow(options_.beta1, t)),
+               .bias_correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, t))};
+  const Tensor& m = s.buffers[0];
+  const Tensor& v = s.buffers[1];
+  if (p.device().is_cuda()) {
+#if TG_CUDA
+    cuda::adam_update(p, m, v, g, u);
+#else
+    TG_FAIL(name_, ": tapegrad was built without CUDA");
+#endif
+    return;
+  }
+  if (p.dtype() == DType::f32)
+    adam_cpu(p.data<float>(), m.data<float>(), v.data<float>(), g.data<float>(), p.numel(), u);
+  else
+    adam_cpu(p.data<double>(), m.data<double>(), v.data<double>(), g.data<double>(), p.numel(), u);
+}
+
+}  // namespace tg::nn

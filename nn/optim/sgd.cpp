@@ -1,0 +1,79 @@
+#include "nn/optim/sgd.h"
+
+#include "nn/optim/cuda_updates.h"
+
+namespace tg::nn {
+namespace {
+
+// The CPU form of the fused update; same expression order as the CUDA kernel.
+template <class T>
+void sgd_cpu(T* param, T* buf, const T* grad, int64_t n, const SGDUpdate& u) {  // all (n)
+  const T lr = T(u.lr), momentum = T(u.momentum), one_minus_dampening = T(1.0 - u.dampening);
+  const T weight_decay = T(u.weight_decay);
+  const bool use_momentum = u.momentum != 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T p = param[i];
+    T d = grad[i];
+    if (weight_decay != T(0)) d = d + weight_decay * p;
+    if (use_momentum) {
+      T b = u.first_step ? d : momentum * buf[i] + one_minus_dampening * d;
+      buf[i] = b;
+      d = u.nesterov ? d + momentum * b : b;
+    }
+    param[i] = p - lr * d;
+  }
+}
+
+void check_options(const SGDOptions& o) {
+  TG_CHECK(o.lr >= 0, "SGD: invalid learning rate ", o.lr);
+  TG_CHECK(o.momentum >= 0, "SGD: invalid momentum ", o.momentum);
+  TG_CHECK(o.weight_decay >= 0, "SGD: invalid weight_decay ", o.weight_decay);
+  TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+           "SGD: nesterov momentum requires a momentum > 0 and zero dampening (got momentum ", o.momentum,
+           ", dampening ", o.dampening, ")");
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer(std::move(params)), options_(options) {
+  check_options(options_);
+}
+
+void SGD::set_lr(double lr) {
+  TG_CHECK(lr >= 0, "SGD: invalid learning rate ", lr);
+  options_.lr = lr;
+}
+
+std::vector<std::string> SGD::buffer_names() const {
+  if (options_.momentum == 0) return {};
+  return {"momentum_buffer"};
+}
+
+void SGD::update(size_t i, const Tensor& g, ParamState& s) {
+  const Tensor& p = params_[i];
+  SGDUpdate u{.lr = options_.lr, .momentum = options_.momentum, .dampening = options_.dampening,
+              .weight_decay = options_.weight_decay, .nesterov = options_.nesterov, .first_step = false};
+  Tensor buf;
+  if (u.momentum != 0) {
+    if (!s.buffers[0].defined()) {
+      // PyTorch starts the buffer as a copy of the first (decayed) grad: the kernel writes it.
+      s.buffers[0] = Tensor::empty(p.shape(), {.dtype = p.dtype(), .device = p.device()});
+      u.first_step = true;
+    }
+    buf = s.buffers[0];
+  }
+  if (p.device().is_cuda()) {
+#if TG_CUDA
+    cuda::sgd_update(p, buf, g, u);
+#else
+    TG_FAIL("SGD: tapegrad was built without CUDA");
+#endif
+    return;
+  }
+  if (p.dtype() == DType::f32)
+    sgd_cpu(p.data<float>(), buf.defined() ? buf.data<float>() : nullptr, g.data<float>(), p.numel(), u);
+  else
+    sgd_cpu(p.data<double>(), buf.defined() ? buf.data<double>() : nullptr, g.data<double>(), p.numel(), u);
+}
+
+}  // namespace tg::nn

@@ -1,0 +1,34 @@
+// Stochastic gradient descent with PyTorch's semantics: L2 weight decay added to the grad,
+// momentum whose buffer starts as the first grad itself (no dampening on that step),
+// optional dampening and Nesterov momentum.
+#pragma once
+#include "nn/optim/optimizer.h"
+
+namespace tg::nn {
+
+struct SGDOptions {
+  double lr = 0;  // required (> 0 in practice; 0 is allowed and leaves parameters unchanged)
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions options);
+
+  const SGDOptions& options() const { return options_; }
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override;
+
+ protected:
+  std::vector<std::string> buffer_names() const override;
+  bool has_step_state() const override { return false; }
+  void update(size_t i, const Tensor& g, ParamState& s) override;
+
+ private:
+  SGDOptions options_;
+};
+
+}  // namespace tg::nn
