@@ -60,7 +60,7 @@ double PhaseTimer::lap() {
 void TrainingLog::step(int64_t index, double loss, const StepTimes& t) {
   losses_.push_back(loss);
   times_.push_back(t);
-  std::printf("  step %3lld  loss %.6g  forward %8.2f ms  backward %8.2f ms  optimizer %7.2f ms  total %8.2f ms\n",
+  std::printf("  step %3lld  loss %10.6f  forward %8.2f ms  backward %8.2f ms  optimizer %7.2f ms  total %8.2f ms\n",
               static_cast<long long>(index), loss, t.forward, t.backward, t.optimizer, t.total());
   std::fflush(stdout);
 }
