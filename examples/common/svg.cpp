@@ -13,7 +13,7 @@ namespace ex::svg {
 namespace {
 
 constexpr double kWidth = 440, kHeight = 320;                        // one panel
-constexpr double kLeft = 64, kRight = 16, kTop = 36, kBottom = 48;   // margins around the plot area
+constexpr double kLeft = 64, kRight = 16, kTop = 52, kBottom = 48;   // margins around the plot area
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -82,10 +82,11 @@ void panel(std::ostringstream& os, const Chart& c, double ox) {
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
       if (std::isfinite(s.y[i])) os << px(s.x[i]) << "," << py(s.y[i]) << " ";
     os << "'/>\n";
-    const double ly = kTop + 14 + 16 * static_cast<double>(k);  // legend, top right
-    os << "<line x1='" << px(x1) - 120 << "' x2='" << px(x1) - 100 << "' y1='" << ly - 4 << "' y2='" << ly - 4
-       << "' stroke='" << s.color << "' stroke-width='2'/>\n<text x='" << px(x1) - 95 << "' y='" << ly
-       << "' font-size='11'>" << escape(s.name) << "</text>\n";
+    // The legend runs in one row above the plot, where no curve can hide it.
+    const double lx = ox + kLeft + 110 * static_cast<double>(k), ly = kTop - 10;
+    os << "<line x1='" << lx << "' x2='" << lx + 20 << "' y1='" << ly - 4 << "' y2='" << ly - 4 << "' stroke='"
+       << s.color << "' stroke-width='2'/>\n<text x='" << lx + 25 << "' y='" << ly << "' font-size='11'>"
+       << escape(s.name) << "</text>\n";
   }
 }
 

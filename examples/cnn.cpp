@@ -1,0 +1,172 @@
+// A small CNN trained end to end on a synthetic 10-class image task (examples/common/
+// shapes_dataset.h: bars at four angles, plus, x, disk, ring, hollow square, checkerboard,
+// each at a random position, size and brightness under noise):
+//
+//   conv 3x3 (1 -> 16) -> GroupNorm(4) -> ReLU -> conv 3x3 stride 2 (16 -> 32) -> GroupNorm(8)
+//   -> ReLU -> mean over the 8x8 positions -> Linear(32 -> 10) -> cross-entropy
+//
+// trained with Adam. Prints loss and accuracy per epoch (accuracy on held-out images the
+// net never trains on) and writes both curves to an SVG file.
+//
+//   cnn                              # CPU, about 15 seconds on 2 cores
+//   cnn --device cuda --epochs 12 --svg curves.svg
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "common/example.h"
+#include "common/shapes_dataset.h"
+#include "common/svg.h"
+#include "common/training.h"
+#include "tapegrad/tapegrad.h"
+
+namespace {
+
+namespace nn = tg::nn;
+
+std::shared_ptr<nn::Sequential> make_model(tg::Device device) {
+  const tg::TensorOptions on{.device = device};
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 1, .out_channels = 16, .padding = {1}}, on));
+  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 4, .num_channels = 16}, on));
+  m->add(std::make_shared<nn::ReLU>());
+  // Stride 2 halves the map to 8x8: four times less work, and a wider view for each unit.
+  m->add(std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 16, .out_channels = 32, .stride = {2}, .padding = {1}}, on));
+  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 8, .num_channels = 32}, on));
+  m->add(std::make_shared<nn::ReLU>());
+  m->add(std::make_shared<nn::MeanPool>());  // (N, 32, 8, 8) -> (N, 32)
+  m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 32, .out_features = ex::kShapeClasses}, on));
+  return m;
+}
+
+// Images [first, first + count) of `order` as one batch on the device.
+struct Batch {
+  tg::Tensor images;  // (count, 1, 16, 16)
+  tg::Tensor labels;  // (count) i64
+};
+Batch make_batch(const ex::ShapesDataset& d, const std::vector<int64_t>& order, int64_t first, int64_t count,
+                 tg::Device device) {
+  constexpr int64_t pixels = ex::kShapeImageSize * ex::kShapeImageSize;
+  std::vector<float> images(static_cast<size_t>(count * pixels));
+  std::vector<int64_t> labels(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t src = order[static_cast<size_t>(first + i)];
+    std::copy_n(d.images.begin() + src * pixels, pixels, images.begin() + i * pixels);
+    labels[static_cast<size_t>(i)] = d.labels[static_cast<size_t>(src)];
+  }
+  return {tg::from_vector(images, {count, 1, ex::kShapeImageSize, ex::kShapeImageSize}, {.device = device}),
+          tg::from_vector(labels, {count}, {.dtype = tg::DType::i64, .device = device})};
+}
+
+// Number of rows of logits (N, classes) whose largest entry is at the label.
+int64_t correct(const tg::Tensor& logits, const tg::Tensor& labels) {
+  const std::vector<float> l = logits.to_vector<float>();
+  const std::vector<int64_t> y = labels.to_vector<int64_t>();
+  const int64_t classes = logits.size(1);
+  int64_t hits = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    auto row = l.begin() + static_cast<int64_t>(i) * classes;
+    hits += std::max_element(row, row + classes) - row == y[i];
+  }
+  return hits;
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+// Loss and accuracy over a whole dataset, without recording (no tape is active here).
+Evaluation evaluate(nn::Module& model, const ex::ShapesDataset& d, int64_t batch, tg::Device device) {
+  std::vector<int64_t> order(static_cast<size_t>(d.count));
+  std::iota(order.begin(), order.end(), 0);
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int64_t first = 0; first < d.count; first += batch) {
+    const int64_t n = std::min(batch, d.count - first);
+    Batch b = make_batch(d, order, first, n, device);
+    tg::Tensor logits = model(b.images);
+    loss_sum += tg::cross_entropy(logits, b.labels).item() * static_cast<double>(n);
+    hits += correct(logits, b.labels);
+  }
+  return {loss_sum / static_cast<double>(d.count), static_cast<double>(hits) / static_cast<double>(d.count)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ex::guarded_main([&] {
+    ex::Args args(argc, argv, {});
+    const tg::Device device = tg::parse_device(args.get("device", "cpu"));
+    const int64_t epochs = args.get_int("epochs", 12);
+    const int64_t batch = args.get_int("batch", 32);
+    const int64_t train_count = args.get_int("train", 4000), test_count = args.get_int("test", 1000);
+    const double lr = args.get_double("lr", 3e-3);
+    const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
+    const std::string svg_path = args.get("svg", "cnn_curves.svg");
+    args.finish("[--device cpu|cuda] [--epochs N] [--batch N] [--train N] [--test N] [--lr X] [--seed N] [--svg PATH]");
+
+    tg::manual_seed(seed);
+    // Different seeds: the held-out images are new draws, not copies of training images.
+    const ex::ShapesDataset train = ex::make_shapes_dataset(train_count, 1000 + seed);
+    const ex::ShapesDataset test = ex::make_shapes_dataset(test_count, 2000 + seed);
+    std::printf("synthetic shapes: %lld training and %lld held-out 16x16 images, 10 classes; a sample (%s):\n%s",
+                static_cast<long long>(train.count), static_cast<long long>(test.count),
+                ex::shape_class_names()[4].c_str(), ex::ascii_image(train, 4).c_str());
+
+    auto model = make_model(device);
+    auto optimizer = ex::make_optimizer("adam", model->parameters(), lr);
+    std::printf("model: %zu parameter tensors, Adam lr %g, batch %lld, %s\n", model->parameters().size(), lr,
+                static_cast<long long>(batch), device.str().c_str());
+
+    std::vector<double> epoch_axis, train_loss, test_loss, train_acc, test_acc;
+    std::vector<int64_t> order(static_cast<size_t>(train.count));
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 shuffle_rng(seed);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+      std::shuffle(order.begin(), order.end(), shuffle_rng);
+      double loss_sum = 0;
+      int64_t hits = 0;
+      for (int64_t first = 0; first + batch <= train.count; first += batch) {  // drops the last partial batch
+        Batch b = make_batch(train, order, first, batch, device);
+        tg::Tape tape;
+        tg::Tensor logits = (*model)(b.images);
+        tg::Tensor loss = tg::cross_entropy(logits, b.labels);
+        tape.backward(loss);
+        optimizer->step();
+        optimizer->zero_grad();
+        loss_sum += loss.item() * static_cast<double>(batch);
+        hits += correct(logits, b.labels);
+      }
+      const double seen = static_cast<double>(train.count / batch * batch);
+      const Evaluation held_out = evaluate(*model, test, 256, device);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      epoch_axis.push_back(static_cast<double>(epoch));
+      train_loss.push_back(loss_sum / seen);
+      train_acc.push_back(static_cast<double>(hits) / seen);
+      test_loss.push_back(held_out.loss);
+      test_acc.push_back(held_out.accuracy);
+      std::printf("epoch %2lld  train loss %.4f  train acc %5.1f%%  held-out loss %.4f  held-out acc %5.1f%%  (%.1f s)\n",
+                  static_cast<long long>(epoch), train_loss.back(), 100 * train_acc.back(), test_loss.back(),
+                  100 * test_acc.back(), seconds);
+      std::fflush(stdout);
+    }
+
+    ex::svg::write(svg_path, {{.title = "loss (cross-entropy)",
+                               .x_label = "epoch",
+                               .y_label = "loss",
+                               .series = {{"train", epoch_axis, train_loss, "#1f77b4"},
+                                          {"held-out", epoch_axis, test_loss, "#d62728"}},
+                               .y_from_zero = true},
+                              {.title = "accuracy",
+                               .x_label = "epoch",
+                               .y_label = "fraction correct",
+                               .series = {{"train", epoch_axis, train_acc, "#1f77b4"},
+                                          {"held-out", epoch_axis, test_acc, "#d62728"}},
+                               .y_from_zero = true}});
+    std::printf("wrote %s\n", svg_path.c_str());
+    return 0;
+  });
+}
