@@ -1,0 +1,94 @@
+// CPU reference of the losses: loops with double accumulation.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/loss.h"
+
+namespace tg::cpu {
+
+void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target) {
+  check_mse_buffers("mse_loss_forward", pred, target, out);
+  dispatch_floating("mse_loss", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* p = pred.data<T>();
+    const T* t = target.data<T>();
+    const int64_t n = pred.numel();
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(p[i]) - double(t[i]);
+      acc += d * d;
+    }
+    out.data<T>()[0] = static_cast<T>(acc / static_cast<double>(n));
+  });
+}
+
+void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                       const Tensor& pred, const Tensor& target) {
+  check_mse_buffers("mse_loss_backward", pred, target, grad_out);
+  for (const Tensor* d : {&dpred, &dtarget})
+    TG_CHECK(!d->defined() || (d->shape() == pred.shape() && d->dtype() == pred.dtype() && d->device() == pred.device()),
+             "mse_loss_backward: gradient buffer ", describe(*d), " does not match ", describe(pred));
+  dispatch_floating("mse_loss_backward", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* p = pred.data<T>();
+    const T* t = target.data<T>();
+    T* dp = dpred.defined() ? dpred.data<T>() : nullptr;
+    T* dt = dtarget.defined() ? dtarget.data<T>() : nullptr;
+    const int64_t n = pred.numel();
+    const double k = 2.0 * double(grad_out.data<T>()[0]) / static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = k * (double(p[i]) - double(t[i]));
+      if (dp) dp[i] = static_cast<T>(g);
+      if (dt) dt[i] = static_cast<T>(-g);
+    }
+  });
+}
+
+void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets) {
+  check_cross_entropy_buffers("cross_entropy_forward", logits, targets, lse, out);
+  dispatch_floating("cross_entropy", logits.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* x = logits.data<T>();            // (N, K)
+    const int64_t* t = targets.data<int64_t>();  // (N)
+    double* plse = lse.data<double>();        // (N)
+    double total = 0;
+    for (int64_t r = 0; r < N; ++r) {
+      const T* row = x + r * K;
+      const double m = *std::max_element(row, row + K);
+      double s = 0;
+      for (int64_t j = 0; j < K; ++j) s += std::exp(double(row[j]) - m);
+      const double l = m + std::log(s);
+      plse[r] = l;
+      const bool valid = t[r] >= 0 && t[r] < K;
+      total += valid ? l - double(row[t[r]]) : std::numeric_limits<double>::quiet_NaN();
+    }
+    out.data<T>()[0] = static_cast<T>(total / static_cast<double>(N));
+  });
+}
+
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                            const Tensor& targets, const Tensor& lse) {
+  check_cross_entropy_buffers("cross_entropy_backward", logits, targets, lse, grad_out);
+  TG_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+               dlogits.device() == logits.device(),
+           "cross_entropy_backward: dlogits ", describe(dlogits), " does not match logits ", describe(logits));
+  dispatch_floating("cross_entropy_backward", logits.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* x = logits.data<T>();               // (N, K)
+    const int64_t* t = targets.data<int64_t>();  // (N)
+    const double* plse = lse.data<double>();     // (N)
+    T* dx = dlogits.data<T>();                   // (N, K)
+    const double k = double(grad_out.data<T>()[0]) / static_cast<double>(N);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t j = 0; j < K; ++j) {
+        const double softmax = std::exp(double(x[r * K + j]) - plse[r]);
+        dx[r * K + j] = static_cast<T>(k * (softmax - (j == t[r] ? 1.0 : 0.0)));
+      }
+  });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,108 @@
+// CPU reference of group_norm: plain loops with double accumulation.
+//
+// Backward, per (n, g) with M = group_size, xhat = (x - mean) * rstd and g_c = gamma_c:
+//   dx = rstd * (g_c dy - A - xhat B),  A = sum(g_c dy) / M,  B = sum(g_c dy xhat) / M
+// Both sums follow from per-(n, c) sums db = sum_hw dy and ds = sum_hw dy (x - mean), which
+// also give dbeta_c = sum_n db and dgamma_c = sum_n rstd ds. The CUDA kernels use the
+// same decomposition, so the two backends agree term by term.
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/dtype_dispatch.h"
+#include "ops/norm.h"
+
+namespace tg::cpu {
+
+void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
+  TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
+           "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+  dispatch_floating("group_norm", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* px = x.data<T>();  // (N, C, HW)
+    T* py = y.data<T>();        // (N, C, HW)
+    T* pm = mean.data<T>();     // (N, G)
+    T* pr = rstd.data<T>();     // (N, G)
+    const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
+    const T* pb = beta.defined() ? beta.data<T>() : nullptr;    // (C)
+    const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
+    for (int64_t ng = 0; ng < p.N * G; ++ng) {
+      const T* xg = px + ng * M;  // a group is contiguous: D channels of HW
+      double s = 0, ss = 0;
+      for (int64_t i = 0; i < M; ++i) s += xg[i];
+      const double mu = s / static_cast<double>(M);
+      for (int64_t i = 0; i < M; ++i) ss += (xg[i] - mu) * (xg[i] - mu);
+      const double rs = 1.0 / std::sqrt(ss / static_cast<double>(M) + p.eps);
+      pm[ng] = static_cast<T>(mu);
+      pr[ng] = static_cast<T>(rs);
+      const int64_t g = ng % G;
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t c = g * D + d;
+        const double scale = rs * (pg ? double(pg[c]) : 1.0), shift = (pb ? double(pb[c]) : 0.0);
+        for (int64_t i = d * HW; i < (d + 1) * HW; ++i)
+          py[ng * M + i] = static_cast<T>((xg[i] - mu) * scale + shift);
+      }
+    }
+  });
+}
+
+void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
+                         const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                         const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
+  TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
+           "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  TG_CHECK(!dx.defined() || (dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.device() == x.device()),
+           "group_norm_backward: dx ", describe(dx), " does not match input ", describe(x));
+  for (const Tensor* t : {&dgamma, &dbeta})
+    TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
+             "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+  dispatch_floating("group_norm_backward", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* px = x.data<T>();    // (N, C, HW)
+    const T* pdy = dy.data<T>();  // (N, C, HW)
+    const T* pm = mean.data<T>();  // (N, G)
+    const T* pr = rstd.data<T>();  // (N, G)
+    const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
+    const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
+    std::vector<double> gsum(static_cast<size_t>(p.C), 0.0), bsum(static_cast<size_t>(p.C), 0.0);
+    for (int64_t ng = 0; ng < p.N * G; ++ng) {
+      const int64_t g = ng % G;
+      const double mu = pm[ng], rs = pr[ng];
+      const T* xg = px + ng * M;
+      const T* dyg = pdy + ng * M;
+      double sum_g = 0, sum_gx = 0;  // sum(g_c dy), sum(g_c dy (x - mean))
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t c = g * D + d;
+        double b = 0, s = 0;
+        for (int64_t i = d * HW; i < (d + 1) * HW; ++i) {
+          b += dyg[i];
+          s += dyg[i] * (xg[i] - mu);
+        }
+        const double gc = pg ? double(pg[c]) : 1.0;
+        sum_g += gc * b;
+        sum_gx += gc * s;
+        gsum[c] += rs * s;
+        bsum[c] += b;
+      }
+      if (!dx.defined()) continue;
+      const double A = sum_g / static_cast<double>(M);
+      const double B = rs * sum_gx / static_cast<double>(M);
+      T* dxg = dx.data<T>() + ng * M;
+      for (int64_t d = 0; d < D; ++d) {
+        const double gc = pg ? double(pg[g * D + d]) : 1.0;
+        for (int64_t i = d * HW; i < (d + 1) * HW; ++i) {
+          const double xhat = (xg[i] - mu) * rs;
+          dxg[i] = static_cast<T>(rs * (gc * dyg[i] - A - xhat * B));
+        }
+      }
+    }
+    if (dgamma.defined())
+      for (int64_t c = 0; c < p.C; ++c) dgamma.data<T>()[c] = static_cast<T>(gsum[c]);
+    if (dbeta.defined())
+      for (int64_t c = 0; c < p.C; ++c) dbeta.data<T>()[c] = static_cast<T>(bsum[c]);
+  });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,165 @@
+// CUDA kernels of the linear family: a tiled shared-memory GEMM for every transpose
+// combination (template flags), and the deterministic column sum used for the bias gradient.
+#include "core/cuda_context.h"
+#include "ops/cuda/linear.h"
+#include "ops/elementwise.h"
+
+namespace tg::cuda {
+namespace {
+
+// One block computes a BM x BN tile of C, stepping through K in slices of BK. Each of the
+// 16x16 threads owns a 4x4 sub-tile spread with stride 16 (rows ty + 16i, cols tx + 16j):
+// shared-memory reads of B are then consecutive across a warp, and the final stores coalesce.
+constexpr int BM = 64, BN = 64, BK = 16;
+constexpr int TX = 16, TY = 16, THREADS = TX * TY;
+constexpr int TM = BM / TY, TN = BN / TX;
+constexpr int PAD = 4;  // breaks the 16-way bank conflict of k-contiguous tile stores
+
+template <class T, bool TRANS_A, bool TRANS_B>
+__global__ void __launch_bounds__(THREADS)
+gemm_kernel(T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ bias,
+            int64_t M, int64_t N, int64_t K) {
+  __shared__ T As[BK][BM + PAD];  // op(A) slice, k-major: As[k][m]
+  __shared__ T Bs[BK][BN + PAD];  // op(B) slice, k-major: Bs[k][n]
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * TX + tx;
+  const int64_t n0 = int64_t(blockIdx.x) * BN;
+  const int64_t tiles_m = (M + BM - 1) / BM;
+
+  // gridDim.y is capped at 65535: larger M loops over row tiles.
+  for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
+    const int64_t m0 = tile_m * BM;
+    T acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+
+    for (int64_t k0 = 0; k0 < K; k0 += BK) {
+      // Each thread loads BM*BK/THREADS elements of each slice, walking along whichever
+      // dimension is contiguous in memory so that a warp's loads coalesce.
+#pragma unroll
+      for (int r = 0; r < BM * BK / THREADS; ++r) {
+        const int l = tid + r * THREADS;
+        int mm, kk;
+        if (TRANS_A) { mm = l % BM; kk = l / BM; }  // A stored (K, M)
+        else { kk = l % BK; mm = l / BK; }          // A stored (M, K)
+        const int64_t m = m0 + mm, k = k0 + kk;
+        T v = T(0);
+        if (m < M && k < K) v = TRANS_A ? a[k * M + m] : a[m * K + k];
+        As[kk][mm] = v;
+      }
+#pragma unroll
+      for (int r = 0; r < BN * BK / THREADS; ++r) {
+        const int l = tid + r * THREADS;
+        int nn, kk;
+        if (TRANS_B) { kk = l % BK; nn = l / BK; }  // B stored (N, K)
+        else { nn = l % BN; kk = l / BN; }          // B stored (K, N)
+        const int64_t n = n0 + nn, k = k0 + kk;
+        T v = T(0);
+        if (n < N && k < K) v = TRANS_B ? b[n * K + k] : b[k * N + n];
+        Bs[kk][nn] = v;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) {
+        T af[TM], bf[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) af[i] = As[kk][ty + TY * i];
+#pragma unroll
+        for (int j = 0; j < TN; ++j) bf[j] = Bs[kk][tx + TX * j];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) acc[i][j] = fma(af[i], bf[j], acc[i][j]);
+      }
+      __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int64_t m = m0 + ty + TY * i;
+      if (m >= M) continue;
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int64_t n = n0 + tx + TX * j;
+        if (n < N) c[m * N + n] = acc[i][j] + (bias ? bias[n] : T(0));
+      }
+    }
+  }
+}
+
+// Column sums of a (rows, cols) matrix: 32 columns per block, 8 row-strided partial sums
+// per column combined in a fixed order, so the result never depends on scheduling.
+constexpr int SUM_COLS = 32, SUM_ROWS = 8;
+
+template <class T>
+__global__ void sum_rows_kernel(T* __restrict__ out, const T* __restrict__ g, int64_t rows, int64_t cols) {
+  __shared__ double part[SUM_ROWS][SUM_COLS];
+  const int64_t col = int64_t(blockIdx.x) * SUM_COLS + threadIdx.x;
+  double acc = 0;
+  if (col < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += SUM_ROWS) acc += g[r * cols + col];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    double s = 0;
+    for (int i = 0; i < SUM_ROWS; ++i) s += part[i][threadIdx.x];
+    out[col] = static_cast<T>(s);
+  }
+}
+
+template <class F>
+void dispatch_floating(DType t, F&& f) {
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else TG_FAIL("linear (CUDA): dtype ", dtype_name(t), " is not supported");
+}
+
+template <class T, bool TA, bool TB>
+void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem& p, cudaStream_t s) {
+  const int64_t tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM;
+  TG_CHECK(tiles_n <= 0x7fffffff, "gemm: N=", p.N, " needs more than 2^31-1 column tiles");
+  dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m < 65535 ? tiles_m : 65535));
+  gemm_kernel<T, TA, TB><<<grid, dim3(TX, TY), 0, s>>>(c, a, b, bias, p.M, p.N, p.K);
+}
+
+}  // namespace
+
+void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
+  check_gemm_operands(c, a, b, bias, p);
+  if (p.M == 0 || p.N == 0) return;
+  const int dev = c.device().index;
+  set_device(dev);
+  cudaStream_t s = stream(dev);
+  dispatch_floating(c.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* pc = c.data<T>();
+    const T *pa = a.data<T>(), *pb = b.data<T>();
+    const T* pbias = bias.defined() ? bias.data<T>() : nullptr;
+    if (!p.transA && !p.transB) launch_gemm<T, false, false>(pc, pa, pb, pbias, p, s);
+    else if (p.transA && !p.transB) launch_gemm<T, true, false>(pc, pa, pb, pbias, p, s);
+    else if (!p.transA && p.transB) launch_gemm<T, false, true>(pc, pa, pb, pbias, p, s);
+    else launch_gemm<T, true, true>(pc, pa, pb, pbias, p, s);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void sum_rows(const Tensor& db, const Tensor& dy) {
+  check_same_device_dtype("sum_rows", db, dy);
+  TG_CHECK(dy.dim() == 2 && db.shape() == Shape({dy.size(1)}), "sum_rows: output ", db.shape(),
+           " does not fit input ", dy.shape());
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  if (cols == 0) return;
+  const int dev = db.device().index;
+  set_device(dev);
+  dispatch_floating(dy.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t blocks = (cols + SUM_COLS - 1) / SUM_COLS;
+    sum_rows_kernel<T><<<static_cast<unsigned>(blocks), dim3(SUM_COLS, SUM_ROWS), 0, stream(dev)>>>(
+        db.data<T>(), dy.data<T>(), rows, cols);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+}  // namespace tg::cuda

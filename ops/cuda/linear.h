@@ -1,0 +1,12 @@
+// CUDA launchers of the linear family; same signatures and meaning as tg::cpu in
+// ops/linear.h. Ordered on the framework stream of the output's device.
+#pragma once
+#include "core/tensor.h"
+#include "ops/linear.h"
+
+namespace tg::cuda {
+// c (M, N) = op(a) * op(b) + bias; bias (N) or undefined. Any M, N, K (edge tiles guarded).
+void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p);
+// db (cols) = sum over rows of dy (rows, cols), in a fixed order (deterministic).
+void sum_rows(const Tensor& db, const Tensor& dy);
+}  // namespace tg::cuda

@@ -1,0 +1,208 @@
+// CUDA kernels of the losses. Reductions are two-stage and fixed-order (per-block partials
+// in double, reduced by one block in index order), so the loss is the same bit for bit on
+// every run.
+//
+// mse_loss     : grid-stride partial sums of (p - t)^2, then one block reduces the partials.
+// cross_entropy: one block per row (max, then sum of exp, both block reductions) writes the
+//                row's log-sum-exp and loss; one block then averages the row losses.
+#include <cmath>
+
+#include "core/cuda_context.h"
+#include "ops/cuda/loss.h"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kFinalThreads = 1024;
+constexpr int64_t kMaxPartials = 1024;  // stage-one blocks: a function of n only (determinism)
+constexpr unsigned kMaxRowBlocks = 65535u * 8;
+
+struct Sum {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct Max {
+  __device__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+
+// Reduces v over a 1-D block whose size is a multiple of 32; every thread gets the result.
+// `identity` fills the lanes of the missing warps.
+template <class Op>
+__device__ double block_reduce(double v, Op op, double identity) {
+  __shared__ double part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? part[lane] : identity;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (lane == 0) part[0] = v;
+  }
+  __syncthreads();
+  v = part[0];
+  __syncthreads();  // the next call may overwrite part
+  return v;
+}
+
+int threads_for(int64_t n) {
+  int64_t t = (n + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : t > kThreads ? kThreads : t);
+}
+
+template <class T>
+__global__ void mse_partials_kernel(double* __restrict__ partials, const T* __restrict__ p,
+                                    const T* __restrict__ t, int64_t n) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double d = double(p[i]) - double(t[i]);
+    acc += d * d;
+  }
+  acc = block_reduce(acc, Sum{}, 0.0);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// out[0] = scale * sum(values[0..n)), by one block in a fixed order.
+template <class T>
+__global__ void final_sum_kernel(T* __restrict__ out, const double* __restrict__ values, int64_t n, double scale) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += values[i];
+  acc = block_reduce(acc, Sum{}, 0.0);
+  if (threadIdx.x == 0) out[0] = static_cast<T>(acc * scale);
+}
+
+template <class T>
+__global__ void mse_backward_kernel(T* __restrict__ dp, T* __restrict__ dt, const T* __restrict__ grad_out,
+                                    const T* __restrict__ p, const T* __restrict__ t, int64_t n) {
+  const T k = static_cast<T>(2.0 * double(grad_out[0]) / double(n));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const T g = k * (p[i] - t[i]);
+    if (dp) dp[i] = g;
+    if (dt) dt[i] = -g;
+  }
+}
+
+template <class T>
+__global__ void ce_rows_kernel(double* __restrict__ row_loss, double* __restrict__ lse, const T* __restrict__ x,
+                               const int64_t* __restrict__ targets, int64_t N, int64_t K) {
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T* row = x + r * K;  // (K)
+    double m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < K; j += blockDim.x) m = fmax(m, double(row[j]));
+    m = block_reduce(m, Max{}, -INFINITY);
+    const T m_t = static_cast<T>(m);  // exact: m is one of the row's values
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += double(exp(row[j] - m_t));
+    s = block_reduce(s, Sum{}, 0.0);
+    if (threadIdx.x == 0) {
+      const double l = m + log(s);
+      const int64_t t = targets[r];
+      lse[r] = l;
+      row_loss[r] = (t >= 0 && t < K) ? l - double(row[t]) : NAN;  // never read out of bounds
+    }
+  }
+}
+
+template <class T>
+__global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ grad_out, const T* __restrict__ x,
+                                   const int64_t* __restrict__ targets, const double* __restrict__ lse,
+                                   int64_t N, int64_t K) {
+  const T k = static_cast<T>(double(grad_out[0]) / double(N));
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const double l = lse[r];
+    const int64_t t = targets[r];
+    for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
+      // x - lse is small in magnitude, so rounding it to T costs little; exp then runs in T.
+      const T softmax = exp(static_cast<T>(double(x[r * K + j]) - l));
+      dx[r * K + j] = k * (softmax - (j == t ? T(1) : T(0)));
+    }
+  }
+}
+
+template <class F>
+void dispatch_floating(DType t, F&& f) {
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else TG_FAIL("loss (CUDA): dtype ", dtype_name(t), " is not supported");
+}
+
+unsigned row_blocks(int64_t N) { return static_cast<unsigned>(N < kMaxRowBlocks ? N : kMaxRowBlocks); }
+
+}  // namespace
+
+void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target) {
+  check_mse_buffers("mse_loss_forward", pred, target, out);
+  const int64_t n = pred.numel();
+  TG_CHECK(n > 0, "mse_loss_forward: empty prediction ", describe(pred));
+  const int dev = pred.device().index;
+  set_device(dev);
+  cudaStream_t s = stream(dev);
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxPartials) blocks = kMaxPartials;
+  Tensor partials = Tensor::empty({blocks}, {.dtype = DType::f64, .device = pred.device()});
+  dispatch_floating(pred.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    mse_partials_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        partials.data<double>(), pred.data<T>(), target.data<T>(), n);
+    TG_LAUNCH_CHECK();
+    final_sum_kernel<T><<<1, kFinalThreads, 0, s>>>(out.data<T>(), partials.data<double>(), blocks, 1.0 / double(n));
+    TG_LAUNCH_CHECK();
+  });
+}
+
+void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                       const Tensor& pred, const Tensor& target) {
+  check_mse_buffers("mse_loss_backward", pred, target, grad_out);
+  for (const Tensor* d : {&dpred, &dtarget})
+    TG_CHECK(!d->defined() || (d->shape() == pred.shape() && d->dtype() == pred.dtype() && d->device() == pred.device()),
+             "mse_loss_backward: gradient buffer ", describe(*d), " does not match ", describe(pred));
+  const int64_t n = pred.numel();
+  if (n == 0 || (!dpred.defined() && !dtarget.defined())) return;
+  const int dev = pred.device().index;
+  set_device(dev);
+  dispatch_floating(pred.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    mse_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
+        dpred.defined() ? dpred.data<T>() : nullptr, dtarget.defined() ? dtarget.data<T>() : nullptr,
+        grad_out.data<T>(), pred.data<T>(), target.data<T>(), n);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets) {
+  check_cross_entropy_buffers("cross_entropy_forward", logits, targets, lse, out);
+  const int64_t N = logits.size(0), K = logits.size(1);
+  TG_CHECK(N > 0 && K > 0, "cross_entropy_forward: empty logits ", describe(logits));
+  const int dev = logits.device().index;
+  set_device(dev);
+  cudaStream_t s = stream(dev);
+  Tensor row_loss = Tensor::empty({N}, {.dtype = DType::f64, .device = logits.device()});
+  dispatch_floating(logits.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ce_rows_kernel<T><<<row_blocks(N), threads_for(K), 0, s>>>(row_loss.data<double>(), lse.data<double>(),
+                                                                 logits.data<T>(), targets.data<int64_t>(), N, K);
+    TG_LAUNCH_CHECK();
+    final_sum_kernel<T><<<1, kFinalThreads, 0, s>>>(out.data<T>(), row_loss.data<double>(), N, 1.0 / double(N));
+    TG_LAUNCH_CHECK();
+  });
+}
+
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                            const Tensor& targets, const Tensor& lse) {
+  check_cross_entropy_buffers("cross_entropy_backward", logits, targets, lse, grad_out);
+  TG_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+               dlogits.device() == logits.device(),
+           "cross_entropy_backward: dlogits ", describe(dlogits), " does not match logits ", describe(logits));
+  const int64_t N = logits.size(0), K = logits.size(1);
+  if (N == 0 || K == 0) return;
+  const int dev = logits.device().index;
+  set_device(dev);
+  dispatch_floating(logits.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ce_backward_kernel<T><<<row_blocks(N), threads_for(K), 0, stream(dev)>>>(
+        dlogits.data<T>(), grad_out.data<T>(), logits.data<T>(), targets.data<int64_t>(), lse.data<double>(), N, K);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+}  // namespace tg::cuda

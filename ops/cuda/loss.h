@@ -1,0 +1,14 @@
+// CUDA launchers of the losses; same signatures and meaning as tg::cpu in ops/loss.h.
+// Ordered on the framework stream of the inputs' device; deterministic reductions.
+#pragma once
+#include "core/tensor.h"
+#include "ops/loss.h"
+
+namespace tg::cuda {
+void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target);
+void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                       const Tensor& pred, const Tensor& target);
+void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets);
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                            const Tensor& targets, const Tensor& lse);
+}  // namespace tg::cuda

@@ -1,0 +1,253 @@
+// CUDA kernels of group_norm. Every reduction runs in double with a fixed order (warp
+// shuffle tree, then warps in index order), so results are deterministic run to run.
+//
+// forward : one block per (n, g): sum and sum of squares in one read of the (contiguous)
+//           group, then the normalize pass over the same group, which is still in L2.
+// backward: (1) one block per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
+//           (2) one thread per channel: dgamma = sum_n rstd ds, dbeta = sum_n db
+//           (3) one block per (n, g): the group's two coefficients from (1), then dx.
+// The formulas are those of the CPU reference (ops/cpu/norm.cpp).
+#include "core/cuda_context.h"
+#include "ops/cuda/norm.h"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kMaxThreads = 256;
+
+// Block size for a loop over n elements: a multiple of 32, at most kMaxThreads.
+int threads_for(int64_t n) {
+  int64_t t = (n + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : t > kMaxThreads ? kMaxThreads : t);
+}
+
+// Sums (a, b) over a 1-D block whose size is a multiple of 32; every thread gets the totals.
+__device__ void block_sum2(double& a, double& b) {
+  __shared__ double sa[32], sb[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_down_sync(0xffffffffu, a, o);
+    b += __shfl_down_sync(0xffffffffu, b, o);
+  }
+  if (lane == 0) {
+    sa[warp] = a;
+    sb[warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < warps ? sa[lane] : 0.0;
+    b = lane < warps ? sb[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+      a += __shfl_down_sync(0xffffffffu, a, o);
+      b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+      sa[0] = a;
+      sb[0] = b;
+    }
+  }
+  __syncthreads();
+  a = sa[0];
+  b = sb[0];
+  __syncthreads();  // the next call may overwrite sa/sb
+}
+
+template <class T>
+__global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
+                               const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                               int64_t G, int64_t D, int64_t HW, double eps) {
+  const int64_t ng = blockIdx.x, g = ng % G, M = D * HW;
+  const T* xg = x + ng * M;  // (D, HW): a group is contiguous
+  T* yg = y + ng * M;
+  double s = 0, ss = 0;
+  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+    const double v = xg[i];
+    s += v;
+    ss += v * v;
+  }
+  block_sum2(s, ss);
+  const double mu = s / double(M);
+  const double var = fmax(ss / double(M) - mu * mu, 0.0);  // biased; double keeps cancellation small
+  const double rs = rsqrt(var + eps);
+  if (threadIdx.x == 0) {
+    mean[ng] = static_cast<T>(mu);
+    rstd[ng] = static_cast<T>(rs);
+  }
+  const T mu_t = static_cast<T>(mu);
+  if (HW >= 32) {  // per channel: no division per element
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t c = g * D + d;
+      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
+      const T shift = beta ? beta[c] : T(0);
+      for (int64_t i = d * HW + threadIdx.x; i < (d + 1) * HW; i += blockDim.x)
+        yg[i] = (xg[i] - mu_t) * scale + shift;
+    }
+  } else {  // tiny spatial extent: walk the group flat
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const int64_t c = g * D + i / HW;
+      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
+      yg[i] = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+    }
+  }
+}
+
+// (1) per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
+template <class T>
+__global__ void channel_sums_kernel(double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
+                                    const T* __restrict__ x, const T* __restrict__ mean,
+                                    int64_t C, int64_t G, int64_t D, int64_t HW) {
+  const int64_t nc = blockIdx.x, n = nc / C, c = nc % C;
+  const double mu = mean[n * G + c / D];
+  const T* xc = x + nc * HW;
+  const T* dyc = dy + nc * HW;
+  double b = 0, s = 0;
+  for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) {
+    const double g = dyc[i];
+    b += g;
+    s += g * (double(xc[i]) - mu);
+  }
+  block_sum2(b, s);
+  if (threadIdx.x == 0) {
+    db[nc] = b;
+    ds[nc] = s;
+  }
+}
+
+// (2) per channel, summing over n in index order.
+template <class T>
+__global__ void param_grads_kernel(T* __restrict__ dgamma, T* __restrict__ dbeta, const double* __restrict__ db,
+                                   const double* __restrict__ ds, const T* __restrict__ rstd,
+                                   int64_t N, int64_t C, int64_t G, int64_t D) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double gs = 0, bs = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    gs += double(rstd[n * G + c / D]) * ds[n * C + c];
+    bs += db[n * C + c];
+  }
+  if (dgamma) dgamma[c] = static_cast<T>(gs);
+  if (dbeta) dbeta[c] = static_cast<T>(bs);
+}
+
+// Products rounded on their own: a contracted fma(gc, dy, -A) would leave a rounding residue
+// where the exact answer is 0 (a group of one element).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// (3) per (n, g): dx = rstd (g_c dy - A - xhat B), A = sum(g_c dy)/M, B = sum(g_c dy xhat)/M.
+template <class T>
+__global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                          const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
+                          const double* __restrict__ db, const double* __restrict__ ds,
+                          int64_t C, int64_t G, int64_t D, int64_t HW) {
+  const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, M = D * HW;
+  const double mu = mean[ng], rs = rstd[ng];
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const int64_t c = g * D + d;
+    const double gc = gamma ? double(gamma[c]) : 1.0;
+    sum_g += gc * db[n * C + c];
+    sum_gx += gc * ds[n * C + c];
+  }
+  block_sum2(sum_g, sum_gx);
+  const double A = sum_g / double(M), B = rs * sum_gx / double(M);
+  // The CPU formula term by term, in T: x - mu first keeps f32 accurate, and a degenerate
+  // group (one element, var 0) gives exactly 0 like the reference.
+  const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
+  const T* xg = x + ng * M;  // (D, HW)
+  const T* dyg = dy + ng * M;
+  T* dxg = dx + ng * M;
+  if (HW >= 32) {
+    for (int64_t d = 0; d < D; ++d) {
+      const T gc = gamma ? gamma[g * D + d] : T(1);
+      for (int64_t i = d * HW + threadIdx.x; i < (d + 1) * HW; i += blockDim.x)
+        dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const T gc = gamma ? gamma[g * D + i / HW] : T(1);
+      dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+    }
+  }
+}
+
+template <class F>
+void dispatch_floating(DType t, F&& f) {
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else TG_FAIL("group_norm (CUDA): dtype ", dtype_name(t), " is not supported");
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+template <class T>
+T* mutable_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+unsigned blocks_checked(int64_t n, const char* what) {
+  TG_CHECK(n <= 0x7fffffff, "group_norm (CUDA): ", n, " ", what, " exceed the grid limit");
+  return static_cast<unsigned>(n);
+}
+
+}  // namespace
+
+void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
+  TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
+           "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+  if (p.N == 0) return;
+  const int dev = x.device().index;
+  set_device(dev);
+  const int64_t G = p.groups, D = p.channels_per_group();
+  dispatch_floating(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(p.group_size()), 0, stream(dev)>>>(
+        y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
+        G, D, p.HW, p.eps);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
+                         const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                         const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
+  TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
+           "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  TG_CHECK(!dx.defined() || (dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.device() == x.device()),
+           "group_norm_backward: dx ", describe(dx), " does not match input ", describe(x));
+  for (const Tensor* t : {&dgamma, &dbeta})
+    TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
+             "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+  if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
+  const int dev = x.device().index;
+  set_device(dev);
+  cudaStream_t s = stream(dev);
+  const int64_t G = p.groups, D = p.channels_per_group();
+  // (2, N*C) doubles from the stream-ordered pool; freed in stream order after the kernels.
+  Tensor sums = Tensor::empty({2, p.N * p.C}, {.dtype = DType::f64, .device = x.device()});
+  double* db = sums.data<double>();
+  double* ds = db + p.N * p.C;
+  dispatch_floating(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (p.N > 0) {
+      channel_sums_kernel<T><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
+          db, ds, dy.data<T>(), x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);
+      TG_LAUNCH_CHECK();
+    }
+    if (dgamma.defined() || dbeta.defined()) {
+      const int threads = 128;
+      param_grads_kernel<T><<<blocks_checked((p.C + threads - 1) / threads, "blocks"), threads, 0, s>>>(
+          mutable_or_null<T>(dgamma), mutable_or_null<T>(dbeta), db, ds, rstd.data<T>(), p.N, p.C, G, D);
+      TG_LAUNCH_CHECK();
+    }
+    if (dx.defined() && p.N > 0) {
+      dx_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(p.group_size()), 0, s>>>(
+          dx.data<T>(), dy.data<T>(), x.data<T>(), data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(),
+          db, ds, p.C, G, D, p.HW);
+      TG_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,104 @@
+#include "ops/linear.h"
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#if TG_CUDA
+#include "ops/cuda/linear.h"
+#endif
+
+namespace tg {
+namespace {
+
+// Allocates C and runs one GEMM on the operands' device (nothing is recorded).
+Tensor run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
+  Tensor c = Tensor::empty({p.M, p.N}, {.dtype = a.dtype(), .device = a.device()});
+  TG_DISPATCH(a.device(), gemm(c, a, b, bias, p));
+  return c;
+}
+
+Tensor run_sum_rows(const Tensor& dy) {  // (rows, cols) -> (cols)
+  Tensor db = Tensor::empty({dy.size(1)}, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), sum_rows(db, dy));
+  return db;
+}
+
+// For C = A B with A (M, K), B (K, N) and dC (M, N):
+//   dA (M, K) = dC B^T  and  dB (K, N) = A^T dC.
+Tensor grad_left(const Tensor& dc, const Tensor& b, int64_t M, int64_t N, int64_t K) {
+  return run_gemm(dc, b, Tensor(), {.M = M, .N = K, .K = N, .transB = true});
+}
+Tensor grad_right(const Tensor& a, const Tensor& dc, int64_t M, int64_t N, int64_t K) {
+  return run_gemm(a, dc, Tensor(), {.M = K, .N = N, .K = M, .transA = true});
+}
+
+}  // namespace
+
+void check_gemm_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
+                         const GemmProblem& p) {
+  TG_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, "gemm: negative size in M=", p.M, " N=", p.N, " K=", p.K);
+  check_same_device_dtype("gemm", c, a);
+  check_same_device_dtype("gemm", c, b);
+  TG_CHECK(c.shape() == Shape({p.M, p.N}) && a.shape() == Shape({p.a_rows(), p.a_cols()}) &&
+               b.shape() == Shape({p.b_rows(), p.b_cols()}),
+           "gemm: problem M=", p.M, " N=", p.N, " K=", p.K, " transA=", p.transA, " transB=", p.transB,
+           " does not fit c ", c.shape(), ", a ", a.shape(), ", b ", b.shape());
+  if (bias.defined()) {
+    check_same_device_dtype("gemm", c, bias);
+    TG_CHECK(bias.shape() == Shape({p.N}), "gemm: bias ", bias.shape(), " does not match N=", p.N);
+  }
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_same_device_dtype("matmul", a, b);
+  TG_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: expects two 2-D matrices, got ", describe(a),
+           " and ", describe(b));
+  TG_CHECK(a.size(1) == b.size(0), "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ",
+           a.size(1), " and ", b.size(0), " differ");
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  Tensor c = run_gemm(a, b, Tensor(), {.M = M, .N = N, .K = K});
+  if (should_record({a, b})) {
+    record("matmul", {a, b}, {c}, {a, b}, [M, N, K](const BackwardArgs& args) {
+      const Tensor& dc = args.grad_outputs[0];  // (M, N)
+      Tensor da, db;
+      if (args.needs_grad[0]) da = grad_left(dc, args.saved[1], M, N, K);
+      if (args.needs_grad[1]) db = grad_right(args.saved[0], dc, M, N, K);
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return c;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_same_device_dtype("linear", x, w);
+  TG_CHECK(w.dim() == 2, "linear: weight must be 2-D (out, in), got ", describe(w));
+  TG_CHECK(x.dim() == 1 || x.dim() == 2, "linear: input must be (batch, in) or (in), got ", describe(x));
+  TG_CHECK(x.size(-1) == w.size(1), "linear: input ", x.shape(), " has ", x.size(-1),
+           " features but weight ", w.shape(), " expects ", w.size(1));
+  if (b.defined()) {
+    check_same_device_dtype("linear", x, b);
+    TG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "linear: bias ", b.shape(),
+             " does not match weight ", w.shape(), " (expected [", w.size(0), "])");
+  }
+  // A vector is a batch of one; the reshapes are recorded, so gradients flow through them.
+  if (x.dim() == 1) return linear(x.reshape({1, x.size(0)}), w, b).reshape({w.size(0)});
+
+  // y (B, out) = x (B, in) * w^T, with w stored (out, in): transB.
+  const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
+  Tensor y = run_gemm(x, w, b, {.M = B, .N = out, .K = in, .transB = true});
+  if (should_record({x, w, b})) {
+    record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
+      const Tensor& dy = args.grad_outputs[0];  // (B, out)
+      Tensor dx, dw, db;
+      // dx (B, in) = dy (B, out) * w (out, in)
+      if (args.needs_grad[0]) dx = run_gemm(dy, args.saved[1], Tensor(), {.M = B, .N = in, .K = out});
+      // dw (out, in) = dy^T * x, with dy stored (B, out): transA
+      if (args.needs_grad[1]) dw = run_gemm(dy, args.saved[0], Tensor(), {.M = out, .N = in, .K = B, .transA = true});
+      if (args.needs_grad[2]) db = run_sum_rows(dy);
+      return std::vector<Tensor>{dx, dw, db};
+    });
+  }
+  return y;
+}
+
+}  // namespace tg

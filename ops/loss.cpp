@@ -1,0 +1,91 @@
+#include "ops/loss.h"
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#if TG_CUDA
+#include "ops/cuda/loss.h"
+#endif
+
+namespace tg {
+
+void check_mse_buffers(const char* op, const Tensor& pred, const Tensor& target, const Tensor& scalar) {
+  check_same_device_dtype(op, pred, target);
+  check_same_device_dtype(op, pred, scalar);
+  TG_CHECK(pred.shape() == target.shape(), op, ": prediction ", pred.shape(), " and target ",
+           target.shape(), " differ");
+  TG_CHECK(scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
+}
+
+void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& lse, const Tensor& scalar) {
+  check_same_device_dtype(op, logits, scalar);
+  TG_CHECK(lse.defined() && lse.dtype() == DType::f64 && lse.device() == logits.device(), op,
+           ": lse must be f64 on ", logits.device(), ", got ", describe(lse));
+  TG_CHECK(targets.defined() && targets.dtype() == DType::i64 && targets.device() == logits.device(),
+           op, ": targets must be i64 on ", logits.device(), ", got ", describe(targets));
+  TG_CHECK(logits.dim() == 2 && targets.shape() == Shape({logits.size(0)}) && lse.shape() == targets.shape(),
+           op, ": logits ", logits.shape(), ", targets ", targets.shape(), " and lse ", lse.shape(),
+           " do not fit (N, classes), (N), (N)");
+  TG_CHECK(scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
+}
+
+Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+  check_same_device_dtype("mse_loss", pred, target);
+  TG_CHECK(pred.shape() == target.shape(), "mse_loss: prediction ", pred.shape(), " and target ",
+           target.shape(), " differ");
+  TG_CHECK(pred.numel() > 0, "mse_loss: the mean of an empty prediction ", describe(pred), " is undefined");
+  Tensor out = Tensor::empty(Shape{}, {.dtype = pred.dtype(), .device = pred.device()});
+  TG_DISPATCH(pred.device(), mse_loss_forward(out, pred, target));
+  if (should_record({pred, target})) {
+    record("mse_loss", {pred, target}, {out}, {pred, target}, [](const BackwardArgs& args) {
+      const Tensor &p = args.saved[0], &t = args.saved[1];
+      const TensorOptions o{.dtype = p.dtype(), .device = p.device()};
+      Tensor dpred, dtarget;
+      if (args.needs_grad[0]) dpred = Tensor::empty(p.shape(), o);
+      if (args.needs_grad[1]) dtarget = Tensor::empty(t.shape(), o);
+      TG_DISPATCH(p.device(), mse_loss_backward(dpred, dtarget, args.grad_outputs[0], p, t));
+      return std::vector<Tensor>{dpred, dtarget};
+    });
+  }
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  check_floating("cross_entropy", logits);
+  TG_CHECK(targets.defined(), "cross_entropy: targets is an undefined tensor");
+  TG_CHECK(logits.dim() == 2, "cross_entropy: logits must be (N, classes), got ", describe(logits));
+  TG_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets must be i64 class indices, got ",
+           describe(targets));
+  TG_CHECK(targets.device() == logits.device(), "cross_entropy: logits ", describe(logits),
+           " and targets ", describe(targets), " are on different devices");
+  const int64_t N = logits.size(0), classes = logits.size(1);
+  TG_CHECK(targets.dim() == 1 && targets.size(0) == N, "cross_entropy: logits ", logits.shape(), " have ", N,
+           " rows but targets ", targets.shape(), " is not a vector of ", N, " class indices");
+  TG_CHECK(N > 0 && classes > 0, "cross_entropy: empty logits ", describe(logits));
+  // Validated on the host before anything runs (a copy of N integers when on the GPU);
+  // the kernels still guard every index, so a bad one can never read out of bounds.
+  std::vector<int64_t> t = targets.to_vector<int64_t>();
+  for (int64_t i = 0; i < N; ++i)
+    TG_CHECK(t[i] >= 0 && t[i] < classes, "cross_entropy: target ", t[i], " at row ", i,
+             " is out of range [0, ", classes, ") for logits ", logits.shape());
+
+  const TensorOptions opts{.dtype = logits.dtype(), .device = logits.device()};
+  Tensor out = Tensor::empty(Shape{}, opts);
+  Tensor lse = Tensor::empty({N}, {.dtype = DType::f64, .device = logits.device()});
+  TG_DISPATCH(logits.device(), cross_entropy_forward(out, lse, logits, targets));
+  if (should_record({logits})) {
+    record("cross_entropy", {logits, targets}, {out}, {logits, targets, lse}, [](const BackwardArgs& args) {
+      const Tensor &x = args.saved[0], &tgt = args.saved[1], &lse = args.saved[2];
+      Tensor dlogits;
+      if (args.needs_grad[0]) {
+        dlogits = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+        TG_DISPATCH(x.device(), cross_entropy_backward(dlogits, args.grad_outputs[0], x, tgt, lse));
+      }
+      return std::vector<Tensor>{dlogits, Tensor()};
+    });
+  }
+  return out;
+}
+
+}  // namespace tg

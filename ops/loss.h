@@ -1,0 +1,36 @@
+// Losses, both reduced by the mean to a scalar of shape [].
+#pragma once
+#include "core/tensor.h"
+
+namespace tg {
+
+// mean((pred - target)^2) over all elements; pred and target of one shape. Both get gradients.
+Tensor mse_loss(const Tensor& pred, const Tensor& target);
+// mean over rows of -log softmax(logits)[target]: logits (N, classes), targets i64 (N) with
+// values in [0, classes). Computed through log-sum-exp, so large logits do not overflow.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+
+// Throw unless the kernels' buffers fit together (shapes, dtypes, devices); both backends
+// call them first. `scalar` is the loss (forward) or its one-element incoming gradient (backward).
+void check_mse_buffers(const char* op, const Tensor& pred, const Tensor& target, const Tensor& scalar);
+void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& lse, const Tensor& scalar);
+
+}  // namespace tg
+
+// Kernel entry points (outputs, inputs, params), used by ops/loss.cpp and by tests. The CUDA
+// twins with the same signatures are in ops/cuda/loss.h. grad_out is the loss's incoming
+// gradient, a one-element tensor on the same device.
+namespace tg::cpu {
+void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target);
+// dpred, dtarget like pred; either may be undefined (not computed).
+void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                       const Tensor& pred, const Tensor& target);
+// out []; lse (N), always f64: each row's log-sum-exp, saved for backward (in f64 so that
+// softmax = exp(x - lse) keeps f32 accuracy when the logits are large).
+// Targets must have been validated (a bad one gives NaN, never an out-of-bounds read).
+void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets);
+// dlogits (N, classes) = grad_out * (softmax - onehot) / N
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                            const Tensor& targets, const Tensor& lse);
+}  // namespace tg::cpu

@@ -1,0 +1,127 @@
+// group_norm on the CPU: values against a direct-loop definition, gradients of x, gamma and
+// beta against central differences at ranks 3, 4 and 5, and the error paths.
+#include <cmath>
+
+#include "common/test_util.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+// The definition, in f64 loops over (n, g): two-pass mean and biased variance.
+std::vector<double> group_norm_loop(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t G,
+                                    double eps) {
+  auto vx = x.to_vector<double>();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.numel() / (N * C), D = C / G;
+  std::vector<double> vg = gamma.defined() ? gamma.to_vector<double>() : std::vector<double>(C, 1.0);
+  std::vector<double> vb = beta.defined() ? beta.to_vector<double>() : std::vector<double>(C, 0.0);
+  std::vector<double> y(vx.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      double mean = 0, var = 0;
+      for (int64_t c = g * D; c < (g + 1) * D; ++c)
+        for (int64_t i = 0; i < HW; ++i) mean += vx[(n * C + c) * HW + i];
+      mean /= double(D * HW);
+      for (int64_t c = g * D; c < (g + 1) * D; ++c)
+        for (int64_t i = 0; i < HW; ++i) var += std::pow(vx[(n * C + c) * HW + i] - mean, 2);
+      var /= double(D * HW);
+      for (int64_t c = g * D; c < (g + 1) * D; ++c)
+        for (int64_t i = 0; i < HW; ++i) {
+          int64_t k = (n * C + c) * HW + i;
+          y[k] = (vx[k] - mean) / std::sqrt(var + eps) * vg[c] + vb[c];
+        }
+    }
+  return y;
+}
+
+void expect_all_near(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+const std::vector<Shape> kShapes = {{2, 6, 5}, {2, 6, 3, 4}, {2, 6, 2, 3, 2}};
+
+}  // namespace
+
+TEST(GroupNorm, ValuesMatchLoopAtRanks3To5) {
+  for (const Shape& s : kShapes)
+    for (int64_t G : {1, 3, 6}) {
+      SCOPED_TRACE(testing::Message() << s << " groups=" << G);
+      Tensor x = random(s), gamma = uniform({6}, 0.5, 1.5, {.dtype = f64}), beta = random({6});
+      expect_all_near(group_norm(x, gamma, beta, G, 1e-5).to_vector<double>(),
+                      group_norm_loop(x, gamma, beta, G, 1e-5), 1e-12);
+      expect_all_near(group_norm(x, Tensor(), Tensor(), G, 0.1).to_vector<double>(),
+                      group_norm_loop(x, Tensor(), Tensor(), G, 0.1), 1e-12);
+    }
+}
+
+TEST(GroupNorm, EpsIsInsideTheSqrtAndVarianceIsBiased) {
+  // One group of {1, 3}: mean 2, biased variance 1, so y = (x - 2) / sqrt(1 + eps).
+  Tensor x = from_vector(std::vector<double>{1.0, 3.0}, {1, 1, 2});
+  auto y = group_norm(x, Tensor(), Tensor(), 1, 0.25).to_vector<double>();
+  EXPECT_NEAR(y[0], -1.0 / std::sqrt(1.25), 1e-15);
+  EXPECT_NEAR(y[1], 1.0 / std::sqrt(1.25), 1e-15);
+}
+
+TEST(GroupNorm, GroupNormGrad) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s);
+    Tensor x = param(s), gamma = param({6}), beta = param({6});
+    TG_EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return group_norm(in[0], in[1], in[2], 3); },
+                        std::vector<Tensor>({x, gamma, beta}));
+  }
+}
+
+TEST(GroupNorm, GroupNormGradOneGroupAndOneGroupPerChannel) {
+  Tensor x = param({2, 6, 3, 4}), gamma = param({6}), beta = param({6});
+  for (int64_t G : {1, 6}) {
+    SCOPED_TRACE(testing::Message() << "groups=" << G);
+    TG_EXPECT_GRADCHECK([G](const std::vector<Tensor>& in) { return group_norm(in[0], in[1], in[2], G); },
+                        std::vector<Tensor>({x, gamma, beta}));
+  }
+}
+
+TEST(GroupNorm, GroupNormGradWithoutAffineAndWithGammaOnly) {
+  Tensor x = param({2, 6, 5}), gamma = param({6});
+  TG_EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return group_norm(in[0], Tensor(), Tensor(), 2); },
+                      std::vector<Tensor>({x}));
+  TG_EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return group_norm(in[0], in[1], Tensor(), 2); },
+                      std::vector<Tensor>({x, gamma}));
+  // gamma and beta alone (x does not require grad): the parameter-only backward path.
+  Tensor xc = random({2, 6, 5}), beta = param({6});
+  TG_EXPECT_GRADCHECK([xc](const std::vector<Tensor>& in) { return group_norm(xc, in[0], in[1], 3); },
+                      std::vector<Tensor>({gamma, beta}));
+}
+
+TEST(GroupNorm, ParameterGradientsMatchDefinition) {
+  // dbeta_c = sum dy over (n, hw); dgamma_c = sum dy * xhat, with xhat = group_norm without affine.
+  Tensor x = random({2, 6, 3, 4}), gamma = param({6}), beta = param({6}), dy = random({2, 6, 3, 4});
+  {
+    Tape tape;
+    tape.backward(group_norm(x, gamma, beta, 3), dy);
+  }
+  auto xhat = group_norm(x, Tensor(), Tensor(), 3).to_vector<double>(), vdy = dy.to_vector<double>();
+  std::vector<double> dg(6, 0.0), db(6, 0.0);
+  for (size_t k = 0; k < vdy.size(); ++k) {
+    int64_t c = (k / 12) % 6;
+    dg[c] += vdy[k] * xhat[k];
+    db[c] += vdy[k];
+  }
+  expect_all_near(gamma.grad().to_vector<double>(), dg, 1e-12);
+  expect_all_near(beta.grad().to_vector<double>(), db, 1e-12);
+}
+
+TEST(GroupNorm, BadArgumentsAreRejected) {
+  Tensor x = random({2, 6, 5});
+  TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 4), "group_norm: 6 channels are not divisible into 4 groups");
+  TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 0), "group_norm: groups must be positive");
+  TG_EXPECT_ERROR(group_norm(random({2, 6}), Tensor(), Tensor(), 3), "group_norm: input must be (N, C, *)",
+                  "f64[2, 6]");
+  TG_EXPECT_ERROR(group_norm(x, random({5}), Tensor(), 3), "group_norm: gamma [5] does not match the 6 channels",
+                  "[2, 6, 5]");
+  TG_EXPECT_ERROR(group_norm(x, random({6}), random({6, 1}), 3), "group_norm: beta [6, 1]");
+  TG_EXPECT_ERROR(group_norm(x, random({6}, f32), Tensor(), 3), "group_norm", "dtypes differ", "f32[6]");
+  TG_EXPECT_ERROR(group_norm(random({2, 6, 0}), Tensor(), Tensor(), 3), "group_norm", "empty spatial extent");
+  TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 3, -1.0), "group_norm: eps must be non-negative");
+}

@@ -1,0 +1,145 @@
+// The CUDA GEMM and linear/matmul against the CPU reference (computed in f64 from the same
+// f32 values), at shapes that break the 64x64x16 tiles, every transpose combination, with
+// outputs poisoned with NaN so an unwritten element fails.
+#include "common/test_util.h"
+#include "ops/cuda/linear.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+// The CPU f64 reference of a GPU tensor's values.
+Tensor ref_of(const Tensor& t) { return t.detach().cpu().to(f64); }
+
+struct Dims {
+  int64_t M, N, K;
+};
+const std::vector<Dims> kOddDims = {{65, 127, 33}, {1, 1, 1}, {7, 9, 13}, {64, 64, 16}, {130, 70, 300}, {3, 200, 1}};
+
+}  // namespace
+
+TEST(GemmCuda, EveryTransposeMatchesCpu) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Dims& d : kOddDims)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool with_bias : {false, true}) {
+          GemmProblem p{.M = d.M, .N = d.N, .K = d.K, .transA = ta, .transB = tb};
+          SCOPED_TRACE(testing::Message() << "M=" << d.M << " N=" << d.N << " K=" << d.K << " transA=" << ta
+                                          << " transB=" << tb << " bias=" << with_bias);
+          Tensor a = random({p.a_rows(), p.a_cols()}, f32, gpu), b = random({p.b_rows(), p.b_cols()}, f32, gpu);
+          Tensor bias = with_bias ? random({p.N}, f32, gpu) : Tensor();
+          Tensor c = Tensor::empty({p.M, p.N}, {.dtype = f32, .device = gpu});
+          poison(c);
+          cuda::gemm(c, a, b, bias, p);
+          Tensor want = Tensor::empty({p.M, p.N}, {.dtype = f64});
+          cpu::gemm(want, ref_of(a), ref_of(b), with_bias ? ref_of(bias) : Tensor(), p);
+          EXPECT_LE(rel_l2(c, want), kTol);
+        }
+}
+
+TEST(GemmCuda, DoublePrecisionMatchesCpu) {
+  TG_REQUIRE_GPU();
+  GemmProblem p{.M = 65, .N = 127, .K = 33, .transA = true, .transB = false};
+  Tensor a = random({p.a_rows(), p.a_cols()}, f64), b = random({p.b_rows(), p.b_cols()}, f64);
+  Tensor c = Tensor::empty({p.M, p.N}, {.dtype = f64, .device = Device::cuda()});
+  poison(c);
+  cuda::gemm(c, a.cuda(), b.cuda(), Tensor(), p);
+  Tensor want = Tensor::empty({p.M, p.N}, {.dtype = f64});
+  cpu::gemm(want, a, b, Tensor(), p);
+  EXPECT_LE(rel_l2(c, want), 1e-13);
+}
+
+TEST(GemmCuda, MoreRowTilesThanTheGridAllows) {
+  TG_REQUIRE_GPU();
+  // 65535 * 64 + 100 rows: gridDim.y is capped, so the kernel must loop over row tiles.
+  const int64_t M = 65535 * 64 + 100;
+  GemmProblem p{.M = M, .N = 3, .K = 2};
+  Tensor a = random({M, 2}, f32, Device::cuda()), b = random({2, 3}, f32, Device::cuda());
+  Tensor c = Tensor::empty({M, 3}, {.dtype = f32, .device = Device::cuda()});
+  poison(c);
+  cuda::gemm(c, a, b, Tensor(), p);
+  Tensor want = Tensor::empty({M, 3}, {.dtype = f64});
+  cpu::gemm(want, ref_of(a), ref_of(b), Tensor(), p);
+  EXPECT_LE(rel_l2(c, want), kTol);
+}
+
+TEST(GemmCuda, SumRowsMatchesCpu) {
+  TG_REQUIRE_GPU();
+  for (Dims d : {Dims{65, 127, 0}, Dims{1, 1, 0}, Dims{1000, 33, 0}}) {
+    Tensor dy = random({d.M, d.N}, f32, Device::cuda());
+    Tensor db = Tensor::empty({d.N}, {.dtype = f32, .device = Device::cuda()});
+    poison(db);
+    cuda::sum_rows(db, dy);
+    Tensor want = Tensor::empty({d.N}, {.dtype = f64});
+    cpu::sum_rows(want, ref_of(dy));
+    EXPECT_LE(rel_l2(db, want), kTol) << "rows=" << d.M << " cols=" << d.N;
+  }
+}
+
+TEST(LinearCuda, ForwardAndEveryGradientMatchCpu) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Dims& d : kOddDims)
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "B=" << d.M << " out=" << d.N << " in=" << d.K << " bias=" << with_bias);
+      Tensor x = random({d.M, d.K}, f32, gpu).requires_grad_(), w = random({d.N, d.K}, f32, gpu).requires_grad_();
+      Tensor b = with_bias ? random({d.N}, f32, gpu).requires_grad_() : Tensor();
+      Tensor dy = random({d.M, d.N}, f32, gpu);
+      Tensor y;
+      {
+        Tape tape;
+        y = linear(x, w, b);
+        tape.backward(y, dy);
+      }
+      Tensor rx = ref_of(x).requires_grad_(), rw = ref_of(w).requires_grad_();
+      Tensor rb = with_bias ? ref_of(b).requires_grad_() : Tensor();
+      Tensor ry;
+      {
+        Tape tape;
+        ry = linear(rx, rw, rb);
+        tape.backward(ry, ref_of(dy));
+      }
+      EXPECT_LE(rel_l2(y, ry), kTol);
+      EXPECT_LE(rel_l2(x.grad(), rx.grad()), kTol);
+      EXPECT_LE(rel_l2(w.grad(), rw.grad()), kTol);
+      if (with_bias) {
+        EXPECT_LE(rel_l2(b.grad(), rb.grad()), kTol);
+      }
+    }
+}
+
+TEST(MatmulCuda, ForwardAndEveryGradientMatchCpu) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Dims& d : kOddDims) {
+    SCOPED_TRACE(testing::Message() << "M=" << d.M << " N=" << d.N << " K=" << d.K);
+    Tensor a = random({d.M, d.K}, f32, gpu).requires_grad_(), b = random({d.K, d.N}, f32, gpu).requires_grad_();
+    Tensor dc = random({d.M, d.N}, f32, gpu);
+    Tensor c;
+    {
+      Tape tape;
+      c = matmul(a, b);
+      tape.backward(c, dc);
+    }
+    Tensor ra = ref_of(a).requires_grad_(), rb = ref_of(b).requires_grad_();
+    Tensor rc;
+    {
+      Tape tape;
+      rc = matmul(ra, rb);
+      tape.backward(rc, ref_of(dc));
+    }
+    EXPECT_LE(rel_l2(c, rc), kTol);
+    EXPECT_LE(rel_l2(a.grad(), ra.grad()), kTol);
+    EXPECT_LE(rel_l2(b.grad(), rb.grad()), kTol);
+  }
+}
+
+TEST(LinearCuda, MixedDevicesAreRejected) {
+  TG_REQUIRE_GPU();
+  TG_EXPECT_ERROR(linear(random({4, 5}, f32, Device::cuda()), random({3, 5}, f32)), "linear", "different devices");
+}

@@ -1,0 +1,117 @@
+// The CUDA group_norm against the CPU reference (computed in f64 from the same f32 values):
+// forward, dx, dgamma and dbeta, at ranks 3-5, both normalize paths (HW < 32 and >= 32),
+// groups=1 and groups=C, with and without affine, and outputs poisoned with NaN.
+#include "common/test_util.h"
+#include "ops/cuda/norm.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+Tensor ref_of(const Tensor& t) { return t.detach().cpu().to(f64); }
+
+struct Case {
+  Shape shape;
+  int64_t groups;
+  bool affine;
+};
+
+const std::vector<Case> kCases = {
+    {{2, 6, 5}, 3, true},          {{2, 6, 3, 4}, 1, true},          {{2, 6, 2, 3, 2}, 6, true},
+    {{1, 1, 1}, 1, true},          {{3, 6, 7}, 2, false},            {{2, 24, 5, 9, 11}, 8, true},
+    {{3, 4, 65, 33}, 2, true},     {{2, 8, 1000, 3}, 8, false},      {{5, 12, 1, 1}, 4, true},
+};
+
+GroupNormProblem problem_of(const Tensor& x, int64_t groups) {
+  return {.N = x.size(0), .C = x.size(1), .HW = x.numel() / (x.size(0) * x.size(1)), .groups = groups, .eps = 1e-5};
+}
+
+}  // namespace
+
+TEST(GroupNormCuda, ForwardAndEveryGradientMatchCpu) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
+    const int64_t C = k.shape[1];
+    Tensor x = random(k.shape, f32, gpu).requires_grad_();
+    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
+    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
+    Tensor dy = random(k.shape, f32, gpu);
+    Tensor y;
+    {
+      Tape tape;
+      y = group_norm(x, gamma, beta, k.groups);
+      tape.backward(y, dy);
+    }
+    Tensor rx = ref_of(x).requires_grad_();
+    Tensor rg = k.affine ? ref_of(gamma).requires_grad_() : Tensor();
+    Tensor rb = k.affine ? ref_of(beta).requires_grad_() : Tensor();
+    Tensor ry;
+    {
+      Tape tape;
+      ry = group_norm(rx, rg, rb, k.groups);
+      tape.backward(ry, ref_of(dy));
+    }
+    EXPECT_LE(rel_l2(y, ry), kTol);
+    EXPECT_LE(rel_l2(x.grad(), rx.grad()), kTol);
+    if (k.affine) {
+      EXPECT_LE(rel_l2(gamma.grad(), rg.grad()), kTol);
+      EXPECT_LE(rel_l2(beta.grad(), rb.grad()), kTol);
+    }
+  }
+}
+
+TEST(GroupNormCuda, LaunchersWriteEveryPoisonedOutput) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups);
+    const int64_t C = k.shape[1];
+    Tensor x = random(k.shape, f32, gpu), dy = random(k.shape, f32, gpu);
+    Tensor gamma = uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}), beta = random({C}, f32, gpu);
+    const GroupNormProblem p = problem_of(x, k.groups);
+    const TensorOptions o{.dtype = f32, .device = gpu};
+    Tensor y = Tensor::empty(k.shape, o), mean = Tensor::empty({p.N, p.groups}, o), rstd = Tensor::empty({p.N, p.groups}, o);
+    for (Tensor* t : {&y, &mean, &rstd}) poison(*t);
+    cuda::group_norm_forward(y, mean, rstd, x, gamma, beta, p);
+
+    Tensor rx = ref_of(x), rgamma = ref_of(gamma), rbeta = ref_of(beta);
+    const TensorOptions h{.dtype = f64};
+    Tensor ry = Tensor::empty(k.shape, h), rmean = Tensor::empty({p.N, p.groups}, h), rrstd = Tensor::empty({p.N, p.groups}, h);
+    cpu::group_norm_forward(ry, rmean, rrstd, rx, rgamma, rbeta, p);
+    EXPECT_LE(rel_l2(y, ry), kTol);
+    EXPECT_LE(rel_l2(mean, rmean), kTol);
+    EXPECT_LE(rel_l2(rstd, rrstd), kTol);
+
+    // Backward from the GPU's own statistics; the reference uses the same (f32) values.
+    Tensor dx = Tensor::empty(k.shape, o), dgamma = Tensor::empty({C}, o), dbeta = Tensor::empty({C}, o);
+    for (Tensor* t : {&dx, &dgamma, &dbeta}) poison(*t);
+    cuda::group_norm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p);
+    Tensor rdx = Tensor::empty(k.shape, h), rdgamma = Tensor::empty({C}, h), rdbeta = Tensor::empty({C}, h);
+    cpu::group_norm_backward(rdx, rdgamma, rdbeta, ref_of(dy), rx, rgamma, ref_of(mean), ref_of(rstd), p);
+    EXPECT_LE(rel_l2(dx, rdx), kTol);
+    EXPECT_LE(rel_l2(dgamma, rdgamma), kTol);
+    EXPECT_LE(rel_l2(dbeta, rdbeta), kTol);
+
+    // Each output alone: the launcher must not depend on the others being requested.
+    Tensor only_dbeta = Tensor::empty({C}, o);
+    poison(only_dbeta);
+    cuda::group_norm_backward(Tensor(), Tensor(), only_dbeta, dy, x, gamma, mean, rstd, p);
+    EXPECT_LE(rel_l2(only_dbeta, rdbeta), kTol);
+  }
+}
+
+TEST(GroupNormCuda, DoublePrecisionAndDeterminism) {
+  TG_REQUIRE_GPU();
+  Tensor x = random({2, 24, 5, 9, 11}, f64), gamma = random({24}, f64), beta = random({24}, f64);
+  Tensor y = group_norm(x.cuda(), gamma.cuda(), beta.cuda(), 8);
+  EXPECT_LE(rel_l2(y, group_norm(x, gamma, beta, 8)), 1e-12);
+  Tensor xf = x.to(f32).cuda();
+  auto first = group_norm(xf, Tensor(), Tensor(), 8).to_vector<float>();
+  auto second = group_norm(xf, Tensor(), Tensor(), 8).to_vector<float>();
+  EXPECT_EQ(first, second);
+}
