@@ -2,6 +2,7 @@
 // combination (template flags), and the deterministic column sum used for the bias gradient.
 #include "core/cuda_context.h"
 #include "ops/cuda/linear.h"
+#include "ops/cuda/skinny_gemm.h"
 #include "ops/elementwise.h"
 
 namespace tg::cuda {
@@ -129,6 +130,12 @@ void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem&
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
   check_gemm_operands(c, a, b, bias, p);
   if (p.M == 0 || p.N == 0) return;
+  // Matrix-vector products and other skinny shapes are bound by memory, not arithmetic:
+  // they take the streaming kernels of skinny_gemm.cu (workload D).
+  if (skinny_gemm_applies(c, p)) {
+    skinny_gemm(c, a, b, bias, p);
+    return;
+  }
   const int dev = c.device().index;
   set_device(dev);
   cudaStream_t s = stream(dev);
