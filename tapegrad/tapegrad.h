@@ -14,6 +14,7 @@
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/conv.h"
 #include "nn/init.h"
 #include "nn/module.h"
 #include "nn/optim/adam.h"

@@ -1,0 +1,205 @@
+// conv2d / conv3d: validation, dispatch to the CPU or CUDA kernels, and the tape entry.
+#include "ops/conv.h"
+
+#include <algorithm>
+#include <string>
+
+#include "autograd/tape.h"
+#include "ops/cpu/conv.h"
+#include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#if TG_CUDA
+#include "ops/cuda/conv.h"
+#endif
+
+namespace tg {
+namespace {
+
+const char* dim_name(int spatial_dims, int d) {
+  static const char* k2[] = {"H", "W"};
+  static const char* k3[] = {"D", "H", "W"};
+  return spatial_dims == 2 ? k2[d] : k3[d];
+}
+
+// Expands a per-dim parameter (one value for all dims, or one per dim) and checks it.
+std::vector<int64_t> per_dim(const char* op, const char* name, const std::vector<int64_t>& v, int dims,
+                             int64_t min_value) {
+  TG_CHECK(v.size() == 1 || v.size() == static_cast<size_t>(dims), op, ": ", name, " has ", v.size(),
+           " values; expected 1 or ", dims, " (one per spatial dim)");
+  std::vector<int64_t> out(static_cast<size_t>(dims), v[0]);
+  if (v.size() != 1) out = v;
+  for (int64_t x : out) {
+    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive",
+             ", got ", Shape(out));
+  }
+  return out;
+}
+
+const char* rank_description(int spatial_dims, Layout layout) {
+  if (spatial_dims == 3) return "(N, C, D, H, W)";
+  return layout == Layout::NHWC ? "(N, H, W, C)" : "(N, C, H, W)";
+}
+
+// Checks x, w (and b when defined): defined, floating, one dtype, one device, ranks.
+void check_operands(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                    const ConvParams& p) {
+  TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
+  check_same_device_dtype(op, x, w);
+  const int64_t rank = spatial_dims + 2;
+  TG_CHECK(x.dim() == rank, op, ": expected a ", rank, "-D input ", rank_description(spatial_dims, p.layout),
+           ", got ", describe(x));
+  TG_CHECK(w.dim() == rank, op, ": expected a ", rank, "-D weight (K, C, ",
+           spatial_dims == 3 ? "kd, kh, kw" : "kh, kw", "), got ", describe(w));
+  if (b.defined()) {
+    check_same_device_dtype(op, x, b);
+    TG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": bias ", describe(b), " does not match weight ",
+             w.shape(), ": expected shape [", w.size(0), "]");
+  }
+}
+
+void check_gradient(const char* op, const Tensor& dy, const ConvShape& s, const Shape& x_shape,
+                    const Shape& w_shape) {
+  TG_CHECK(dy.shape() == s.y_shape(), op, ": gradient ", describe(dy), " does not match the output shape ",
+           s.y_shape(), " of input ", x_shape, " and weight ", w_shape);
+}
+
+Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
+               const ConvParams& p) {
+  check_operands(op, spatial_dims, x, w, b, p);
+  const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
+  Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
+
+  if (should_record({x, w, b})) {
+    // Save only what backward will read: x for dw, w for dx.
+    Tensor saved_x = w.requires_grad() ? x : Tensor();
+    Tensor saved_w = x.requires_grad() ? w : Tensor();
+    record(op, {x, w, b}, {y}, {saved_x, saved_w},
+           [op, p, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
+             const Tensor& dy = args.grad_outputs[0];
+             std::vector<Tensor> grads(3);
+             if (args.needs_grad[0]) {
+               TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               grads[0] = conv_backward_input(dy, args.saved[1], x_shape, p);
+             }
+             if (args.needs_grad[1]) {
+               TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               grads[1] = conv_backward_weight(dy, args.saved[0], w_shape, p);
+             }
+             if (args.needs_grad[2]) grads[2] = conv_backward_bias(dy, p.layout);
+             return grads;
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Shape ConvShape::x_shape() const {
+  if (spatial_dims == 3) return Shape{N, C, in[0], in[1], in[2]};
+  return channels_last() ? Shape{N, in[1], in[2], C} : Shape{N, C, in[1], in[2]};
+}
+
+Shape ConvShape::w_shape() const {
+  if (spatial_dims == 3) return Shape{K, C, kernel[0], kernel[1], kernel[2]};
+  return Shape{K, C, kernel[1], kernel[2]};
+}
+
+Shape ConvShape::y_shape() const {
+  if (spatial_dims == 3) return Shape{N, K, out[0], out[1], out[2]};
+  return channels_last() ? Shape{N, out[1], out[2], K} : Shape{N, K, out[1], out[2]};
+}
+
+ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_shape, const ConvParams& p) {
+  TG_CHECK(w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ", w_shape);
+  const int dims = static_cast<int>(w_shape.rank()) - 2;
+  TG_CHECK(x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
+           " must have the same rank");
+  TG_CHECK(!(dims == 3 && p.layout == Layout::NHWC), op,
+           ": Layout::NHWC is not supported for 3-D convolution (input must be NCDHW), got input ", x_shape);
+  const bool last = p.layout == Layout::NHWC;
+  const auto stride = per_dim(op, "stride", p.stride, dims, 1);
+  const auto pad = per_dim(op, "padding", p.padding, dims, 0);
+  const auto dil = per_dim(op, "dilation", p.dilation, dims, 1);
+
+  ConvShape s;
+  s.spatial_dims = dims;
+  s.layout = p.layout;
+  s.N = x_shape[0];
+  s.C = last ? x_shape[x_shape.rank() - 1] : x_shape[1];
+  s.K = w_shape[0];
+  TG_CHECK(s.C == w_shape[1], op, ": input ", x_shape, " has ", s.C, " channels but weight ", w_shape,
+           " expects ", w_shape[1]);
+  for (int64_t v : w_shape) TG_CHECK(v >= 1, op, ": weight ", w_shape, " has an empty dimension");
+  TG_CHECK(s.N >= 0 && s.C >= 1, op, ": input ", x_shape, " has no channels");
+  const int first = 3 - dims;  // 2-D problems occupy the (H, W) slots; D stays 1
+  for (int d = 0; d < dims; ++d) {
+    const int slot = first + d;
+    s.in[slot] = last ? x_shape[1 + d] : x_shape[2 + d];
+    s.kernel[slot] = w_shape[2 + d];
+    s.stride[slot] = stride[d];
+    s.pad[slot] = pad[d];
+    s.dilation[slot] = dil[d];
+    TG_CHECK(s.in[slot] >= 1, op, ": input ", x_shape, " is empty in spatial dim ", dim_name(dims, d));
+    const int64_t extent = dil[d] * (s.kernel[slot] - 1) + 1;
+    const int64_t padded = s.in[slot] + 2 * pad[d];
+    TG_CHECK(extent <= padded, op, ": kernel larger than the padded input in dim ", dim_name(dims, d),
+             ": dilated kernel extent ", extent, " > padded input size ", padded, " (input ", x_shape,
+             ", weight ", w_shape, ", padding ", pad[d], ", dilation ", dil[d], ")");
+    s.out[slot] = conv_output_size(s.in[slot], s.kernel[slot], stride[d], pad[d], dil[d]);
+  }
+  return s;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
+  return conv_nd("conv2d", 2, x, w, b, p);
+}
+
+Tensor conv3d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
+  return conv_nd("conv3d", 3, x, w, b, p);
+}
+
+Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape, const ConvParams& p) {
+  const char* op = "conv_backward_input";
+  TG_CHECK(dy.defined() && w.defined(), op, ": an input is an undefined tensor");
+  check_same_device_dtype(op, dy, w);
+  const ConvShape s = make_conv_shape(op, x_shape, w.shape(), p);
+  check_gradient(op, dy, s, x_shape, w.shape());
+  Tensor dx = Tensor::empty(x_shape, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_input(dx, dy, w, s));
+  return dx;
+}
+
+Tensor conv_backward_weight(const Tensor& dy, const Tensor& x, const Shape& w_shape, const ConvParams& p) {
+  const char* op = "conv_backward_weight";
+  TG_CHECK(dy.defined() && x.defined(), op, ": an input is an undefined tensor");
+  check_same_device_dtype(op, dy, x);
+  const ConvShape s = make_conv_shape(op, x.shape(), w_shape, p);
+  check_gradient(op, dy, s, x.shape(), w_shape);
+  Tensor dw = Tensor::empty(w_shape, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_weight(dw, dy, x, s));
+  return dw;
+}
+
+Tensor conv_backward_bias(const Tensor& dy, Layout layout) {
+  const char* op = "conv_backward_bias";
+  TG_CHECK(dy.defined(), op, ": the gradient is an undefined tensor");
+  check_floating(op, dy);
+  TG_CHECK(dy.dim() == 4 || dy.dim() == 5, op, ": expected a 4-D or 5-D gradient, got ", describe(dy));
+  // Only N, K, the layout and the output volume matter for the bias: flatten the spatial dims.
+  ConvShape s;
+  s.spatial_dims = static_cast<int>(dy.dim()) - 2;
+  s.layout = layout;
+  s.N = dy.size(0);
+  s.K = layout == Layout::NHWC ? dy.size(-1) : dy.size(1);
+  s.out[2] = dy.numel() / std::max<int64_t>(1, s.N * s.K);
+  if (s.N * s.K == 0) s.out[2] = 0;
+  Tensor db = Tensor::empty(Shape{s.K}, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_bias(db, dy, s));
+  return db;
+}
+
+}  // namespace tg
