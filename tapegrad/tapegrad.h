@@ -16,6 +16,8 @@
 #include "ops/reduce.h"
 #include "ops/conv.h"
 #include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"

@@ -1,0 +1,154 @@
+// Layers with PyTorch's parameter names, shapes and default initialization:
+//
+//   nn::Conv2d conv({.in_channels = 64, .out_channels = 128, .kernel_size = {3, 3}, .bias = false});
+//   nn::Linear head({.in_features = 24, .out_features = 10}, {.device = Device::cuda()});
+//
+// The optional second argument says where (and in which dtype) the parameters are created;
+// they are initialized there directly, with the same numbers on every device (the generator
+// is counter-based). Options are validated when the layer is built.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+#include "ops/conv.h"
+
+namespace tg::nn {
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+};
+
+// y = x w^T + b. weight (out, in), bias (out); x (B, in) -> (B, out).
+class Linear : public Module {
+ public:
+  explicit Linear(LinearOptions options, TensorOptions tensor_options = {});
+  Tensor forward(const Tensor& x) override;
+  const LinearOptions& options() const { return options_; }
+
+  Tensor weight;
+  Tensor bias;  // undefined when options.bias is false
+
+ private:
+  LinearOptions options_;
+};
+
+// kernel_size, stride, padding and dilation take one value per spatial dim, or a single
+// value for all of them (PyTorch's int form).
+struct Conv2dOptions {
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  std::vector<int64_t> kernel_size = {3, 3};
+  std::vector<int64_t> stride = {1};
+  std::vector<int64_t> padding = {0};
+  std::vector<int64_t> dilation = {1};
+  bool bias = true;
+  Layout layout = Layout::NCHW;  // NHWC: input and output are channels-last (N, H, W, C)
+};
+
+struct Conv3dOptions {
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  std::vector<int64_t> kernel_size = {3, 3, 3};
+  std::vector<int64_t> stride = {1};
+  std::vector<int64_t> padding = {0};
+  std::vector<int64_t> dilation = {1};
+  bool bias = true;
+  Layout layout = Layout::NCHW;  // conv3d is NCDHW only: must stay Layout::NCHW
+};
+
+// weight (out, in, kh, kw), bias (out).
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(Conv2dOptions options, TensorOptions tensor_options = {});
+  Tensor forward(const Tensor& x) override;
+  const Conv2dOptions& options() const { return options_; }
+  ConvParams params() const;
+
+  Tensor weight;
+  Tensor bias;
+
+ private:
+  Conv2dOptions options_;
+};
+
+// weight (out, in, kd, kh, kw), bias (out).
+class Conv3d : public Module {
+ public:
+  explicit Conv3d(Conv3dOptions options, TensorOptions tensor_options = {});
+  Tensor forward(const Tensor& x) override;
+  const Conv3dOptions& options() const { return options_; }
+  ConvParams params() const;
+
+  Tensor weight;
+  Tensor bias;
+
+ private:
+  Conv3dOptions options_;
+};
+
+struct GroupNormOptions {
+  int64_t num_groups = 0;
+  int64_t num_channels = 0;
+  double eps = 1e-5;
+  bool affine = true;
+};
+
+// x (N, C, *) -> same shape. weight = gamma (C) = 1, bias = beta (C) = 0 when affine.
+class GroupNorm : public Module {
+ public:
+  explicit GroupNorm(GroupNormOptions options, TensorOptions tensor_options = {});
+  Tensor forward(const Tensor& x) override;
+  const GroupNormOptions& options() const { return options_; }
+
+  Tensor weight;
+  Tensor bias;
+
+ private:
+  GroupNormOptions options_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// (N, d1, d2, ...) -> (N, d1 * d2 * ...), a view.
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// Mean over every dim after the first two: (N, C, *) -> (N, C). Global average pooling
+// for 2-D and 3-D feature maps.
+class MeanPool : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// Runs its children in order; they are named "0", "1", ... as in PyTorch.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+
+  // Appends a child and returns it, typed (`auto conv = seq.add(std::make_shared<Conv2d>(...))`).
+  template <class M>
+  std::shared_ptr<M> add(std::shared_ptr<M> m) {
+    append(m);
+    return m;
+  }
+  size_t size() const { return named_children().size(); }
+  Module& operator[](size_t i) const;
+
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  void append(std::shared_ptr<Module> m);
+};
+
+}  // namespace tg::nn

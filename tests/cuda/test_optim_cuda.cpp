@@ -1,0 +1,119 @@
+// The fused CUDA optimizer updates against the CPU loops: same parameters, same grads,
+// several steps; parameters and every state buffer must agree (f32 and f64).
+#include <functional>
+
+#include "common/test_util.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+using MakeOptimizer = std::function<std::unique_ptr<nn::Optimizer>(std::vector<Tensor>)>;
+
+constexpr int kSteps = 5;
+
+// Two parameters of odd sizes (the second larger than one block of threads) on `device`,
+// updated kSteps times with grads drawn on the CPU; the third parameter never gets a grad.
+struct Run {
+  std::vector<Tensor> params;
+  std::vector<std::pair<std::string, Tensor>> state;
+};
+
+Run run(Device device, DType dt, const MakeOptimizer& make) {
+  manual_seed(77);
+  std::vector<Tensor> params = {uniform({7, 13}, -1, 1, {.dtype = dt, .device = device}).requires_grad_(),
+                                uniform({1031}, -1, 1, {.dtype = dt, .device = device}).requires_grad_(),
+                                uniform({9}, -1, 1, {.dtype = dt, .device = device}).requires_grad_()};
+  auto opt = make(params);
+  for (int t = 0; t < kSteps; ++t) {
+    for (size_t i = 0; i < 2; ++i)
+      params[i].set_grad(uniform(params[i].shape(), -2, 2, {.dtype = dt}).to(device));
+    opt->step();
+    opt->zero_grad();
+  }
+  return {params, opt->state()};
+}
+
+void compare(const MakeOptimizer& make, DType dt, double tol) {
+  Run cpu = run(Device::cpu(), dt, make);
+  Run gpu = run(Device::cuda(), dt, make);
+  for (size_t i = 0; i < cpu.params.size(); ++i) {
+    EXPECT_TRUE(gpu.params[i].device().is_cuda());
+    EXPECT_LE(rel_l2(gpu.params[i].cpu(), cpu.params[i]), tol) << "parameter " << i;
+  }
+  ASSERT_EQ(gpu.state.size(), cpu.state.size());
+  for (size_t k = 0; k < cpu.state.size(); ++k) {
+    EXPECT_EQ(gpu.state[k].first, cpu.state[k].first);
+    EXPECT_LE(rel_l2(gpu.state[k].second.cpu(), cpu.state[k].second), tol) << cpu.state[k].first;
+  }
+}
+
+void compare_all(const MakeOptimizer& make) {
+  compare(make, f32, 1e-6);
+  compare(make, f64, 1e-13);
+}
+
+MakeOptimizer sgd(nn::SGDOptions o) {
+  return [o](std::vector<Tensor> p) { return std::make_unique<nn::SGD>(std::move(p), o); };
+}
+
+}  // namespace
+
+TEST(OptimCuda, SGDMatchesCpu) {
+  TG_REQUIRE_GPU();
+  compare_all(sgd({.lr = 0.1}));
+  compare_all(sgd({.lr = 0.05, .momentum = 0.9}));
+  compare_all(sgd({.lr = 0.05, .momentum = 0.8, .dampening = 0.3, .weight_decay = 0.01}));
+  compare_all(sgd({.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true}));
+}
+
+TEST(OptimCuda, AdamMatchesCpu) {
+  TG_REQUIRE_GPU();
+  compare_all([](std::vector<Tensor> p) { return std::make_unique<nn::Adam>(std::move(p), nn::AdamOptions{.lr = 0.01}); });
+  compare_all([](std::vector<Tensor> p) {
+    return std::make_unique<nn::Adam>(std::move(p), nn::AdamOptions{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.99,
+                                                                     .eps = 1e-6, .weight_decay = 0.1});
+  });
+}
+
+TEST(OptimCuda, AdamWMatchesCpu) {
+  TG_REQUIRE_GPU();
+  compare_all([](std::vector<Tensor> p) { return std::make_unique<nn::AdamW>(std::move(p), nn::AdamWOptions{.lr = 0.01}); });
+  compare_all([](std::vector<Tensor> p) {
+    return std::make_unique<nn::AdamW>(std::move(p), nn::AdamWOptions{.lr = 0.05, .beta1 = 0.5, .weight_decay = 0.5});
+  });
+}
+
+TEST(OptimCuda, StateLoadsAcrossDevices) {
+  TG_REQUIRE_GPU();
+  // A CPU optimizer's state continues on the GPU (a checkpoint moved between machines).
+  manual_seed(5);
+  Tensor a = uniform({37}, -1, 1).requires_grad_();
+  Tensor b = a.clone().cuda().requires_grad_();
+  nn::Adam cpu_opt({a}, {.lr = 0.01});
+  nn::Adam gpu_opt({b}, {.lr = 0.01});
+  Tensor g0 = uniform({37}, -1, 1);
+  a.set_grad(g0);
+  cpu_opt.step();
+  b.copy_(a.cuda());
+  gpu_opt.load_state(cpu_opt.state());
+  for (const auto& [name, t] : gpu_opt.state())
+    if (name != "0.step") {
+      EXPECT_TRUE(t.device().is_cuda()) << name;
+    }
+  Tensor g1 = uniform({37}, -1, 1);
+  a.set_grad(g1);
+  b.set_grad(g1.cuda());
+  cpu_opt.step();
+  gpu_opt.step();
+  EXPECT_LE(rel_l2(b.cpu(), a), 1e-6);
+}
+
+TEST(OptimCuda, ParamsOnGpuWithMismatchedGradAreRejected) {
+  TG_REQUIRE_GPU();
+  Tensor p = uniform({5}, -1, 1, {.device = Device::cuda()}).requires_grad_();
+  nn::SGD opt({p}, {.lr = 0.1});
+  p.set_grad(uniform({5}, -1, 1));  // on the CPU
+  TG_EXPECT_ERROR(opt.step(), "parameter 0", "cuda:0", "cpu");
+}
