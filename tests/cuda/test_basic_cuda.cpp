@@ -99,12 +99,16 @@ TEST(CudaBasic, SumAndMulPast2To31Elements) {
   // the exact sum 2^31 + 7 * 2^28 = 15 * 2^28 is representable in f32.
   const float big = 268435456.0f;
   std::vector<float> tail(7, big);
+  // Raw cudaMemcpy runs on the legacy stream, which does not wait for the framework's
+  // non-blocking stream: synchronize around it.
+  synchronize(kGpu);
   ASSERT_EQ(cudaMemcpy(x.data<float>() + (n - 7), tail.data(), 7 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   x.bump_version();
   EXPECT_EQ(sum(x).item(), 15.0 * 268435456.0);
 
   Tensor y = mul(x, x);  // tail -> 2^56, the rest 1
   x = Tensor();
+  synchronize(kGpu);
   std::vector<float> head(2), last(8);
   ASSERT_EQ(cudaMemcpy(head.data(), y.data<float>(), 2 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(last.data(), y.data<float>() + (n - 8), 8 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
