@@ -2,6 +2,7 @@
 
 #include <unordered_map>
 
+#include "autograd/anomaly.h"  // [anomaly hooks]
 #include "ops/elementwise.h"
 
 namespace tg {
@@ -43,6 +44,8 @@ void record(std::string op, std::vector<Tensor> inputs, std::vector<Tensor> outp
   for (const Tensor& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
   e.saved = std::move(saved);
   e.backward = std::move(backward);
+  // [anomaly hook] Scans the outputs at record time (only ops on a tape) when anomaly mode is on.
+  if (detect_anomaly()) check_forward_anomaly(e.op, e.outputs);
   t_active->append(std::move(e));
 }
 
@@ -110,6 +113,8 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
       if (!needs[i] || !gin[i].defined()) continue;
       TG_CHECK(gin[i].shape() == e.inputs[i].shape(), "Tape::backward: gradient ", describe(gin[i]),
                " of '", e.op, "' input ", i, " does not match the input ", describe(e.inputs[i]));
+      // [anomaly hook] Scans every gradient before it is accumulated when anomaly mode is on.
+      if (detect_anomaly()) check_backward_anomaly(e.op, i, gin[i]);
       if (on_gradient) on_gradient(e, i, gin[i]);
       accumulate(e.inputs[i], gin[i]);
     }

@@ -1,0 +1,77 @@
+// The safetensors file format (https://github.com/huggingface/safetensors), read and
+// written without any library:
+//
+//   bytes [0, 8)        N, the header length, a little-endian uint64
+//   bytes [8, 8 + N)    a JSON object: {"__metadata__": {"key": "value", ...},
+//                         "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//                       (right-padded with spaces)
+//   bytes [8 + N, ...)  the data: each tensor's row-major little-endian bytes at
+//                       [begin, end) relative to the start of the data
+//
+// Reading validates everything the format promises before a single tensor is returned:
+// the header parses, every entry has a known dtype, a shape whose size matches its byte
+// range, and the byte ranges tile the data section exactly (no gap, no overlap, nothing
+// past the end of the file). Errors are tg::Error naming the tensor or the byte offset.
+// Writing is atomic: a temporary file in the same directory, fsync, rename.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tg::safetensors {
+
+// A header entry as written in the file. `dtype` is the file's code ("F32", "BF16", ...);
+// any dtype the format defines is accepted in a header, and only F32, F64 and I64 can
+// become tensors.
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // relative to the start of the data section
+  uint64_t header_offset = 0;   // file offset of the entry's JSON, for error messages
+};
+
+struct Header {
+  std::vector<TensorInfo> tensors;  // in header order
+  std::vector<std::pair<std::string, std::string>> metadata;
+  uint64_t data_start = 0;  // file offset of the data section (8 + N)
+  uint64_t file_size = 0;
+
+  const TensorInfo* find(const std::string& name) const;
+  // The value of a metadata key, or nullptr.
+  const std::string* find_metadata(const std::string& key) const;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+// Reads and validates the header only (nothing of the data section is read).
+Header read_header(const std::string& path);
+
+// Reads every tensor onto the CPU, in header order. A tensor of a dtype tapegrad has no
+// equivalent for (F16, BF16, I32, ...) fails naming it.
+NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr);
+
+// Reads the listed tensors of a file whose header was already read (onto the CPU).
+NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names);
+
+// Writes `tensors` (any devices; F32, F64 or I64) and `metadata` atomically: the data goes
+// to a temporary file next to `path`, is fsync'ed, then renamed over `path`, so a failure
+// at any point leaves a previous file at `path` as it was (and no temporary behind).
+void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata = {});
+
+// The file's dtype code of a tapegrad dtype ("F32", "F64", "I64"), and back (throws for
+// codes with no tapegrad equivalent).
+const char* dtype_code(DType t);
+DType dtype_from_code(const std::string& code, const std::string& tensor_name);
+
+namespace testing {
+// Makes the next save_file fail (throw tg::Error) after writing `bytes` bytes of its
+// temporary file, as a full disk or a crash would; -1 (the default) disables. One-shot.
+void fail_next_write_after(int64_t bytes);
+}  // namespace testing
+
+}  // namespace tg::safetensors

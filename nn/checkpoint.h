@@ -1,0 +1,44 @@
+// Checkpoints in the safetensors format, with PyTorch's state_dict names, so that
+//
+//   torch:    safetensors.torch.save_file(model.state_dict(), "m.safetensors")
+//   tapegrad: tg::load(model, "m.safetensors")      (and tg::save back, for torch's load_file)
+//
+// work both ways for models built with the same structure (same module names).
+//
+//   tg::save(model, "ckpt.safetensors");              // the parameters
+//   tg::save(model, optimizer, "ckpt.safetensors");   // + optimizer state: training resumes
+//   tg::load(model, optimizer, "ckpt.safetensors");   //   bit-identically after this
+//
+// File contents: one tensor per parameter ("0.weight", "conv.bias", ...) in the parameter's
+// dtype; with an optimizer also "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg",
+// "optim.0.weight.step" for Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata
+// "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count" and
+// "tapegrad.optimizer.lr".
+//
+// Saving is atomic (temporary file, fsync, rename): a failed save leaves the previous file
+// intact. Loading is strict and all-or-nothing: a missing, extra or mis-shaped tensor, a
+// wrong dtype, a truncated or corrupt file raises tg::Error naming the tensor or the byte
+// offset, and then nothing in the module (or optimizer) has changed. Values are copied into
+// the existing parameter tensors, on their devices, so optimizers holding them stay valid.
+#pragma once
+#include <string>
+
+#include "nn/module.h"
+#include "nn/optim/optimizer.h"
+
+namespace tg {
+
+void save(const nn::Module& module, const std::string& path);
+// Loads every parameter of `module`. Optimizer state in the file (a checkpoint written with
+// an optimizer) is ignored; any other tensor the module lacks is an error.
+void load(nn::Module& module, const std::string& path);
+
+// The optimizer's parameters must all belong to `module` (they are named after them).
+void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path);
+// Restores the parameters, the optimizer's buffers and step counts, and its learning rate
+// (as PyTorch's load_state_dict restores param_groups). The optimizer must be of the saved
+// kind and should be fresh: state it already holds for a parameter the file has no state
+// for is an error rather than silently kept.
+void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path);
+
+}  // namespace tg
