@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""tapegrad next to PyTorch on workloads A-D, measured in one run on one GPU.
+
+Runs tg_bench --json (which checks every row against f64 references before timing it),
+then times PyTorch eager on the same shapes, passes and precision:
+  forward   y = model(x) without autograd
+  backward  y.backward(dy) for a y recorded just before (input and parameter gradients)
+  step      forward + MSE against a fixed target + backward + SGD step + zero_grad
+with torch.backends.cudnn.benchmark = True, TF32 switched on or off to match each row
+(torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32), CUDA events,
+warm-up, and the median of the same number of repeats tg_bench used (>= 20 unless --quick).
+Prints one markdown table; --out FILE writes it with the GPU name, the date and the command.
+
+  python3 bench/compare_torch.py --tg-bench build/bench/tg_bench
+  python3 bench/compare_torch.py --tg-bench build/bench/tg_bench --workloads A,D --quick --out bench/RESULTS.md
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p.add_argument("--tg-bench", default=os.path.join(here, "..", "build", "bench", "tg_bench"),
+                   help="path of the tg_bench program")
+    p.add_argument("--tg-json", help="reuse this tg_bench --json output instead of running tg_bench")
+    p.add_argument("--workloads", default="A,B,C,D")
+    p.add_argument("--layout", default="both", choices=["nchw", "nhwc", "both"], help="for B")
+    p.add_argument("--precision", default="fp32,tf32")
+    p.add_argument("--passes", default="forward,backward,step")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (5) on both sides")
+    p.add_argument("--repeats", type=int, help="repeats on both sides (default 20, 5 with --quick)")
+    p.add_argument("--out", help="write the table (with GPU, date and command) to this markdown file")
+    return p.parse_args()
+
+
+def run_tg_bench(args):
+    cmd = [args.tg_bench, "--json", "--workloads", args.workloads, "--layout", args.layout,
+           "--precision", args.precision, "--passes", args.passes]
+    if args.quick:
+        cmd.append("--quick")
+    if args.repeats:
+        cmd += ["--repeats", str(args.repeats)]
+    print("running:", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
+    # tg_bench prints its progress on stderr (passed through) and the JSON object on stdout.
+    # Exit code 2 means some row failed its check: those rows are reported, not timed.
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode not in (0, 2):
+        sys.exit(f"tg_bench failed with exit code {proc.returncode}")
+    return json.loads(proc.stdout)
+
+
+# ---- the same workloads in PyTorch -----------------------------------------------------------
+
+class TorchWorkload:
+    """model, x, target and dy on the GPU, shaped like bench/workloads.h."""
+
+    def __init__(self, torch, wid, layout):
+        nn = torch.nn
+        dev = "cuda"
+        self.x_requires_grad = False
+        if wid == "A":
+            self.model = nn.Conv2d(64, 128, 3, bias=False).to(dev)
+            self.x = torch.randn(8, 64, 512, 1024, device=dev)
+            self.forward = self.model
+        elif wid == "B":
+            self.model = nn.Conv2d(64, 128, 1, bias=False).to(dev)
+            if layout == "nhwc":
+                # channels_last: logical NCHW with NHWC memory, what tapegrad's Layout::NHWC holds
+                self.model = self.model.to(memory_format=torch.channels_last)
+                self.x = torch.randn(16, 1024, 1024, 64, device=dev).permute(0, 3, 1, 2)
+            else:
+                self.x = torch.randn(16, 64, 1024, 1024, device=dev)
+            self.forward = self.model
+        elif wid == "C":
+            conv = nn.Conv3d(3, 24, 3).to(dev)
+            norm = nn.GroupNorm(8, 24).to(dev)
+            with torch.no_grad():  # perturbed as in tg_bench (values do not change the timing)
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+            self.model = nn.Sequential(conv, norm)
+            self.x = torch.randn(128, 3, 24, 32, 32, device=dev)
+            self.forward = lambda x: self.model(x).mean(dim=(1, 2, 3, 4))
+        elif wid == "D":
+            self.model = nn.Linear(1048576, 1, bias=False).to(dev)
+            self.x = torch.randn(2048, 1048576, device=dev)
+            self.forward = self.model
+        else:
+            raise ValueError(f"unknown workload {wid}")
+        with torch.no_grad():
+            y = self.forward(self.x)
+        # target and dy in the output's memory format (channels-last for B nhwc)
+        self.target = torch.randn_like(y)
+        self.dy = torch.randn_like(y)
+        del y
+
+
+def time_events(torch, warmup, repeats, run):
+    """run(start, end) records the two events around what it times; returns the median ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(warmup + repeats):
+        run(start, end)
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_torch(torch, w, pass_name, warmup, repeats):
+    params = list(w.model.parameters())
+
+    def zero_grads():
+        for p in params:
+            p.grad = None
+        w.x.grad = None
+
+    if pass_name == "forward":
+        def run(start, end):
+            with torch.no_grad():
+                start.record()
+                w.forward(w.x)
+                end.record()
+        return time_events(torch, warmup, repeats, run)
+
+    if pass_name == "backward":
+        w.x.requires_grad_(True)
+
+        def run(start, end):
+            zero_grads()
+            y = w.forward(w.x)  # recorded, not timed
+            start.record()
+            y.backward(w.dy)
+            end.record()
+        ms = time_events(torch, warmup, repeats, run)
+        zero_grads()
+        w.x.requires_grad_(False)
+        return ms
+
+    opt = torch.optim.SGD(params, lr=1e-7)  # tiny steps, as tg_bench
+
+    def run(start, end):
+        start.record()
+        loss = torch.nn.functional.mse_loss(w.forward(w.x), w.target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+    return time_events(torch, warmup, repeats, run)
+
+
+def set_tf32(torch, on):
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def main():
+    args = parse_args()
+    tg = json.load(open(args.tg_json)) if args.tg_json else run_tg_bench(args)
+    repeats, warmup = tg.get("repeats", 20), tg.get("warmup", 3)
+
+    import torch  # after tg_bench exits, so the two never share the GPU's memory
+    torch.backends.cudnn.benchmark = True
+    gpu = torch.cuda.get_device_name(0)
+
+    # Group rows by (workload, layout) so each PyTorch workload is built once.
+    groups = {}
+    for r in tg["rows"]:
+        groups.setdefault((r["workload"], r["layout"]), []).append(r)
+    results = []
+    for (wid, layout), rows in groups.items():
+        print(f"PyTorch: workload {wid} ({layout})", file=sys.stderr, flush=True)
+        w = TorchWorkload(torch, wid, layout)
+        for r in rows:
+            set_tf32(torch, r["precision"] == "tf32")
+            # cudnn.benchmark picks algorithms during the warm-up: give it a little more.
+            ms = time_torch(torch, w, r["pass"], warmup + 2, repeats)
+            results.append((r, ms))
+            tg_ms = f'{r["ms"]:.3f}' if r.get("ok") else "check failed"
+            print(f'  {r["pass"]:9s} {r["precision"]}: PyTorch {ms:.3f} ms, tapegrad {tg_ms}', file=sys.stderr, flush=True)
+        del w
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+    lines = ["| workload | pass | precision | PyTorch ms | tapegrad ms | ratio (tapegrad/PyTorch) |",
+             "|---|---|---|---:|---:|---:|"]
+    for r, ms in results:
+        name = r["workload"] + (f' ({r["layout"]})' if r["workload"] == "B" else "")
+        if r.get("ok"):
+            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | {r["ms"]:.3f} | {r["ms"] / ms:.2f} |')
+        else:
+            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | check failed | - |')
+    table = "\n".join(lines)
+    print(table)
+
+    if args.out:
+        c = tg["ceilings"]
+        command = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+        with open(args.out, "w") as f:
+            f.write("# tapegrad vs PyTorch\n\n")
+            f.write(f"- GPU: {gpu}\n")
+            f.write(f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n")
+            f.write(f"- command: `{command}`\n")
+            f.write(f"- PyTorch {torch.__version__} eager, cudnn.benchmark on; median of {repeats} repeats "
+                    f"after warm-up, CUDA events, both sides in one run\n")
+            f.write(f"- ceilings measured by tg_bench: copy {c['copy_gbps']:.0f} GB/s, "
+                    f"FP32 GEMM {c['fp32_tflops']:.1f} TFLOP/s, TF32 GEMM {c['tf32_tflops']:.1f} TFLOP/s\n\n")
+            f.write(table + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

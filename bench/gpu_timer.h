@@ -1,0 +1,66 @@
+// Timing GPU work with CUDA events on the framework's stream: the events bracket exactly
+// the work queued between start() and stop(), so untimed setup (a forward pass recorded on
+// a tape before a timed backward) can run in the same repeat. Median of the repeats.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "core/cuda_context.h"
+
+namespace bench {
+
+class EventPair {
+ public:
+  explicit EventPair(cudaStream_t s) : stream_(s) {
+    TG_CUDA_CHECK(cudaEventCreate(&start_));
+    TG_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  void start() { TG_CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+  void stop() { TG_CUDA_CHECK(cudaEventRecord(stop_, stream_)); }
+  float elapsed_ms() {
+    TG_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    TG_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+  int repeats = 0;
+};
+
+// Runs `run` warmup + repeats times; `run` calls start() and stop() around what it times.
+inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::function<void(EventPair&)>& run) {
+  EventPair events(stream);
+  for (int i = 0; i < warmup; ++i) {
+    run(events);
+    events.elapsed_ms();
+  }
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    run(events);
+    ms.push_back(events.elapsed_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.repeats = repeats;
+  t.min_ms = ms.front();
+  t.median_ms = repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]);
+  return t;
+}
+
+}  // namespace bench
