@@ -34,6 +34,36 @@ void count_alloc(Device d, std::size_t bytes) {
   }
 }
 
+#if TG_CUDA
+// [OOM retry] The pool keeps freed blocks (release threshold raised), possibly fragmented
+// so that a large request fits in none of them. When the cached free memory plus what the
+// driver still has could satisfy `bytes`, release the cache and let the caller retry once.
+// Synchronizing first completes pending cudaFreeAsync calls, which the trim cannot release.
+bool trim_pool_for(int device, std::size_t bytes) {
+  if (cudaStreamSynchronize(cuda::stream(device)) != cudaSuccess) return false;
+  cudaMemPool_t pool;
+  uint64_t reserved = 0, used = 0;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const uint64_t cached = reserved > used ? reserved - used : 0;
+  if (cached == 0 || cached + free_bytes < bytes) return false;
+  if (cudaMemPoolTrimTo(pool, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+#endif
+
 }  // namespace
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
@@ -53,6 +83,10 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
     if (bytes) {
       cuda::set_device(device.index);
       cudaError_t err = cudaMallocAsync(&data_, bytes, cuda::stream(device.index));
+      if (err == cudaErrorMemoryAllocation) {  // [OOM retry] once, after releasing the pool's cache
+        cudaGetLastError();
+        if (trim_pool_for(device.index, bytes)) err = cudaMallocAsync(&data_, bytes, cuda::stream(device.index));
+      }
       if (err == cudaErrorMemoryAllocation) {
         cudaGetLastError();  // clear the sticky-free error so later calls work
         data_ = nullptr;
