@@ -1,5 +1,6 @@
 // The umbrella header: everything a program using tapegrad needs.
 #pragma once
+#include "autograd/anomaly.h"
 #include "autograd/gradcheck.h"
 #include "autograd/tape.h"
 #include "core/device.h"
@@ -7,6 +8,7 @@
 #include "core/error.h"
 #include "core/precision.h"
 #include "core/random.h"
+#include "core/safetensors.h"
 #include "core/shape.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
@@ -15,6 +17,7 @@
 #include "ops/norm.h"
 #include "ops/reduce.h"
 #include "ops/conv.h"
+#include "nn/checkpoint.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
