@@ -1,0 +1,1017 @@
+// 1x1 convolutions as pointwise GEMMs on tensor cores (mma.sync m16n8k8 TF32; in FP32-accurate
+// mode one more m16n8k16 bf16 op per product).
+//
+// Floor, workload B (N=16, C=64, K=128, 1024x1024, f32; y holds 2^31 elements):
+//   forward   reads x 4.29 GB, writes y 8.59 GB = 12.9 GB: 3.0 ms at 4.3 TB/s (H200), 4.3 ms at
+//             3.0 TB/s (H100). 275 GFLOP: 0.7 ms at ~400 TFLOP/s TF32, 5.5 ms in FFMA (~50).
+//   backward  fused, reads dy 8.59 + x 4.29, writes dx 4.29 = 17.2 GB: 4.0 ms (H200), 5.7 ms
+//             (H100); 550 GFLOP. Unfused (dx pass, then dw pass) it would move 25.8 GB.
+//   fwd+bwd   30.1 GB: 7.0 ms (H200), 10.0 ms (H100).
+// FFMA is arithmetic-bound; tensor cores are not. FP32-accurate mode splits v = hi + lo
+// (hi = tf32(v)) and adds the cross terms A_hi B_lo + A_lo B_hi with ONE bf16 m16n8k16 op
+// whose 16-long k holds both (lo is 2^-11 of v, so bf16's 8 bits leave ~2^-19 error):
+// two tensor ops per product instead of 3xTF32's three, ~1.2 ms of mma.sync per forward, still
+// under the memory floor. See bench/notes_conv1x1.md for the budget of every resource.
+//
+// Structure:
+// - Persistent grid, one 256-thread block per SM, tiles of 128 pixels. Each tile's activations
+//   stream into shared memory with cp.async (16-byte, L2 evict-first, zero-filled at the
+//   edges; 4-byte copies when rows are not 16-byte aligned), 2-4 stages deep.
+// - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
+//   mma fragment order: one conflict-free 16-byte (or 8-byte) load per lane per fragment.
+// - Activation tiles carry an XOR swizzle that makes both fragment access patterns
+//   conflict-free without padding.
+// - Results go from the accumulators straight to global memory; lane pairs swap halves so
+//   each lane stores 4 consecutive floats (16-byte streaming stores).
+// - Backward: per 128-pixel tile one kernel computes dx = w^T dy (stored) and dw += dy x^T
+//   (registers): dy is read once. Each block writes its dw partial; a second kernel sums the
+//   partials in a fixed order (deterministic). Tensor-core sums are flushed into a plain fp32
+//   sum every tile, so reductions over 2^24 pixels keep FP32 accuracy.
+#include "ops/cuda/conv1x1.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_context.h"
+#include "core/precision.h"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kThreads = 256;       // 8 warps
+constexpr int kTilePixels = 128;    // pixels per tile: the long dimension of every GEMM here
+constexpr int kMaxStages = 4;
+constexpr int kGroupChannels = 128; // reduction channels per pointwise launch when more than 64
+constexpr int kDwRows = 128;        // dw block of the backward kernel: K side ...
+constexpr int kDwCols = 64;         // ... and C side (the fused kernel needs K <= 128, C <= 64)
+constexpr int64_t kPartialBudget = int64_t(1) << 26;  // floats of dw partials (256 MB)
+
+// How the operand kept in shared memory (the weight) is stored.
+enum ResidentMode : int {
+  kTf32 = 0,      // tf32-rounded values: plain TF32 math
+  kSplitPre = 1,  // FP32-accurate: tf32 hi and the bf16 cross-term pairs, precomputed (2x bytes)
+  kSplitRaw = 2,  // FP32-accurate: raw f32, split at every use (half the bytes)
+};
+
+__host__ __device__ constexpr int round_up(int a, int b) { return (a + b - 1) / b * b; }
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Activation tiles in shared memory: NCHW tiles are (channels, 128 pixels), NHWC tiles
+// (128 pixels, channels). Rows are multiples of 32 floats, which the swizzle needs.
+__host__ __device__ constexpr int tile_stride(bool nhwc, int channels_pad) {
+  return nhwc ? round_up(channels_pad, 32) : kTilePixels;
+}
+__host__ __device__ constexpr int tile_floats(bool nhwc, int channels_pad) {
+  return nhwc ? kTilePixels * round_up(channels_pad, 32) : channels_pad * kTilePixels;
+}
+// Bytes of a resident weight block of `channels` x r_pad values in fragment order.
+__host__ __device__ constexpr int resident_bytes(int channels, int r_pad, int mode) {
+  return channels * r_pad * 4 * (mode == kSplitPre ? 2 : 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// 16 bytes global -> shared, not kept in L1; bytes past src_bytes are zero-filled.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// Waits until at most `pending` groups are in flight (pending <= kMaxStages - 2).
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  if (pending <= 0) cp_async_wait<0>();
+  else if (pending == 1) cp_async_wait<1>();
+  else cp_async_wait<2>();
+}
+
+// tf32 bits of x rounded to nearest (ties away): what cvt.rna.tf32.f32 gives for finite x,
+// without its infinity guard.
+__device__ __forceinline__ uint32_t tf32_bits(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// Two bf16 values in one register, `first` in the low half (the lower k index): by truncation
+// (one byte permute, used in the hot loops) or rounded (once per kernel, for the weight).
+__device__ __forceinline__ uint32_t bf16_pair_trunc(float first, float second) {
+  return __byte_perm(__float_as_uint(first), __float_as_uint(second), 0x7632);
+}
+__device__ __forceinline__ uint32_t bf16_pair_rn(float first, float second) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
+  return r;
+}
+
+// mma m16n8k8 tf32 fragments, g = lane / 4, t = lane % 4 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k8", .tf32):
+//   A 16x8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+//   B 8x8:  b0 (k=t, n=g), b1 (k=t+4, n=g)
+//   C 16x8: c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1)
+// FP32-accurate mode: the cross terms of one k-step of 8, sum_c A_hi B_lo + A_lo B_hi, are one
+// m16n8k16 bf16 op, whose fragments are A: {row g: k 2t,2t+1}, {row g+8: k 2t,2t+1},
+// {row g: k 2t+8,2t+9}, {row g+8: k 2t+8,2t+9}; B: {k 2t,2t+1}, {k 2t+8,2t+9} at n = g; C as
+// above. Permuting k the same way in both operands,
+//   k = 2t, 2t+1    <- A_hi(c = t, t+4) * B_lo(c = t, t+4)
+//   k = 2t+8, 2t+9  <- A_lo(c = t, t+4) * B_hi(c = t, t+4)
+// so every lane already holds exactly the values it packs.
+struct FragA {
+  uint32_t hi[4], bf[4];
+};
+struct FragB {
+  uint32_t hi[2], bf[2];
+};
+
+template <bool kRoundBf16>
+__device__ __forceinline__ uint32_t bf16_pair(float first, float second) {
+  if constexpr (kRoundBf16) return bf16_pair_rn(first, second);
+  else return bf16_pair_trunc(first, second);
+}
+
+// v0 (g, t), v1 (g+8, t), v2 (g, t+4), v3 (g+8, t+4).
+template <bool kSplit, bool kRoundBf16 = false>
+__device__ __forceinline__ FragA make_a(float v0, float v1, float v2, float v3) {
+  FragA f{};
+  f.hi[0] = tf32_bits(v0);
+  f.hi[1] = tf32_bits(v1);
+  f.hi[2] = tf32_bits(v2);
+  f.hi[3] = tf32_bits(v3);
+  if constexpr (kSplit) {
+    const float h0 = __uint_as_float(f.hi[0]), h1 = __uint_as_float(f.hi[1]);
+    const float h2 = __uint_as_float(f.hi[2]), h3 = __uint_as_float(f.hi[3]);
+    // v - hi is exact: hi is v rounded to 11 significant bits, within a factor 2 of v.
+    f.bf[0] = bf16_pair<kRoundBf16>(h0, h2);            // row g:   k 2t, 2t+1
+    f.bf[1] = bf16_pair<kRoundBf16>(h1, h3);            // row g+8
+    f.bf[2] = bf16_pair<kRoundBf16>(v0 - h0, v2 - h2);  // row g:   k 2t+8, 2t+9
+    f.bf[3] = bf16_pair<kRoundBf16>(v1 - h1, v3 - h3);  // row g+8
+  }
+  return f;
+}
+// v0 (k=t, n=g), v1 (k=t+4, n=g).
+template <bool kSplit, bool kRoundBf16 = false>
+__device__ __forceinline__ FragB make_b(float v0, float v1) {
+  FragB f{};
+  f.hi[0] = tf32_bits(v0);
+  f.hi[1] = tf32_bits(v1);
+  if constexpr (kSplit) {
+    const float h0 = __uint_as_float(f.hi[0]), h1 = __uint_as_float(f.hi[1]);
+    f.bf[0] = bf16_pair<kRoundBf16>(v0 - h0, v1 - h1);  // k 2t, 2t+1: pairs with A_hi
+    f.bf[1] = bf16_pair<kRoundBf16>(h0, h1);            // k 2t+8, 2t+9: pairs with A_lo
+  }
+  return f;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <bool kSplit>
+__device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& b) {
+  mma_tf32(d, a.hi, b.hi);
+  if constexpr (kSplit) mma_bf16(d, a.bf, b.bf);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation tiles in shared memory
+
+// `stride` floats per row (a multiple of 32). Element (r, c) sits in column c ^ swz(r), which
+// permutes the 16-byte chunks inside each 128-byte group: the two fragment patterns, 8 rows x
+// 4 columns and 4 rows x 8 columns (row starts multiples of 8), then hit 32 distinct banks, and
+// every 16-byte chunk stays whole for cp.async. Rows are addressed as r0 + ro with r0 a
+// multiple of 8, so the swizzle depends on ro alone.
+struct SmemTile {
+  float* base;
+  int stride;
+  __device__ __forceinline__ static int swz(int ro) { return ((ro & 3) << 3) | (ro & 4); }
+  __device__ __forceinline__ int offset(int r0, int ro, int c) const { return (r0 + ro) * stride + (c ^ swz(ro)); }
+  __device__ __forceinline__ float at(int r0, int ro, int c) const { return base[offset(r0, ro, c)]; }
+};
+
+// Fragments read from a tile (g, t as above). "rows_m": the tile's rows are the operand's
+// M (or N) index; "rows_k": its rows are the reduction index.
+template <bool kSplit>
+__device__ __forceinline__ FragA tile_a_rows_m(const SmemTile& T, int m0, int k0, int g, int t) {  // A(m,k) = T[m][k]
+  return make_a<kSplit>(T.at(m0, g, k0 + t), T.at(m0, g + 8, k0 + t), T.at(m0, g, k0 + t + 4),
+                        T.at(m0, g + 8, k0 + t + 4));
+}
+template <bool kSplit>
+__device__ __forceinline__ FragA tile_a_rows_k(const SmemTile& T, int m0, int k0, int g, int t) {  // A(m,k) = T[k][m]
+  return make_a<kSplit>(T.at(k0, t, m0 + g), T.at(k0, t, m0 + g + 8), T.at(k0, t + 4, m0 + g),
+                        T.at(k0, t + 4, m0 + g + 8));
+}
+template <bool kSplit>
+__device__ __forceinline__ FragB tile_b_rows_k(const SmemTile& T, int k0, int n0, int g, int t) {  // B(k,n) = T[k][n]
+  return make_b<kSplit>(T.at(k0, t, n0 + g), T.at(k0, t + 4, n0 + g));
+}
+template <bool kSplit>
+__device__ __forceinline__ FragB tile_b_rows_n(const SmemTile& T, int k0, int n0, int g, int t) {  // B(k,n) = T[n][k]
+  return make_b<kSplit>(T.at(n0, g, k0 + t), T.at(n0, g, k0 + t + 4));
+}
+
+// Where a tile comes from: tile element (r, c) is src[r * row_stride + c] for r < valid_rows and
+// c < valid_cols, zero elsewhere; fill_rows x fill_cols elements are written (fill_cols % 4 == 0).
+struct TileSource {
+  const float* src;
+  int64_t row_stride;
+  int valid_rows, valid_cols, fill_rows, fill_cols;
+};
+
+// Issues this thread's share of the cp.async copies of one tile (no commit). `vec`: rows start
+// 16-byte aligned, so 16-byte copies are legal; otherwise 4-byte copies.
+__device__ void load_tile(const SmemTile& dst, const TileSource& s, const float* any_valid, bool vec,
+                          uint64_t policy) {
+  if (vec) {
+    const int chunks = s.fill_cols >> 2;  // 16-byte chunks per row
+    const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;
+    const int total = s.fill_rows << shift;
+    for (int e = threadIdx.x; e < total; e += kThreads) {
+      const int r = e >> shift, c = (e & ((1 << shift) - 1)) << 2;
+      if (c >= s.fill_cols) continue;
+      const bool ok = r < s.valid_rows && c < s.valid_cols;
+      const int bytes = ok ? 4 * min(4, s.valid_cols - c) : 0;
+      const float* g = ok ? s.src + r * s.row_stride + c : any_valid;
+      cp_async_16(smem_addr(dst.base + dst.offset(r & ~7, r & 7, c)), g, bytes, policy);
+    }
+  } else {
+    const int shift = 32 - __clz(s.fill_cols - 1);  // fill_cols >= 4
+    const int total = s.fill_rows << shift;
+    for (int e = threadIdx.x; e < total; e += kThreads) {
+      const int r = e >> shift, c = e & ((1 << shift) - 1);
+      if (c >= s.fill_cols) continue;
+      const bool ok = r < s.valid_rows && c < s.valid_cols;
+      const float* g = ok ? s.src + r * s.row_stride + c : any_valid;
+      cp_async_4(smem_addr(dst.base + dst.offset(r & ~7, r & 7, c)), g, ok ? 4 : 0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The resident operand: the weight, in fragment order
+
+// The GEMM's weight-like matrix M(m, r) (m: an output channel of this GEMM, r: a reduction
+// channel) = w[(m0 + m) * stride_m + (r0 + r) * stride_r] inside m_count x r_count, else 0.
+struct WeightView {
+  const float* w;
+  int64_t stride_m, stride_r;
+  int m0, m_count, r0, r_count;
+  __device__ float operator()(int m, int r) const {
+    return (m < m_count && r < r_count) ? w[(m0 + m) * stride_m + (r0 + r) * stride_r] : 0.f;
+  }
+};
+
+// Entry e = (tile * KS + ks) * 32 + lane holds one lane's fragment of 16-row (A) or 8-column
+// (B) tile `tile` at k-step ks: hi words, then (kSplitPre) the bf16 words of all entries.
+template <int kMode>
+struct Resident {
+  const unsigned char* base;
+  int entries, KS;
+
+  __device__ __forceinline__ FragA a(int mt, int ks, int lane) const {
+    const int e = (mt * KS + ks) * 32 + lane;
+    if constexpr (kMode == kSplitRaw) {
+      const float4 v = reinterpret_cast<const float4*>(base)[e];
+      return make_a<true>(v.x, v.y, v.z, v.w);
+    } else {
+      FragA f{};
+      const uint4 h = reinterpret_cast<const uint4*>(base)[e];
+      f.hi[0] = h.x, f.hi[1] = h.y, f.hi[2] = h.z, f.hi[3] = h.w;
+      if constexpr (kMode == kSplitPre) {
+        const uint4 b = reinterpret_cast<const uint4*>(base)[entries + e];
+        f.bf[0] = b.x, f.bf[1] = b.y, f.bf[2] = b.z, f.bf[3] = b.w;
+      }
+      return f;
+    }
+  }
+  __device__ __forceinline__ FragB b(int nt, int ks, int lane) const {
+    const int e = (nt * KS + ks) * 32 + lane;
+    if constexpr (kMode == kSplitRaw) {
+      const float2 v = reinterpret_cast<const float2*>(base)[e];
+      return make_b<true>(v.x, v.y);
+    } else {
+      FragB f{};
+      const uint2 h = reinterpret_cast<const uint2*>(base)[e];
+      f.hi[0] = h.x, f.hi[1] = h.y;
+      if constexpr (kMode == kSplitPre) {
+        const uint2 b = reinterpret_cast<const uint2*>(base)[entries + e];
+        f.bf[0] = b.x, f.bf[1] = b.y;
+      }
+      return f;
+    }
+  }
+};
+
+// M as the A operand (rows m), `rows` (multiple of 16) x 8*KS. Returns the entry count.
+template <int kMode>
+__device__ int fill_resident_a(unsigned char* base, int rows, int KS, const WeightView& M) {
+  const int entries = rows / 16 * KS * 32;
+  for (int e = threadIdx.x; e < entries; e += kThreads) {
+    const int lane = e & 31, ks = (e >> 5) % KS, mt = (e >> 5) / KS;
+    const int m = mt * 16 + (lane >> 2), r = ks * 8 + (lane & 3);
+    const float v0 = M(m, r), v1 = M(m + 8, r), v2 = M(m, r + 4), v3 = M(m + 8, r + 4);
+    if constexpr (kMode == kSplitRaw) {
+      reinterpret_cast<float4*>(base)[e] = make_float4(v0, v1, v2, v3);
+    } else {
+      const FragA f = make_a<kMode == kSplitPre, true>(v0, v1, v2, v3);
+      reinterpret_cast<uint4*>(base)[e] = make_uint4(f.hi[0], f.hi[1], f.hi[2], f.hi[3]);
+      if constexpr (kMode == kSplitPre)
+        reinterpret_cast<uint4*>(base)[entries + e] = make_uint4(f.bf[0], f.bf[1], f.bf[2], f.bf[3]);
+    }
+  }
+  return entries;
+}
+// M as the B operand, B(k = r, n = m), `cols` (multiple of 8) x 8*KS. Returns the entry count.
+template <int kMode>
+__device__ int fill_resident_b(unsigned char* base, int cols, int KS, const WeightView& M) {
+  const int entries = cols / 8 * KS * 32;
+  for (int e = threadIdx.x; e < entries; e += kThreads) {
+    const int lane = e & 31, ks = (e >> 5) % KS, nt = (e >> 5) / KS;
+    const int n = nt * 8 + (lane >> 2), r = ks * 8 + (lane & 3);
+    const float v0 = M(n, r), v1 = M(n, r + 4);
+    if constexpr (kMode == kSplitRaw) {
+      reinterpret_cast<float2*>(base)[e] = make_float2(v0, v1);
+    } else {
+      const FragB f = make_b<kMode == kSplitPre, true>(v0, v1);
+      reinterpret_cast<uint2*>(base)[e] = make_uint2(f.hi[0], f.hi[1]);
+      if constexpr (kMode == kSplitPre) reinterpret_cast<uint2*>(base)[entries + e] = make_uint2(f.bf[0], f.bf[1]);
+    }
+  }
+  return entries;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue: accumulators -> global memory
+
+// GEMM tile element (i, j) (i: mma row, j: mma column, contiguous in memory in both layouts)
+// lives at base[i * row_stride + j]; only i < valid_rows, j < valid_cols exist.
+struct OutTile {
+  float* base;
+  int64_t row_stride;
+  int valid_rows, valid_cols;
+  bool vec;  // row starts are 16-byte aligned
+};
+
+// Stores 4 consecutive columns j..j+3 of row i (plus bias, plus the old value when
+// accumulating). bias_rows / bias_cols: shared-memory bias indexed by i or by j, or null.
+__device__ __forceinline__ void store4(const OutTile& o, int i, int j, float (&v)[4], const float* bias_rows,
+                                       const float* bias_cols, bool accumulate) {
+  if (i >= o.valid_rows) return;
+  if (bias_rows != nullptr) {
+    const float b = bias_rows[i];
+    for (int e = 0; e < 4; ++e) v[e] += b;
+  }
+  if (bias_cols != nullptr)
+    for (int e = 0; e < 4; ++e) v[e] += bias_cols[j + e];
+  float* p = o.base + i * o.row_stride + j;
+  if (o.vec && j + 3 < o.valid_cols) {
+    float4 val = make_float4(v[0], v[1], v[2], v[3]);
+    if (accumulate) {
+      const float4 old = *reinterpret_cast<const float4*>(p);
+      val.x += old.x, val.y += old.y, val.z += old.z, val.w += old.w;
+    }
+    __stcs(reinterpret_cast<float4*>(p), val);
+  } else {
+    for (int e = 0; e < 4; ++e) {
+      if (j + e >= o.valid_cols) break;
+      __stcs(p + e, accumulate ? v[e] + p[e] : v[e]);
+    }
+  }
+}
+
+// Stores a warp's kMT x kNT accumulator tiles whose top-left is (row0, col0). Lanes t and t^1
+// trade halves: the even lane then holds row g, columns 4(t/2)..+3, the odd one row g+8.
+template <int kMT, int kNT>
+__device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTile& o, int row0, int col0, int g,
+                                          int t, const float* bias_rows, const float* bias_cols, bool accumulate) {
+  const bool odd = t & 1;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float* c = acc[mt][nt];
+      const float give0 = odd ? c[0] : c[2], give1 = odd ? c[1] : c[3];
+      const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+      float v[4];
+      v[0] = odd ? got0 : c[0];
+      v[1] = odd ? got1 : c[1];
+      v[2] = odd ? c[2] : got0;
+      v[3] = odd ? c[3] : got1;
+      store4(o, row0 + mt * 16 + g + (odd ? 8 : 0), col0 + nt * 8 + (t >> 1) * 4, v, bias_rows, bias_cols,
+             accumulate);
+    }
+  }
+}
+
+// Where tile `tile` lies: NCHW tiles are 128 pixels of one image, NHWC tiles 128 rows of the
+// (N*P, channels) matrix.
+struct TilePos {
+  int64_t n, p0;  // NCHW: image and first pixel; NHWC: n = 0, p0 = first row of N*P
+  int pixels;     // valid pixels (rows) in the tile
+};
+__host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ TilePos tile_pos(bool nhwc, int64_t tile, int64_t tiles_per_image, int64_t pixels,
+                                            int64_t rows) {
+  TilePos q;
+  if (nhwc) {
+    q.n = 0;
+    q.p0 = tile * kTilePixels;
+    q.pixels = static_cast<int>(min64(kTilePixels, rows - q.p0));
+  } else {
+    q.n = tile / tiles_per_image;
+    q.p0 = (tile - q.n * tiles_per_image) * kTilePixels;
+    q.pixels = static_cast<int>(min64(kTilePixels, pixels - q.p0));
+  }
+  return q;
+}
+
+// The tile of a tensor with `channels` channels, channel range [c0, c0 + count) (zero-padded
+// to pad), at tile position q. NCHW: rows = channels, NHWC: rows = pixels.
+__device__ __forceinline__ TileSource tile_source(bool nhwc, const float* base, const TilePos& q, int64_t channels,
+                                                  int64_t pixels, int c0, int count, int pad) {
+  if (nhwc) return {base + q.p0 * channels + c0, channels, q.pixels, count, kTilePixels, pad};
+  return {base + (q.n * channels + c0) * pixels + q.p0, pixels, count, q.pixels, pad, kTilePixels};
+}
+// The matching output tile (mma rows = channels for NCHW, pixels for NHWC).
+__device__ __forceinline__ OutTile out_tile(bool nhwc, float* base, const TilePos& q, int64_t channels,
+                                            int64_t pixels, int c0, int count, bool vec) {
+  if (nhwc) return {base + q.p0 * channels + c0, channels, q.pixels, count, vec};
+  return {base + (q.n * channels + c0) * pixels + q.p0, pixels, count, q.pixels, vec};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward and grad-input: out (M channels) = weight (M x R) applied at every pixel of in (R channels)
+
+struct PointwiseParams {
+  float* out;         // (N, M, P) or (N*P, M)
+  const float* in;    // (N, R, P) or (N*P, R)
+  const float* bias;  // (M) or null
+  WeightView weight;  // this launch's block of output channels x group of reduction channels
+  int64_t images, pixels, out_channels, in_channels;
+  int r_pad;          // weight.r_count rounded up to 16
+  int stages;
+  bool accumulate;    // add to out (the second and later reduction groups)
+  bool vec_in, vec_out;
+  int64_t num_tiles, tiles_per_image;
+};
+
+// The mma tile per block is (kWM * kMT * 16) x (kWN * kNT * 8): NCHW rows = output channels,
+// columns = 128 pixels (weight = A, resident; activations = B); NHWC rows = 128 pixels,
+// columns = output channels (activations = A; weight = B, resident).
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode>
+__global__ void __launch_bounds__(kThreads, 1) pointwise_kernel(const PointwiseParams p) {
+  constexpr bool kSplit = kMode != kTf32;
+  constexpr int kRows = kWM * kMT * 16, kCols = kWN * kNT * 8;
+  constexpr int kChannels = kNHWC ? kCols : kRows;  // output channels per block
+  static_assert(kWM * kWN == kThreads / 32, "one warp per warp tile");
+  static_assert((kNHWC ? kRows : kCols) == kTilePixels, "a tile is 128 pixels");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int KS = p.r_pad / 8;
+  float* bias_s = reinterpret_cast<float*>(smem + resident_bytes(kChannels, p.r_pad, kMode));  // (kChannels)
+  float* stage0 = bias_s + kChannels;
+  const int stage_floats = tile_floats(kNHWC, p.r_pad);
+  const int stride = tile_stride(kNHWC, p.r_pad);
+
+  const int entries = kNHWC ? fill_resident_b<kMode>(smem, kChannels, KS, p.weight)
+                            : fill_resident_a<kMode>(smem, kChannels, KS, p.weight);
+  const Resident<kMode> res{smem, entries, KS};
+  for (int c = threadIdx.x; c < kChannels; c += kThreads)
+    bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
+
+  const uint64_t policy = evict_first_policy();
+  const int64_t rows = p.images * p.pixels;
+  auto issue = [&](int64_t tile, int stage) {
+    if (tile < p.num_tiles) {
+      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+      load_tile(SmemTile{stage0 + stage * stage_floats, stride},
+                tile_source(kNHWC, p.in, q, p.in_channels, p.pixels, p.weight.r0, p.weight.r_count, p.r_pad), p.in,
+                p.vec_in, policy);
+    }
+    cp_async_commit();  // always: the wait below counts groups
+  };
+
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  for (int s = 0; s < p.stages - 1; ++s) issue(first + s * step, s);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp % kWM, wn = warp / kWM;
+  int stage = 0;
+  for (int64_t tile = first; tile < p.num_tiles; tile += step) {
+    cp_async_wait_pending(p.stages - 2);
+    __syncthreads();  // this stage has landed for every thread; the one refilled next is free
+    issue(tile + (p.stages - 1) * step, stage == 0 ? p.stages - 1 : stage - 1);
+
+    const SmemTile X{stage0 + stage * stage_floats, stride};
+    float acc[kMT][kNT][4] = {};
+    auto kstep = [&](int ks) {
+      FragB b[kNT];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        if constexpr (kNHWC) b[nt] = res.b(wn * kNT + nt, ks, lane);
+        else b[nt] = tile_b_rows_k<kSplit>(X, ks * 8, (wn * kNT + nt) * 8, g, t);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        FragA a;
+        if constexpr (kNHWC) a = tile_a_rows_m<kSplit>(X, (wm * kMT + mt) * 16, ks * 8, g, t);
+        else a = res.a(wm * kMT + mt, ks, lane);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+      }
+    };
+    for (int ks = 0; ks < KS; ks += 2) {  // KS is even (r_pad is a multiple of 16)
+      kstep(ks);
+      kstep(ks + 1);
+    }
+
+    const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+    const OutTile o = out_tile(kNHWC, p.out, q, p.out_channels, p.pixels, p.weight.m0, p.weight.m_count, p.vec_out);
+    store_acc(acc, o, wm * kMT * 16, wn * kNT * 8, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr,
+              p.accumulate);
+    stage = stage + 1 == p.stages ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: dw partials over a block's tiles, and (fused) dx = w^T dy on the same dy tile
+
+struct BackwardParams {
+  float* dx;           // (N, C, P) or (N*P, C); only read by the fused variant
+  float* partial;      // (gridDim.x, K, C) dw partials
+  const float* dy;     // (N, K, P) or (N*P, K)
+  const float* x;      // (N, C, P) or (N*P, C)
+  const float* w;      // (K, C)
+  int64_t images, pixels, K, C;
+  int c_blocks;        // blockIdx.y = k_block * c_blocks + c_block (the fused variant: one block)
+  int res_bytes;       // resident w^T (fused only)
+  int dy_floats, x_floats;  // per stage, sized for the largest dw block
+  int stages;
+  bool vec_dy, vec_x, vec_dx;
+  int64_t num_tiles, tiles_per_image;
+};
+
+// dx tile (fused backward) = M dy_tile, M(c, k) = w[k][c] resident. NCHW: rows = C (2 warps x 2
+// m-tiles), columns = pixels (4 warps x 4 n-tiles); NHWC: rows = pixels (4 x 2), columns = C
+// (2 x 4). kGuard skips fragments past C (only needed when C < 64): a uniform branch per
+// fragment, which would stall the loads of full blocks.
+template <bool kNHWC, bool kGuard, int kMode>
+__device__ __forceinline__ void dx_tile_mma(float (&acc)[2][4][4], const Resident<kMode>& res, const SmemTile& DY,
+                                            int KS1, int Cpad, int wm, int wn, int lane) {
+  constexpr bool kSplit = kMode != kTf32;
+  constexpr int kMT = 2, kNT = 4;
+  const int g = lane >> 2, t = lane & 3;
+  auto kstep = [&](int ks) {
+    FragB b[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      if constexpr (kNHWC) {
+        if (!kGuard || (wn * kNT + nt) * 8 < Cpad) b[nt] = res.b(wn * kNT + nt, ks, lane);
+      } else {
+        b[nt] = tile_b_rows_k<kSplit>(DY, ks * 8, (wn * kNT + nt) * 8, g, t);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if (kGuard && !kNHWC && (wm * kMT + mt) * 16 >= Cpad) continue;  // rows past C
+      FragA a;
+      if constexpr (kNHWC) a = tile_a_rows_m<kSplit>(DY, (wm * kMT + mt) * 16, ks * 8, g, t);
+      else a = res.a(wm * kMT + mt, ks, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        if (!kGuard || !kNHWC || (wn * kNT + nt) * 8 < Cpad) mma<kSplit>(acc[mt][nt], a, b[nt]);
+    }
+  };
+  for (int ks = 0; ks < KS1; ks += 2) {  // KS1 is even (Kpad is a multiple of 16)
+    kstep(ks);
+    kstep(ks + 1);
+  }
+}
+
+// dw tile += dy_tile (K side x 128 pixels) x_tile^T: rows = K side (4 warps x 2 m-tiles),
+// columns = C side (2 warps x 4 n-tiles). kGuard skips fragments past K or C (blocks smaller
+// than 128 x 64).
+template <bool kNHWC, bool kSplit, bool kGuard>
+__device__ __forceinline__ void dw_tile_mma(float (&acc)[2][4][4], const SmemTile& DY, const SmemTile& X, int Kpad,
+                                            int Cpad, int wm, int wn, int lane) {
+  constexpr int kMT = 2, kNT = 4;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll 4
+  for (int ks = 0; ks < kTilePixels / 8; ++ks) {
+    FragB b[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      if (kGuard && (wn * kNT + nt) * 8 >= Cpad) continue;
+      if constexpr (kNHWC) b[nt] = tile_b_rows_k<kSplit>(X, ks * 8, (wn * kNT + nt) * 8, g, t);
+      else b[nt] = tile_b_rows_n<kSplit>(X, ks * 8, (wn * kNT + nt) * 8, g, t);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if (kGuard && (wm * kMT + mt) * 16 >= Kpad) continue;
+      FragA a;
+      if constexpr (kNHWC) a = tile_a_rows_k<kSplit>(DY, (wm * kMT + mt) * 16, ks * 8, g, t);
+      else a = tile_a_rows_m<kSplit>(DY, (wm * kMT + mt) * 16, ks * 8, g, t);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        if (!kGuard || (wn * kNT + nt) * 8 < Cpad) mma<kSplit>(acc[mt][nt], a, b[nt]);
+    }
+  }
+}
+
+// dw block: rows = K side (4 warps x 2 m-tiles x 16 = 128), columns = C side (2 warps x 4
+// n-tiles x 8 = 64), reduction over the tile's 128 pixels.
+// dx (fused): NCHW rows = C (2 x 2 x 16 = 64), columns = pixels (4 x 4 x 8 = 128);
+//             NHWC rows = pixels (4 x 2 x 16), columns = C (2 x 4 x 8); reduction over K.
+template <bool kNHWC, bool kWithDx, int kMode>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardParams p) {
+  constexpr bool kSplit = kMode != kTf32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int kb = blockIdx.y / p.c_blocks, cb = blockIdx.y % p.c_blocks;
+  const int k0 = kb * kDwRows, c0 = cb * kDwCols;
+  const int Kt = static_cast<int>(min64(kDwRows, p.K - k0));
+  const int Ct = static_cast<int>(min64(kDwCols, p.C - c0));
+  const int Kpad = round_up(Kt, 16), Cpad = round_up(Ct, 16);
+  float* stage0 = reinterpret_cast<float*>(smem + p.res_bytes);
+  const int stage_floats = p.dy_floats + p.x_floats;
+  const int dy_stride = tile_stride(kNHWC, Kpad), x_stride = tile_stride(kNHWC, Cpad);
+
+  // dx = M dy with M(m = c, r = k) = w[k * C + c]; the fused variant has k0 = c0 = 0.
+  const int KS1 = Kpad / 8;
+  int entries = 0;
+  if constexpr (kWithDx) {
+    const WeightView wt{p.w, 1, p.C, 0, Ct, 0, Kt};
+    entries = kNHWC ? fill_resident_b<kMode>(smem, kDwCols, KS1, wt) : fill_resident_a<kMode>(smem, kDwCols, KS1, wt);
+  }
+  const Resident<kMode> res{smem, entries, KS1};
+
+  const uint64_t policy = evict_first_policy();
+  const int64_t rows = p.images * p.pixels;
+  auto issue = [&](int64_t tile, int stage) {
+    if (tile < p.num_tiles) {
+      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+      float* base = stage0 + stage * stage_floats;
+      load_tile(SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad), p.dy, p.vec_dy,
+                policy);
+      load_tile(SmemTile{base + p.dy_floats, x_stride}, tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x,
+                p.vec_x, policy);
+    }
+    cp_async_commit();
+  };
+
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  for (int s = 0; s < p.stages - 1; ++s) issue(first + s * step, s);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float dw[2][4][4] = {};  // this thread's share of the block's dw, summed over its tiles
+  int stage = 0;
+  for (int64_t tile = first; tile < p.num_tiles; tile += step) {
+    cp_async_wait_pending(p.stages - 2);
+    __syncthreads();
+    issue(tile + (p.stages - 1) * step, stage == 0 ? p.stages - 1 : stage - 1);
+    const SmemTile DY{stage0 + stage * stage_floats, dy_stride};
+    const SmemTile X{stage0 + stage * stage_floats + p.dy_floats, x_stride};
+
+    if constexpr (kWithDx) {
+      constexpr int kWM = kNHWC ? 4 : 2;
+      const int wm = warp % kWM, wn = warp / kWM;
+      float acc[2][4][4] = {};
+      if (Cpad == kDwCols) dx_tile_mma<kNHWC, false>(acc, res, DY, KS1, Cpad, wm, wn, lane);
+      else dx_tile_mma<kNHWC, true>(acc, res, DY, KS1, Cpad, wm, wn, lane);
+      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+      store_acc(acc, out_tile(kNHWC, p.dx, q, p.C, p.pixels, 0, Ct, p.vec_dx), wm * 2 * 16, wn * 4 * 8, g, t,
+                nullptr, nullptr, false);
+    }
+
+    // dw block += dy_tile (K side x pixels) * x_tile^T (pixels x C side)
+    {
+      constexpr int kWM = 4, kMT = 2, kNT = 4;
+      const int wm = warp % kWM, wn = warp / kWM;
+      float acc[kMT][kNT][4] = {};
+      if (Kpad == kDwRows && Cpad == kDwCols) dw_tile_mma<kNHWC, kSplit, false>(acc, DY, X, Kpad, Cpad, wm, wn, lane);
+      else dw_tile_mma<kNHWC, kSplit, true>(acc, DY, X, Kpad, Cpad, wm, wn, lane);
+      // Flush the tensor-core sum (a chain of 16 steps) into the plain fp32 running sum.
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dw[mt][nt][e] += acc[mt][nt][e];
+    }
+    stage = stage + 1 == p.stages ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();
+
+  // This block's partial: every (k, c) of its dw block, zeros if it had no tile.
+  {
+    constexpr int kWM = 4, kMT = 2, kNT = 4;
+    const int wm = warp % kWM, wn = warp / kWM;
+    float* part = p.partial + blockIdx.x * p.K * p.C;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = (wm * kMT + mt) * 16 + g + (e >= 2 ? 8 : 0);
+          const int c = (wn * kNT + nt) * 8 + 2 * t + (e & 1);
+          if (r < Kt && c < Ct) part[(k0 + r) * p.C + c0 + c] = dw[mt][nt][e];
+        }
+  }
+}
+
+// dw[e] = sum over groups of partial[g][e], always in the order g = 0, 1, ...
+__global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restrict__ partial, int64_t count,
+                                    int groups) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
+    double s = 0;
+    for (int g = 0; g < groups; ++g) s += partial[g * count + e];
+    dw[e] = static_cast<float>(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+struct DeviceLimits {
+  int sms = 0, smem = 0;  // multiprocessors; shared memory per block with opt-in
+};
+DeviceLimits device_limits(int dev) {
+  DeviceLimits l;
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return l;
+}
+
+// The most pipeline stages (at most kMaxStages) that fit beside `fixed` bytes.
+int stages_that_fit(int smem_limit, int fixed, int stage_bytes) {
+  return std::min(kMaxStages, std::max(0, (smem_limit - fixed) / stage_bytes));
+}
+
+// Blocks of `kernel` that fit on one multiprocessor with `smem` bytes of dynamic shared memory.
+template <class Kernel>
+int blocks_per_sm(Kernel kernel, int smem) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int blocks = 0;
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+  TG_CHECK(blocks > 0, "conv1x1: a kernel does not fit on the device with ", smem, " bytes of shared memory");
+  return blocks;
+}
+
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode>
+void launch_pointwise(const PointwiseParams& p, int smem, int sms, cudaStream_t st) {
+  auto kernel = pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode>;
+  const int64_t grid = std::min<int64_t>(p.num_tiles, int64_t(sms) * blocks_per_sm(kernel, smem));
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
+  TG_LAUNCH_CHECK();
+}
+
+// The warp layouts: 128 output channels with <= 64 reduction channels ("narrow"), or 64 output
+// channels with <= 128 ("wide"); both keep the resident weight at 32 KB (64 KB split).
+template <int kMode>
+void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, int smem, int sms, cudaStream_t st) {
+  if (!nhwc) {
+    if (wide) launch_pointwise<false, 2, 4, 2, 4, kMode>(p, smem, sms, st);  // 64 ch x 128 px
+    else launch_pointwise<false, 2, 4, 4, 4, kMode>(p, smem, sms, st);       // 128 ch x 128 px
+  } else {
+    if (wide) launch_pointwise<true, 4, 2, 2, 4, kMode>(p, smem, sms, st);   // 128 px x 64 ch
+    else launch_pointwise<true, 2, 4, 4, 4, kMode>(p, smem, sms, st);        // 128 px x 128 ch
+  }
+}
+
+int64_t tiles_per_image(const ConvShape& s) { return s.channels_last() ? 0 : ceil_div(s.out_volume(), kTilePixels); }
+int64_t tile_count(const ConvShape& s) {
+  return s.channels_last() ? ceil_div(s.N * s.out_volume(), kTilePixels) : s.N * tiles_per_image(s);
+}
+
+// out (M channels) = A (M x R) in (R channels) at every pixel, A(m, r) = w[m * w_stride_m + r * w_stride_r].
+// Reduction groups beyond the first accumulate into out (one launch each, in order).
+void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const Tensor& bias, int64_t M, int64_t R,
+                   int64_t w_stride_m, int64_t w_stride_r, const ConvShape& s) {
+  const int dev = out.device().index;
+  set_device(dev);
+  const DeviceLimits lim = device_limits(dev);
+  const bool nhwc = s.channels_last();
+  const bool split = precision() == Precision::FP32;
+  const int mode = split ? kSplitPre : kTf32;
+  const int64_t P = s.out_volume();
+  const bool wide = R > 64;
+  const int64_t group = wide ? kGroupChannels : R;
+  const int channels = wide ? 64 : 128;
+
+  PointwiseParams p{};
+  p.out = out.data<float>();
+  p.in = in.data<float>();
+  p.images = s.N;
+  p.pixels = P;
+  p.out_channels = M;
+  p.in_channels = R;
+  p.tiles_per_image = tiles_per_image(s);
+  p.num_tiles = tile_count(s);
+  p.vec_in = aligned16(p.in) && (nhwc ? R % 4 == 0 : P % 4 == 0);
+  p.vec_out = aligned16(p.out) && (nhwc ? M % 4 == 0 : P % 4 == 0);
+  if (p.num_tiles == 0) return;
+  for (int64_t r0 = 0; r0 < R; r0 += group) {
+    for (int64_t m0 = 0; m0 < M; m0 += channels) {
+      const int r_count = static_cast<int>(std::min(group, R - r0));
+      const int m_count = static_cast<int>(std::min<int64_t>(channels, M - m0));
+      p.r_pad = round_up(r_count, 16);
+      p.weight = WeightView{w.data<float>(), w_stride_m, w_stride_r, static_cast<int>(m0), m_count,
+                            static_cast<int>(r0), r_count};
+      p.bias = (r0 == 0 && bias.defined()) ? bias.data<float>() : nullptr;
+      p.accumulate = r0 > 0;
+      const int fixed = resident_bytes(channels, p.r_pad, mode) + channels * 4;
+      const int stage_bytes = tile_floats(nhwc, p.r_pad) * 4;
+      p.stages = stages_that_fit(lim.smem, fixed, stage_bytes);
+      TG_CHECK(p.stages >= 2, "conv1x1: not enough shared memory (", lim.smem, " bytes) for two stages of ",
+               stage_bytes, " bytes");
+      const int smem = fixed + p.stages * stage_bytes;
+      if (split) launch_pointwise_variant<kSplitPre>(nhwc, wide, p, smem, lim.sms, stream(dev));
+      else launch_pointwise_variant<kTf32>(nhwc, wide, p, smem, lim.sms, stream(dev));
+    }
+  }
+}
+
+template <bool kNHWC, bool kWithDx, int kMode>
+void launch_backward(const BackwardParams& p, int smem, unsigned groups, unsigned blocks_y, cudaStream_t st) {
+  auto kernel = backward_kernel<kNHWC, kWithDx, kMode>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(groups, blocks_y), kThreads, smem, st>>>(p);
+  TG_LAUNCH_CHECK();
+}
+
+// Shared-memory plan of the backward kernel; stages == 0 when it does not fit.
+struct BackwardPlan {
+  int res_bytes = 0, dy_floats = 0, x_floats = 0, stages = 0, smem = 0;
+};
+BackwardPlan plan_backward(const ConvShape& s, bool with_dx, int smem_limit) {
+  BackwardPlan b;
+  const int Kpad = round_up(static_cast<int>(std::min<int64_t>(s.K, kDwRows)), 16);
+  const int Cpad = round_up(static_cast<int>(std::min<int64_t>(s.C, kDwCols)), 16);
+  b.res_bytes = with_dx ? resident_bytes(kDwCols, Kpad, kTf32) : 0;  // kSplitRaw is the same size
+  b.dy_floats = tile_floats(s.channels_last(), Kpad);
+  b.x_floats = tile_floats(s.channels_last(), Cpad);
+  const int stage_bytes = (b.dy_floats + b.x_floats) * 4;
+  b.stages = stages_that_fit(smem_limit, b.res_bytes, stage_bytes);
+  if (b.stages < 2) b.stages = 0;
+  b.smem = b.res_bytes + b.stages * stage_bytes;
+  return b;
+}
+
+bool fused_backward_fits(const ConvShape& s, int smem_limit) {
+  return s.K <= kDwRows && s.C <= kDwCols && plan_backward(s, true, smem_limit).stages >= 2;
+}
+
+// dw (and dx when with_dx) from dy and x; with_dx needs fused_backward_fits.
+void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                  const ConvShape& s, bool with_dx) {
+  const int dev = dw.device().index;
+  set_device(dev);
+  const DeviceLimits lim = device_limits(dev);
+  const bool nhwc = s.channels_last();
+  const bool split = precision() == Precision::FP32;
+  const int64_t K = s.K, C = s.C, P = s.out_volume();
+  const int64_t num_tiles = tile_count(s);
+  if (num_tiles == 0) {  // no pixels: dw = 0 (and dx is empty)
+    TG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), stream(dev)));
+    return;
+  }
+  const BackwardPlan plan = plan_backward(s, with_dx, lim.smem);
+  TG_CHECK(plan.stages >= 2, "conv1x1: not enough shared memory (", lim.smem, " bytes) for the backward kernel");
+
+  BackwardParams p{};
+  p.dx = with_dx ? dx.data<float>() : nullptr;
+  p.dy = dy.data<float>();
+  p.x = x.data<float>();
+  p.w = with_dx ? w.data<float>() : nullptr;
+  p.images = s.N;
+  p.pixels = P;
+  p.K = K;
+  p.C = C;
+  const int64_t k_blocks = ceil_div(K, kDwRows), c_blocks = ceil_div(C, kDwCols);
+  TG_CHECK(k_blocks * c_blocks <= 65535, "conv1x1: weight ", s.w_shape(), " has too many blocks for one grid");
+  p.c_blocks = static_cast<int>(c_blocks);
+  p.res_bytes = plan.res_bytes;
+  p.dy_floats = plan.dy_floats;
+  p.x_floats = plan.x_floats;
+  p.stages = plan.stages;
+  p.vec_dy = aligned16(p.dy) && (nhwc ? K % 4 == 0 : P % 4 == 0);
+  p.vec_x = aligned16(p.x) && (nhwc ? C % 4 == 0 : P % 4 == 0);
+  p.vec_dx = with_dx && aligned16(p.dx) && (nhwc ? C % 4 == 0 : P % 4 == 0);
+  p.tiles_per_image = tiles_per_image(s);
+  p.num_tiles = num_tiles;
+
+  // One block per SM in all; the pixel tiles are spread over `groups` blocks per dw block.
+  int64_t groups = std::max<int64_t>(1, lim.sms / (k_blocks * c_blocks));
+  groups = std::min(groups, num_tiles);
+  groups = std::min(groups, std::max<int64_t>(1, kPartialBudget / (K * C)));
+  Tensor partial = Tensor::empty(Shape{groups, K, C}, {.dtype = DType::f32, .device = dw.device()});
+  p.partial = partial.data<float>();
+
+  const unsigned gx = static_cast<unsigned>(groups), gy = static_cast<unsigned>(k_blocks * c_blocks);
+  cudaStream_t st = stream(dev);
+  if (with_dx) {
+    if (split) {
+      if (nhwc) launch_backward<true, true, kSplitRaw>(p, plan.smem, gx, gy, st);
+      else launch_backward<false, true, kSplitRaw>(p, plan.smem, gx, gy, st);
+    } else {
+      if (nhwc) launch_backward<true, true, kTf32>(p, plan.smem, gx, gy, st);
+      else launch_backward<false, true, kTf32>(p, plan.smem, gx, gy, st);
+    }
+  } else {
+    if (split) {
+      if (nhwc) launch_backward<true, false, kSplitRaw>(p, plan.smem, gx, gy, st);
+      else launch_backward<false, false, kSplitRaw>(p, plan.smem, gx, gy, st);
+    } else {
+      if (nhwc) launch_backward<true, false, kTf32>(p, plan.smem, gx, gy, st);
+      else launch_backward<false, false, kTf32>(p, plan.smem, gx, gy, st);
+    }
+  }
+  const int64_t count = K * C;
+  sum_partials_kernel<<<grid_for(count, kThreads), kThreads, 0, st>>>(dw.data<float>(), p.partial, count,
+                                                                      static_cast<int>(groups));
+  TG_LAUNCH_CHECK();
+}
+
+// Launcher-level checks: the shape class, f32, one CUDA device, shapes as the problem says.
+void check_args(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> args) {
+  TG_CHECK(conv1x1_applies(s), op, ": not a 1x1, stride-1, unpadded, undilated convolution (weight ", s.w_shape(),
+           ")");
+  const Tensor& first = *args.begin()->first;
+  for (const auto& [t, shape] : args) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device().is_cuda() && t->device() == first.device(), op, ": expected tensors on one CUDA device, got ",
+             describe(*t), " and ", describe(first));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the expected shape ", shape);
+  }
+}
+
+}  // namespace
+
+bool conv1x1_applies(const ConvShape& s) {
+  for (int d = 0; d < 3; ++d)
+    if (s.kernel[d] != 1 || s.stride[d] != 1 || s.pad[d] != 0 || s.dilation[d] != 1) return false;
+  return s.C >= 1 && s.K >= 1 && s.N >= 0 && !(s.spatial_dims == 3 && s.channels_last());
+}
+
+bool conv1x1_applies(const ConvShape& s, DType dtype) { return dtype == DType::f32 && conv1x1_applies(s); }
+
+void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+  if (b.defined()) check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}, {&b, Shape{s.K}}});
+  else check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (y.numel() == 0) return;
+  run_pointwise(y, x, w, b, /*M=*/s.K, /*R=*/s.C, /*w_stride_m=*/s.C, /*w_stride_r=*/1, s);
+}
+
+void conv1x1_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+  check_args("conv1x1_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+  if (dx.numel() == 0) return;
+  run_pointwise(dx, dy, w, Tensor(), /*M=*/s.C, /*R=*/s.K, /*w_stride_m=*/1, /*w_stride_r=*/s.C, s);
+}
+
+void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+  check_args("conv1x1_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
+  run_backward(Tensor(), dw, dy, x, Tensor(), s, false);
+}
+
+void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      const ConvShape& s) {
+  if (!dx.defined() && !dw.defined()) return;
+  if (dx.defined() && dw.defined()) {
+    check_args("conv1x1_backward", s,
+               {{&dx, s.x_shape()}, {&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+    const int dev = dw.device().index;
+    set_device(dev);
+    if (dx.numel() > 0 && fused_backward_fits(s, device_limits(dev).smem)) {
+      run_backward(dx, dw, dy, x, w, s, true);
+      return;
+    }
+  }
+  if (dx.defined()) conv1x1_grad_input(dx, dy, w, s);
+  if (dw.defined()) conv1x1_grad_weight(dw, dy, x, s);
+}
+
+}  // namespace tg::cuda
