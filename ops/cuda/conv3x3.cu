@@ -1,0 +1,747 @@
+// 3x3 stride-1 convolutions in NCHW as implicit GEMMs on tensor cores (mma.sync m16n8k8 TF32).
+//
+// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0):
+//   work per pass (forward, grad-input, grad-weight alike): 2 * 4.17M pixels * 128 * 576 = 615 GFLOP
+//   bytes per pass: x 1.07 GB, y (or dy) 2.13 GB -> ~3.2 GB = 0.75 ms at 4.3 TB/s (H200), 1.07 ms at 3.0 (H100)
+//   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split-TF32 (3 products per term):
+//   1845 GFLOP of TF32 = 4.5 ms per pass; as FFMA at ~51 TFLOP/s: 12 ms. So every pass is
+//   compute-bound and the design goal is to keep the tensor cores fed: mma.sync reaches
+//   roughly 60-65% of the wgmma peak on Hopper, so ~2.3-2.6 ms TF32 / ~7-8 ms FP32 per pass is
+//   what this kernel family can get to (see bench/notes_conv3x3.md).
+//
+// Forward (and grad-input, which is the same kernel on re-laid-out weights):
+//   GEMM view M = output pixels, N = output channels, reduction = input channels x 9 taps.
+//   A block owns a strip of output rows x columns of one image (2x128 or 4x128 pixels) and
+//   128 or 64 output channels; 8 warps, each 64 pixels x 64 channels (4x8 mma tiles). Per
+//   pipeline stage it stages 8 input channels of the input halo ((rows+2) x (cols+2), read
+//   straight from NCHW) and the weights of those channels for all 9 taps; each tap is then one
+//   k8 step that reads the halo shifted by (r, s): the input tile is loaded once and used 9
+//   times. cp.async, 3 stages; the block loops over tiles (persistent) so the next tile's
+//   loads overlap this tile's epilogue.
+// Grad-weight: GEMM view M = output channels, N = input channels x 9 taps, reduction over
+//   every (image, output pixel). Blocks own a dw tile (128 x 32 x 9) and a contiguous slice of
+//   2x32-pixel strips; partials are written per slice and summed in a fixed order (in f64).
+//
+// Shared-memory strides are chosen so that every fragment load of a warp hits 32 distinct banks.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_context.h"
+#include "core/precision.h"
+#include "ops/cuda/conv3x3.h"
+
+namespace tg::cuda {
+namespace {
+
+// ---- PTX primitives: the only target-specific code in this file --------------------------------
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies kBytes (4, 8 or 16) from global to shared memory asynchronously; when !valid the
+// destination is zero-filled instead (src-size 0: nothing is read from src).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a * b for one 16x8x8 tile. Fragments (g = lane / 4, t = lane % 4):
+//   a0 (row g, k t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, col g), b1 (k t+4, col g);
+//   d0 (g, 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float* dynamic_smem() {
+  extern __shared__ __align__(16) float smem_buffer[];
+  return smem_buffer;
+}
+
+// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+
+constexpr int kStages = 3;  // cp.async pipeline depth
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+__host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
+
+// Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
+// of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
+constexpr int stride_for_rows_of_4(int n) {
+  while (n % 4 != 0 || (n % 32 != 8 && n % 32 != 24)) ++n;
+  return n;
+}
+// The same for addresses (lane / 4) * stride + lane % 4: stride / 4 must be odd.
+constexpr int stride_for_rows_of_8(int n) {
+  while (n % 8 != 4) ++n;
+  return n;
+}
+
+// x as a TF32 mma operand, rounded to nearest (ties away). The tensor cores read only the top
+// 19 bits of a .tf32 operand, so adding half a TF32 ulp is the whole rounding (what ptxas
+// emits for cvt.rna feeding an mma, minus its Inf/NaN guard: an Inf input may give NaN).
+__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
+
+// Split x into TF32 operands x ~= hi + lo (the residual of lo is ~2^-22 |x|).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  const uint32_t h = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  hi = h;
+  lo = tf32_operand(x - __uint_as_float(h));
+}
+
+// Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
+// output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 x 64.
+template <int kRows_, int kCols_, int kWarpsM_, int kWarpsN_>
+struct FwdTile {
+  static constexpr int kRows = kRows_, kCols = kCols_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kMTiles = 4, kNTiles = 8;  // per warp: 4 x m16 (pixels), 8 x n8 (channels)
+  static constexpr int kBN = 8 * kNTiles * kWarpsN;
+  static_assert(kRows * kCols == 16 * kMTiles * kWarpsM, "the warps must cover the pixel tile");
+  static constexpr int kTilesPerRow = kCols / 16;  // m16 tiles in one output row of the tile
+  static_assert(kTilesPerRow % kMTiles == 0 || kMTiles % kTilesPerRow == 0, "warp tiles must not straddle");
+  static constexpr int kChunk = 8;               // input channels per stage: one k8 step per tap
+  static constexpr int kHaloRows = kRows + 2;
+  static constexpr int kRowLen = kCols + 8;      // kCols + 2 halo columns + <= 3 alignment shift, whole vectors
+  static constexpr int kXChan = stride_for_rows_of_4(kHaloRows * kRowLen);  // A: lanes t -> channels
+  static constexpr int kWLd = kBN + 8;           // B: lanes t -> rows 9 * kWLd apart, = 8 (mod 32)
+  static_assert((9 * kWLd) % 32 == 8 || (9 * kWLd) % 32 == 24, "weight rows must spread over the banks");
+  static constexpr int kXStage = kChunk * kXChan;
+  static constexpr int kWStage = kChunk * 9 * kWLd;
+  static constexpr int kStageFloats = kXStage + kWStage;
+  static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+
+  // Where m16 tile mt of a warp lies relative to the warp's first pixel (row, column).
+  static __device__ __forceinline__ constexpr int row_off(int mt) { return kTilesPerRow >= kMTiles ? 0 : mt / kTilesPerRow; }
+  static __device__ __forceinline__ constexpr int col_off(int mt) {
+    return kTilesPerRow >= kMTiles ? 16 * mt : 16 * (mt % kTilesPerRow);
+  }
+};
+// More than 64 output channels: 2 x 128 pixels x 128 channels. At most 64: 4 x 128 x 64.
+using WideTile = FwdTile<2, 128, 4, 2>;
+using NarrowTile = FwdTile<4, 128, 8, 1>;
+
+// One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
+// with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
+struct GemmParams {
+  int64_t N, Cin, Hin, Win;
+  int64_t Kout, Hout, Wout;
+  int64_t pad_h, pad_w;
+  int64_t kout_pad;  // prepared weights: (chunks * 8, 9, kout_pad), zero beyond Cin / Kout
+  int64_t chunks;    // ceil(Cin / 8)
+  int64_t row_tiles, col_tiles, k_tiles, tiles;
+  int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
+};
+
+// Where tile `tile` of a pass lies. Channel tiles vary fastest, then columns, rows, images:
+// blocks running together share their input halo rows in L2.
+struct TileCoord {
+  int64_t n, oh0, ow0, k0;
+};
+template <class T>
+__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const GemmParams& p) {
+  TileCoord c;
+  c.k0 = (tile % p.k_tiles) * T::kBN;
+  tile /= p.k_tiles;
+  c.ow0 = (tile % p.col_tiles) * T::kCols;
+  tile /= p.col_tiles;
+  c.oh0 = (tile % p.row_tiles) * T::kRows;
+  c.n = tile / p.row_tiles;
+  return c;
+}
+
+// Stages input channels [c0, c0 + 8) of the halo rows; out-of-range elements become 0.
+// The row window starts at column iw0, a multiple of kVec (as Win is): a vector is entirely
+// inside the row or outside it.
+template <class T, int kVec>
+__device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const GemmParams& p,
+                                          int64_t n, int64_t c0, int64_t ih0, int64_t iw0) {
+  constexpr int kPerRow = T::kRowLen / kVec, kPerChan = T::kHaloRows * kPerRow, kTotal = T::kChunk * kPerChan;
+  // Valid ranges of the channel, row and vector indices, so the loop compares 32-bit ints.
+  const int c_end = static_cast<int>(min_i64(T::kChunk, p.Cin - c0));
+  const int hr_begin = static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows));
+  const int hr_end = static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows));
+  const int j_begin = static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow));
+  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow));
+  const int64_t plane = p.Hin * p.Win;
+  const int64_t base = (n * p.Cin + c0) * plane + ih0 * p.Win + iw0;  // element (c0, ih0, iw0), maybe outside
+  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
+    const int cl = e / kPerChan, hr = (e % kPerChan) / kPerRow, j = e % kPerRow;
+    const bool ok = cl < c_end && hr >= hr_begin && hr < hr_end && j >= j_begin && j < j_end;
+    const float* src = ok ? in + (base + cl * plane + hr * p.Win + j * kVec) : in;
+    cp_async<4 * kVec>(xs + cl * T::kXChan + hr * T::kRowLen + j * kVec, src, ok);
+  }
+}
+
+// Issues the copies of pipeline step `step` of this block: (tile, channel chunk).
+template <class T>
+__device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
+                                          const GemmParams& p, int64_t step) {
+  const int64_t tile = blockIdx.x + (step / p.chunks) * gridDim.x;
+  const int64_t c0 = (step % p.chunks) * T::kChunk;
+  const TileCoord tc = tile_coord<T>(tile, p);
+  const int64_t ih0 = tc.oh0 - p.pad_h;
+  const int64_t iw_first = tc.ow0 - p.pad_w;
+  const int64_t iw0 = iw_first - pos_mod(iw_first, p.vec);
+  if (p.vec == 4) load_halo<T, 4>(stage, in, p, tc.n, c0, ih0, iw0);
+  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, tc.n, c0, ih0, iw0);
+  else load_halo<T, 1>(stage, in, p, tc.n, c0, ih0, iw0);
+
+  // Weights of the chunk: 8 channels x 9 taps rows of kBN output channels.
+  constexpr int kPerRow = T::kBN / 4, kTotal = T::kChunk * 9 * kPerRow;
+  const float* src = wp + c0 * 9 * p.kout_pad + tc.k0;
+  float* ws = stage + T::kXStage;
+  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
+    const int row = e / kPerRow, j = e % kPerRow;
+    cp_async<16>(ws + row * T::kWLd + j * 4, src + row * p.kout_pad + j * 4, true);
+  }
+}
+
+// The 9 k8 steps of one stage. xa: this thread's A base (channel t, first pixel of the warp
+// + g, plus the alignment shift); wb: its B base (channel t, tap 0, output channel g of the warp).
+template <class T, bool kSplit>
+__device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa, const float* wb) {
+#pragma unroll(kSplit ? 3 : 9)
+  for (int tap = 0; tap < 9; ++tap) {
+    const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
+    uint32_t a_hi[4][4], a_lo[4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const float* q = xt + T::row_off(mt) * T::kRowLen + T::col_off(mt);
+      const float v[4] = {q[0], q[8], q[4 * T::kXChan], q[4 * T::kXChan + 8]};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kSplit) split_tf32(v[i], a_hi[mt][i], a_lo[mt][i]);
+        else a_hi[mt][i] = tf32_operand(v[i]);
+      }
+    }
+    const float* wt = wb + tap * T::kWLd;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float b0 = wt[8 * nt], b1 = wt[8 * nt + 36 * T::kWLd];  // channels t and t + 4
+      if constexpr (kSplit) {
+        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
+        split_tf32(b0, b0_hi, b0_lo);
+        split_tf32(b1, b1_hi, b1_lo);
+        // Small terms first; hi*hi last. The lo*lo term (~2^-22 relative) is dropped.
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_lo[mt], b0_hi, b1_hi);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_hi[mt], b0_lo, b1_lo);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_hi[mt], b0_hi, b1_hi);
+      } else {
+        // The prepared weights are already TF32 (rounded once, in the pre-pass).
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_hi[mt], __float_as_uint(b0), __float_as_uint(b1));
+      }
+    }
+  }
+}
+
+// out = conv3x3(in, wp) (+ bias). The grid loops over tiles; the pipeline runs over the
+// block's (tile, chunk) steps without a break, so the next tile's first stages load while
+// this tile finishes and writes.
+template <class T, bool kSplit>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    conv3x3_gemm_kernel(float* __restrict__ out,        // (N, Kout, Hout, Wout)
+                        const float* __restrict__ in,   // (N, Cin, Hin, Win)
+                        const float* __restrict__ wp,   // (chunks * 8, 9, kout_pad)
+                        const float* __restrict__ bias, // (Kout) or null
+                        GemmParams p) {
+  float* smem = dynamic_smem();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
+  const int warp_row = (wm * T::kMTiles) / T::kTilesPerRow, warp_col = (wm * T::kMTiles) % T::kTilesPerRow * 16;
+  // Every tile has the same alignment shift: ow0 is a multiple of kCols, hence of vec.
+  const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec));
+  const int a_base = t * T::kXChan + warp_row * T::kRowLen + warp_col + xoff + g;
+  const int b_base = T::kXStage + t * 9 * T::kWLd + wn * 64 + g;
+
+  const int64_t my_tiles = blockIdx.x < p.tiles ? ceil_div(p.tiles - blockIdx.x, gridDim.x) : 0;
+  const int64_t steps = my_tiles * p.chunks;
+
+  float acc[4][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+#pragma unroll 1
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load_step<T>(smem + s * T::kStageFloats, in, wp, p, s);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int64_t step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();  // this step's copies (this thread's) have landed
+    __syncthreads();               // everyone's have, and the stage about to be refilled is free
+    const int64_t ahead = step + kStages - 1;
+    if (ahead < steps) load_step<T>(smem + (ahead % kStages) * T::kStageFloats, in, wp, p, ahead);
+    cp_async_commit();
+    const float* stage = smem + (step % kStages) * T::kStageFloats;
+    mma_stage<T, kSplit>(acc, stage + a_base, stage + b_base);
+
+    if (step % p.chunks != p.chunks - 1) continue;
+    // Last chunk of a tile: write it and start the next one from zero.
+    const TileCoord tc = tile_coord<T>(blockIdx.x + (step / p.chunks) * gridDim.x, p);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const int64_t oh = tc.oh0 + warp_row + T::row_off(mt);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t ow = tc.ow0 + warp_col + T::col_off(mt) + g + 8 * half;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int64_t k = tc.k0 + wn * 64 + nt * 8 + 2 * t + j;
+            if (oh < p.Hout && ow < p.Wout && k < p.Kout) {
+              const float b = bias ? bias[k] : 0.f;
+              out[((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + ow] = acc[mt][nt][2 * half + j] + b;
+            }
+            acc[mt][nt][2 * half + j] = 0.f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// wp (cin_pad, 9, kout_pad) from w (K, C, 3, 3), zero-padded. Forward: wp[c][tap][k] =
+// w[k][c][tap]. Grad-input (the convolution of dy with the flipped kernel, channels swapped):
+// wp[k][tap][c] = w[k][c][8 - tap]. TF32 mode rounds here once instead of in every block.
+__global__ void prepare_weights_kernel(float* __restrict__ wp, const float* __restrict__ w, int64_t K, int64_t C,
+                                       int64_t cin_pad, int64_t kout_pad, bool for_grad_input, bool round_tf32) {
+  const int64_t total = cin_pad * 9 * kout_pad;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = i % kout_pad, tap = (i / kout_pad) % 9, ci = i / (9 * kout_pad);
+    float v = 0.f;
+    if (!for_grad_input) {
+      if (ci < C && o < K) v = w[(o * C + ci) * 9 + tap];
+    } else {
+      if (ci < K && o < C) v = w[(ci * C + o) * 9 + (8 - tap)];
+    }
+    wp[i] = round_tf32 ? __uint_as_float(tf32_round(v)) : v;
+  }
+}
+
+// ---- grad-weight ----
+
+// dw tile 128 output channels x 32 input channels x 9 taps; 8 warps = 2 (k) x 4 (c), each
+// 64 x (8 channels x 9 taps). One stage = one strip of 2 x 32 output pixels: dy for the 128
+// channels and the x halo (4 x 40) for the 32.
+struct WgradTile {
+  static constexpr int kThreads = 256, kWarpsK = 2, kWarpsC = 4;
+  static constexpr int kMTiles = 4;
+  static constexpr int kBK = 16 * kMTiles * kWarpsK;  // 128
+  static constexpr int kBC = 8 * kWarpsC;             // 32
+  static constexpr int kRows = 2, kCols = 32, kPos = kRows * kCols;
+  static constexpr int kDyLd = stride_for_rows_of_8(kPos);  // A: lanes g -> output channels
+  static constexpr int kRowLen = kCols + 8;
+  static constexpr int kXChan = stride_for_rows_of_8((kRows + 2) * kRowLen);  // B: lanes g -> channels
+  static constexpr int kDyStage = kBK * kDyLd, kXStage = kBC * kXChan;
+  static constexpr int kStageFloats = kDyStage + kXStage;
+  static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+};
+
+struct WgradParams {
+  int64_t N, C, H, W;  // x
+  int64_t K, Ho, Wo;   // dy
+  int64_t pad_h, pad_w;
+  int64_t row_tiles, col_tiles, strips, strips_per_split;
+  int64_t k_tiles, c_tiles;
+  int vec_x, vec_dy;  // floats per copy of x rows and of dy rows
+};
+
+template <int kVec>
+__device__ __forceinline__ void load_dy_strip(float* dys, const float* __restrict__ dy, const WgradParams& p,
+                                              int64_t n, int64_t k0, int64_t oh0, int64_t ow0) {
+  using T = WgradTile;
+  constexpr int kPerRow = T::kCols / kVec, kTotal = T::kBK * T::kRows * kPerRow;
+  // Outside dy (channels, rows, columns past the end) the strip is 0, so it adds nothing.
+  const int k_end = static_cast<int>(min_i64(T::kBK, p.K - k0));
+  const int r_end = static_cast<int>(min_i64(T::kRows, p.Ho - oh0));
+  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.Wo - ow0, kVec), 0, kPerRow));
+  const int64_t plane = p.Ho * p.Wo;
+  const int64_t base = (n * p.K + k0) * plane + oh0 * p.Wo + ow0;
+  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
+    const int kl = e / (T::kRows * kPerRow), pr = (e / kPerRow) % T::kRows, j = e % kPerRow;
+    const bool ok = kl < k_end && pr < r_end && j < j_end;
+    const float* src = ok ? dy + (base + kl * plane + pr * p.Wo + j * kVec) : dy;
+    cp_async<4 * kVec>(dys + kl * T::kDyLd + pr * T::kCols + j * kVec, src, ok);
+  }
+}
+
+template <int kVec>
+__device__ __forceinline__ void load_x_halo(float* xs, const float* __restrict__ x, const WgradParams& p, int64_t n,
+                                            int64_t c0, int64_t ih0, int64_t iw0) {
+  using T = WgradTile;
+  constexpr int kHalo = T::kRows + 2, kPerRow = T::kRowLen / kVec, kPerChan = kHalo * kPerRow;
+  constexpr int kTotal = T::kBC * kPerChan;
+  const int c_end = static_cast<int>(min_i64(T::kBC, p.C - c0));
+  const int hr_begin = static_cast<int>(clamp_i64(-ih0, 0, kHalo));
+  const int hr_end = static_cast<int>(clamp_i64(p.H - ih0, 0, kHalo));
+  const int j_begin = static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow));
+  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.W - iw0, kVec), 0, kPerRow));
+  const int64_t plane = p.H * p.W;
+  const int64_t base = (n * p.C + c0) * plane + ih0 * p.W + iw0;
+  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
+    const int cl = e / kPerChan, hr = (e % kPerChan) / kPerRow, j = e % kPerRow;
+    const bool ok = cl < c_end && hr >= hr_begin && hr < hr_end && j >= j_begin && j < j_end;
+    const float* src = ok ? x + (base + cl * plane + hr * p.W + j * kVec) : x;
+    cp_async<4 * kVec>(xs + cl * T::kXChan + hr * T::kRowLen + j * kVec, src, ok);
+  }
+}
+
+__device__ __forceinline__ void load_strip(float* stage, const float* __restrict__ dy, const float* __restrict__ x,
+                                           const WgradParams& p, int64_t strip, int64_t k0, int64_t c0) {
+  using T = WgradTile;
+  const int64_t ow0 = (strip % p.col_tiles) * T::kCols;
+  const int64_t oh0 = (strip / p.col_tiles % p.row_tiles) * T::kRows;
+  const int64_t n = strip / (p.col_tiles * p.row_tiles);
+  if (p.vec_dy == 4) load_dy_strip<4>(stage, dy, p, n, k0, oh0, ow0);
+  else if (p.vec_dy == 2) load_dy_strip<2>(stage, dy, p, n, k0, oh0, ow0);
+  else load_dy_strip<1>(stage, dy, p, n, k0, oh0, ow0);
+  const int64_t iw_first = ow0 - p.pad_w;
+  const int64_t iw0 = iw_first - pos_mod(iw_first, p.vec_x);
+  float* xs = stage + T::kDyStage;
+  if (p.vec_x == 4) load_x_halo<4>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
+  else if (p.vec_x == 2) load_x_halo<2>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
+  else load_x_halo<1>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
+}
+
+// The 8 k8 steps (8 pixels each) of one strip. dya: this thread's A base (output channel g of
+// the warp, pixel t); xb: its B base (input channel g of the warp, pixel t, plus the shift).
+template <bool kSplit>
+__device__ __forceinline__ void wgrad_stage(float (&acc)[4][9][4], const float* dya, const float* xb) {
+  using T = WgradTile;
+#pragma unroll(kSplit ? 1 : 2)
+  for (int q = 0; q < T::kPos / 8; ++q) {
+    const int pr = q / (T::kCols / 8), pc0 = q % (T::kCols / 8) * 8;
+    const float* a = dya + pr * T::kCols + pc0;
+    uint32_t a_hi[4][4], a_lo[4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const float* r = a + 16 * mt * T::kDyLd;
+      const float v[4] = {r[0], r[8 * T::kDyLd], r[4], r[8 * T::kDyLd + 4]};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kSplit) split_tf32(v[i], a_hi[mt][i], a_lo[mt][i]);
+        else a_hi[mt][i] = tf32_operand(v[i]);
+      }
+    }
+    const float* b = xb + pr * T::kRowLen + pc0;
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) {
+      const float* bt = b + (tap / 3) * T::kRowLen + tap % 3;
+      const float b0 = bt[0], b1 = bt[4];  // pixels t and t + 4
+      if constexpr (kSplit) {
+        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
+        split_tf32(b0, b0_hi, b0_lo);
+        split_tf32(b1, b1_hi, b1_lo);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_lo[mt], b0_hi, b1_hi);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_lo, b1_lo);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_hi, b1_hi);
+      } else {
+        const uint32_t b0_t = tf32_operand(b0), b1_t = tf32_operand(b1);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_t, b1_t);
+      }
+    }
+  }
+}
+
+// Block (tile, split) sums its slice of strips into part[split] (K, C, 3, 3) over its tile.
+template <bool kSplit>
+__global__ void __launch_bounds__(WgradTile::kThreads, 1)
+    conv3x3_wgrad_kernel(float* __restrict__ part,      // (splits, K, C, 3, 3)
+                         const float* __restrict__ dy,  // (N, K, Ho, Wo)
+                         const float* __restrict__ x,   // (N, C, H, W)
+                         WgradParams p) {
+  using T = WgradTile;
+  float* smem = dynamic_smem();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wk = warp % T::kWarpsK, wc = warp / T::kWarpsK;
+  const int64_t tiles = p.k_tiles * p.c_tiles;
+  const int64_t tile = blockIdx.x % tiles, split = blockIdx.x / tiles;
+  const int64_t k0 = tile % p.k_tiles * T::kBK, c0 = tile / p.k_tiles * T::kBC;
+  const int64_t first = split * p.strips_per_split;
+  const int64_t count = (p.strips - first < p.strips_per_split ? p.strips - first : p.strips_per_split);
+  const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec_x));  // ow0 is a multiple of kCols
+  const int a_base = (wk * 64 + g) * T::kDyLd + t;
+  const int b_base = T::kDyStage + (wc * 8 + g) * T::kXChan + xoff + t;
+
+  float acc[4][9][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][tap][i] = 0.f;
+
+#pragma unroll 1
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < count) load_strip(smem + s * T::kStageFloats, dy, x, p, first + s, k0, c0);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int64_t i = 0; i < count; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int64_t ahead = i + kStages - 1;
+    if (ahead < count) load_strip(smem + (ahead % kStages) * T::kStageFloats, dy, x, p, first + ahead, k0, c0);
+    cp_async_commit();
+    const float* stage = smem + (i % kStages) * T::kStageFloats;
+    wgrad_stage<kSplit>(acc, stage + a_base, stage + b_base);
+  }
+
+  float* dst = part + split * p.K * p.C * 9;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t k = k0 + wk * 64 + mt * 16 + g + (i >= 2 ? 8 : 0);
+        const int64_t c = c0 + wc * 8 + 2 * t + (i & 1);
+        if (k < p.K && c < p.C) dst[(k * p.C + c) * 9 + tap] = acc[mt][tap][i];
+      }
+}
+
+// dw[e] = sum over splits of part[split][e], in split order (f64: the sum adds no error).
+__global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restrict__ part, int64_t count,
+                                    int64_t splits) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
+    double sum = 0;
+    for (int64_t s = 0; s < splits; ++s) sum += part[s * count + e];
+    dw[e] = static_cast<float>(sum);
+  }
+}
+
+// ---- planning (host): the derived fields of each pass ----
+
+// Forward: out = y (N, K, Ho, Wo) from in = x (N, C, H, W).
+inline GemmParams forward_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                                 int64_t pad_h, int64_t pad_w) {
+  GemmParams p{};
+  p.N = N, p.Cin = C, p.Hin = H, p.Win = W;
+  p.Kout = K, p.Hout = Ho, p.Wout = Wo;
+  p.pad_h = pad_h, p.pad_w = pad_w;
+  return p;
+}
+// Grad-input: out = dx (N, C, H, W) from in = dy (N, K, Ho, Wo), the flipped kernel with the
+// channels swapped and padding 2 - pad (a negative padding only crops: it is an offset).
+inline GemmParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                                    int64_t pad_h, int64_t pad_w) {
+  GemmParams p{};
+  p.N = N, p.Cin = K, p.Hin = Ho, p.Win = Wo;
+  p.Kout = C, p.Hout = H, p.Wout = W;
+  p.pad_h = 2 - pad_h, p.pad_w = 2 - pad_w;
+  return p;
+}
+// The tile a pass uses: at most 64 output channels -> NarrowTile.
+inline bool use_narrow_tile(const GemmParams& p) { return p.Kout <= NarrowTile::kBN; }
+
+template <class T>
+GemmParams plan_gemm(GemmParams p, int vec) {
+  p.k_tiles = ceil_div(p.Kout, T::kBN);
+  p.kout_pad = p.k_tiles * T::kBN;
+  p.chunks = ceil_div(p.Cin, T::kChunk);
+  p.row_tiles = ceil_div(p.Hout, T::kRows);
+  p.col_tiles = ceil_div(p.Wout, T::kCols);
+  p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
+  p.vec = vec;
+  return p;
+}
+
+// Grad-weight: at most this many output pixels per slice, so each accumulator sums a bounded
+// number of terms (FP32 accuracy), and at most this many bytes of partials.
+constexpr int64_t kMaxPixelsPerSplit = 8192;
+constexpr int64_t kMaxPartialBytes = int64_t(512) << 20;
+
+// Returns the plan and the number of slices (splits) of the reduction.
+inline WgradParams plan_wgrad(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                              int64_t pad_h, int64_t pad_w, int vec_x, int vec_dy, int64_t sms, int64_t& splits) {
+  using T = WgradTile;
+  WgradParams p{};
+  p.N = N, p.C = C, p.H = H, p.W = W;
+  p.K = K, p.Ho = Ho, p.Wo = Wo;
+  p.pad_h = pad_h, p.pad_w = pad_w;
+  p.row_tiles = ceil_div(Ho, T::kRows);
+  p.col_tiles = ceil_div(Wo, T::kCols);
+  p.strips = N * p.row_tiles * p.col_tiles;
+  p.k_tiles = ceil_div(K, T::kBK);
+  p.c_tiles = ceil_div(C, T::kBC);
+  p.vec_x = vec_x, p.vec_dy = vec_dy;
+  // Enough slices for bounded sums, rounded up to whole waves of one block per SM, then
+  // limited by the partials' size and by the strip count.
+  const int64_t tiles = p.k_tiles * p.c_tiles;
+  const int64_t count = K * C * 9;
+  splits = ceil_div(p.strips * T::kPos, kMaxPixelsPerSplit);
+  splits = ceil_div(ceil_div(splits * tiles, sms) * sms, tiles);
+  splits = std::min(splits, std::max<int64_t>(1, kMaxPartialBytes / (count * int64_t(sizeof(float)))));
+  splits = std::max<int64_t>(1, std::min(splits, p.strips));
+  p.strips_per_split = ceil_div(p.strips, splits);
+  splits = ceil_div(p.strips, p.strips_per_split);  // no empty slices
+  return p;
+}
+
+// ---- END KERNELS ----
+
+constexpr int kPrepThreads = 256;
+
+int sm_count(int dev) {
+  static int cached[64] = {};
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) TG_CUDA_CHECK(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev));
+  return cached[dev];
+}
+
+// Widest copy (floats) that rows of length row_len starting at base allow.
+int vector_width(const float* base, int64_t row_len) {
+  const auto a = reinterpret_cast<uintptr_t>(base);
+  if (row_len % 4 == 0 && a % 16 == 0) return 4;
+  if (row_len % 2 == 0 && a % 8 == 0) return 2;
+  return 1;
+}
+
+void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
+  TG_CHECK(conv3x3_applies(s), op, ": not a 3x3 stride-1 NCHW 2-D convolution: x ", s.x_shape(), ", w ",
+           s.w_shape());
+  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
+  const Device d = ts.begin()->first->device();
+  for (const auto& [t, shape] : ts) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device() == d && d.is_cuda(), op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
+             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
+  }
+}
+
+template <class T, bool kSplit>
+void launch_gemm(float* out, const float* in, const float* wp, const float* bias, const GemmParams& p, int dev) {
+  const auto kernel = conv3x3_gemm_kernel<T, kSplit>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  // One block per SM (the accumulators take most registers); each loops over tiles.
+  const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
+  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(out, in, wp, bias, p);
+  TG_LAUNCH_CHECK();
+}
+
+// out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
+template <class T>
+void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, GemmParams p,
+              bool for_grad_input) {
+  const int dev = out.device().index;
+  set_device(dev);
+  const bool split = precision() == Precision::FP32;
+  p = plan_gemm<T>(p, vector_width(in.data<float>(), p.Win));
+
+  Tensor wp = Tensor::empty({p.chunks * T::kChunk, 9, p.kout_pad}, {.dtype = DType::f32, .device = out.device()});
+  prepare_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
+      wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks * T::kChunk, p.kout_pad, for_grad_input,
+      !split);
+  TG_LAUNCH_CHECK();
+  if (split) launch_gemm<T, true>(out.data<float>(), in.data<float>(), wp.data<float>(), bias, p, dev);
+  else launch_gemm<T, false>(out.data<float>(), in.data<float>(), wp.data<float>(), bias, p, dev);
+  // wp is freed stream-ordered, after the kernel that reads it.
+}
+
+void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const GemmParams& p,
+              bool for_grad_input) {
+  if (use_narrow_tile(p)) run_gemm<NarrowTile>(out, in, w, bias, p, for_grad_input);
+  else run_gemm<WideTile>(out, in, w, bias, p, for_grad_input);
+}
+
+}  // namespace
+
+bool conv3x3_applies(const ConvShape& s) {
+  return s.spatial_dims == 2 && s.layout == Layout::NCHW && s.kernel[0] == 1 && s.kernel[1] == 3 &&
+         s.kernel[2] == 3 && s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1 && s.dilation[0] == 1 &&
+         s.dilation[1] == 1 && s.dilation[2] == 1 && s.in[0] == 1 && s.out[0] == 1 && s.pad[0] == 0 &&
+         s.pad[1] >= 0 && s.pad[2] >= 0 && s.N >= 1 && s.C >= 1 && s.K >= 1 && s.in[1] >= 1 && s.in[2] >= 1 &&
+         s.out[1] >= 1 && s.out[2] >= 1;
+}
+
+void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+  check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+  run_gemm(y, x, w, b.defined() ? b.data<float>() : nullptr,
+           forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+           /*for_grad_input=*/false);
+}
+
+void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+  check_tensors("conv3x3_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+  run_gemm(dx, dy, w, nullptr,
+           grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+           /*for_grad_input=*/true);
+}
+
+void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+  check_tensors("conv3x3_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
+  using T = WgradTile;
+  const int dev = dw.device().index;
+  set_device(dev);
+  int64_t splits = 1;
+  const WgradParams p = plan_wgrad(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2],
+                                   vector_width(x.data<float>(), s.in[2]), vector_width(dy.data<float>(), s.out[2]),
+                                   sm_count(dev), splits);
+  const int64_t count = dw.numel();
+  Tensor part;
+  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
+  if (splits > 1) {
+    part = Tensor::empty({splits, count}, {.dtype = DType::f32, .device = dw.device()});
+    part_ptr = part.data<float>();
+  }
+  const bool split = precision() == Precision::FP32;
+  const auto kernel = split ? conv3x3_wgrad_kernel<true> : conv3x3_wgrad_kernel<false>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  kernel<<<static_cast<unsigned>(p.k_tiles * p.c_tiles * splits), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      part_ptr, dy.data<float>(), x.data<float>(), p);
+  TG_LAUNCH_CHECK();
+  if (splits > 1) {
+    sum_partials_kernel<<<grid_for(count, kPrepThreads), kPrepThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
+                                                                                         count, splits);
+    TG_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,29 @@
+// Fast path for 3x3, stride-1, dilation-1 2-D convolutions in NCHW (workload A):
+// implicit GEMM on tensor cores (mma.sync m16n8k8 TF32) that reads NCHW directly, for the
+// forward pass, the input gradient (the same kernel on flipped, transposed weights) and the
+// weight gradient (a split reduction over positions, partials summed in a fixed order).
+//
+// Precision follows tg::precision(): TF32 -> one TF32 product per term (rel. L2 error
+// ~1e-4); FP32 (default) -> split-TF32, three products per term (x = hi + lo), FP32-accurate.
+// Every result is the same bits on every run (no atomics). Any padding, batch, channel counts
+// and spatial sizes; f32 tensors (the caller checks the dtype before asking conv3x3_applies).
+//
+// The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true.
+#pragma once
+#include "core/tensor.h"
+#include "ops/conv.h"
+
+namespace tg::cuda {
+
+// True for a 2-D NCHW convolution with a 3x3 kernel, stride 1 and dilation 1 (any padding,
+// batch, channel counts and spatial sizes). The dtype (f32) is the caller's to check.
+bool conv3x3_applies(const ConvShape& s);
+
+// y (N, K, Ho, Wo) = conv(x (N, C, H, W), w (K, C, 3, 3)) + b (K) or no bias (undefined b).
+void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
+// dx (N, C, H, W) = gradient of the output dy (N, K, Ho, Wo) with respect to x (overwritten).
+void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
+// dw (K, C, 3, 3) = gradient of the output dy with respect to w (overwritten).
+void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+
+}  // namespace tg::cuda
