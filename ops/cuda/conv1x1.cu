@@ -46,6 +46,8 @@ constexpr int kMaxStages = 4;
 constexpr int kGroupChannels = 128; // reduction channels per pointwise launch when more than 64
 constexpr int kDwRows = 128;        // dw block of the backward kernel: K side ...
 constexpr int kDwCols = 64;         // ... and C side (the fused kernel needs K <= 128, C <= 64)
+constexpr int kBwdDyStride = 128;   // backward tiles' row strides (floats): dy (NCHW: pixels, NHWC: K side)
+constexpr int kBwdXStrideNhwc = 64; // x in NHWC (C side); NCHW rows are kTilePixels
 constexpr int64_t kPartialBudget = int64_t(1) << 26;  // floats of dw partials (256 MB)
 
 // How the operand kept in shared memory (the weight) is stored.
@@ -640,6 +642,65 @@ __device__ __forceinline__ void dw_tile_mma(float (&acc)[2][4][4], const SmemTil
   }
 }
 
+// The same product for a full 128 x 64 block (the hot path), with the shared-memory addresses
+// precomputed. With the swizzle, element (r0 + g + 8 hr, 8 ks + t + 4 h) of a tile whose rows are
+// the M/N index (NCHW) sits at
+//   (r0 + 8 hr) S + 32 (ks / 4) + q[ks % 4][h],  q[u][h] = g S + 8 (u ^ (g & 3)) + ((t + 4h) ^ (g & 4)),
+// and element (8 ks + t + 4 h, 8 v + g) of a tile whose rows are k (NHWC) at
+//   8 ks S + 32 (v / 4) + q[v % 4][h],  q[v][h] = (t + 4h) S + 8 (v ^ t) + (g ^ 4h),
+// so every load is a per-lane base pointer plus a constant.
+template <bool kNHWC, bool kSplit>
+__device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const float* dy, const float* x, int wm,
+                                                 int wn, int lane) {
+  constexpr int kMT = 2, kNT = 4;
+  constexpr int SA = kBwdDyStride, SB = kNHWC ? kBwdXStrideNhwc : kTilePixels;
+  const int g = lane >> 2, t = lane & 3;
+  const float* pa[4][2];
+  const float* pb[4][2];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (kNHWC) {  // A rows k, columns m = 32 wm + 8 v + g; B rows k, columns c = 32 wn + 8 v + g
+        pa[u][h] = dy + 32 * wm + (t + 4 * h) * SA + 8 * (u ^ t) + (g ^ (4 * h));
+        pb[u][h] = x + 32 * wn + (t + 4 * h) * SB + 8 * (u ^ t) + (g ^ (4 * h));
+      } else {  // A rows m = 32 wm + ..., B rows c = 32 wn + ...; columns k
+        pa[u][h] = dy + 32 * wm * SA + g * SA + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
+        pb[u][h] = x + 32 * wn * SB + g * SB + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
+      }
+    }
+  for (int j = 0; j < kTilePixels / 32; ++j) {  // groups of 4 k-steps
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int ks = 4 * j + u;
+      FragB b[kNT];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        if constexpr (kNHWC) {
+          const int row = 8 * ks * SB;
+          b[nt] = make_b<kSplit>(pb[nt][0][row], pb[nt][1][row]);
+        } else {
+          const int off = nt * 8 * SB + 32 * j;
+          b[nt] = make_b<kSplit>(pb[u][0][off], pb[u][1][off]);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        FragA a;
+        if constexpr (kNHWC) {
+          const int row = 8 * ks * SA;
+          a = make_a<kSplit>(pa[2 * mt][0][row], pa[2 * mt + 1][0][row], pa[2 * mt][1][row], pa[2 * mt + 1][1][row]);
+        } else {
+          const int off = mt * 16 * SA + 32 * j;
+          a = make_a<kSplit>(pa[u][0][off], pa[u][0][off + 8 * SA], pa[u][1][off], pa[u][1][off + 8 * SA]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+      }
+    }
+  }
+}
+
 // dw block: rows = K side (4 warps x 2 m-tiles x 16 = 128), columns = C side (2 warps x 4
 // n-tiles x 8 = 64), reduction over the tile's 128 pixels.
 // dx (fused): NCHW rows = C (2 x 2 x 16 = 64), columns = pixels (4 x 4 x 8 = 128);
@@ -655,7 +716,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
   const int Kpad = round_up(Kt, 16), Cpad = round_up(Ct, 16);
   float* stage0 = reinterpret_cast<float*>(smem + p.res_bytes);
   const int stage_floats = p.dy_floats + p.x_floats;
-  const int dy_stride = tile_stride(kNHWC, Kpad), x_stride = tile_stride(kNHWC, Cpad);
+  // Fixed row strides (sized for the largest block) so that offsets in the hot loop are constants.
+  constexpr int dy_stride = kBwdDyStride, x_stride = kNHWC ? kBwdXStrideNhwc : kTilePixels;
 
   // dx = M dy with M(m = c, r = k) = w[k * C + c]; the fused variant has k0 = c0 = 0.
   const int KS1 = Kpad / 8;
@@ -709,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
       constexpr int kWM = 4, kMT = 2, kNT = 4;
       const int wm = warp % kWM, wn = warp / kWM;
       float acc[kMT][kNT][4] = {};
-      if (Kpad == kDwRows && Cpad == kDwCols) dw_tile_mma<kNHWC, kSplit, false>(acc, DY, X, Kpad, Cpad, wm, wn, lane);
+      if (Kpad == kDwRows && Cpad == kDwCols) dw_tile_mma_full<kNHWC, kSplit>(acc, DY.base, X.base, wm, wn, lane);
       else dw_tile_mma<kNHWC, kSplit, true>(acc, DY, X, Kpad, Cpad, wm, wn, lane);
       // Flush the tensor-core sum (a chain of 16 steps) into the plain fp32 running sum.
 #pragma unroll
@@ -872,8 +934,9 @@ BackwardPlan plan_backward(const ConvShape& s, bool with_dx, int smem_limit) {
   const int Kpad = round_up(static_cast<int>(std::min<int64_t>(s.K, kDwRows)), 16);
   const int Cpad = round_up(static_cast<int>(std::min<int64_t>(s.C, kDwCols)), 16);
   b.res_bytes = with_dx ? resident_bytes(kDwCols, Kpad, kTf32) : 0;  // kSplitRaw is the same size
-  b.dy_floats = tile_floats(s.channels_last(), Kpad);
-  b.x_floats = tile_floats(s.channels_last(), Cpad);
+  // NHWC rows have the fixed strides of backward_kernel; NCHW rows are always 128 pixels.
+  b.dy_floats = s.channels_last() ? kTilePixels * kBwdDyStride : Kpad * kTilePixels;
+  b.x_floats = s.channels_last() ? kTilePixels * kBwdXStrideNhwc : Cpad * kTilePixels;
   const int stage_bytes = (b.dy_floats + b.x_floats) * 4;
   b.stages = stages_that_fit(smem_limit, b.res_bytes, stage_bytes);
   if (b.stages < 2) b.stages = 0;
