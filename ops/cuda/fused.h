@@ -1,0 +1,27 @@
+// CUDA launchers of conv3d_group_norm_mean; same names, signatures and meaning as tg::cpu in
+// ops/fused.h. Ordered on the framework stream of x's device; deterministic (fixed-order
+// reductions, no atomics). Each launcher chooses the fused kernels when
+// conv3d_gn_mean_applies() holds, else a materialized path (y = conv3d through the general
+// convolution kernels, then the same statistics), so every problem is handled.
+#pragma once
+#include "core/tensor.h"
+#include "ops/fused.h"
+
+namespace tg::cuda {
+
+// The fused kernels' shape class: f32, a 3x3x3 kernel (stride 1, padding 0, dilation 1 is the
+// op's only geometry), N >= 1, and small enough channel counts for the weights and tiles to
+// live in shared memory (e.g. C_in 3 with K <= 72, C_in 1 with K <= 224, C_in 4 with K <= 56).
+bool conv3d_gn_mean_applies(const Conv3dGnMeanProblem& p, DType dtype);
+
+void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
+                          const Conv3dGnMeanProblem& p);
+void conv3d_gn_mean_finish(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& S1,
+                           const Tensor& S2, const Tensor& gamma, const Tensor& beta, const Conv3dGnMeanProblem& p);
+void conv3d_gn_mean_coefficients(const Tensor& A, const Tensor& B, const Tensor& dgamma, const Tensor& dbeta,
+                                 const Tensor& db, const Tensor& gout, const Tensor& S1, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& gamma, const Conv3dGnMeanProblem& p);
+void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& x, const Tensor& w,
+                              const Tensor& b, const Tensor& A, const Tensor& B, const Conv3dGnMeanProblem& p);
+
+}  // namespace tg::cuda

@@ -1,0 +1,89 @@
+// conv3d_group_norm_mean: validation, dispatch to the CPU or CUDA kernels, and its one tape
+// entry. The math is in ops/fused.h; the CUDA launchers choose between the fused kernels
+// (y never reaches memory) and a materialized path for shapes the fused kernels do not take.
+#include "ops/fused.h"
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#if TG_CUDA
+#include "ops/cuda/fused.h"
+#endif
+
+namespace tg {
+namespace {
+
+constexpr const char* kOp = "conv3d_group_norm_mean";
+
+// gamma, beta or b: undefined, or a (K) tensor on x's device with x's dtype.
+void check_per_channel(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t K,
+                       const Shape& w_shape) {
+  if (!t.defined()) return;
+  check_same_device_dtype(op, x, t);
+  TG_CHECK(t.shape() == Shape({K}), op, ": ", name, " ", describe(t), " does not match the ", K,
+           " output channels of weight ", w_shape, " (expected [", K, "])");
+}
+
+}  // namespace
+
+Conv3dGnMeanProblem make_conv3d_gn_mean_problem(const char* op, const Tensor& x, const Tensor& w,
+                                                const Tensor& b, int64_t groups, double eps) {
+  TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
+  check_same_device_dtype(op, x, w);
+  TG_CHECK(x.dim() == 5, op, ": expected a 5-D input (N, C, D, H, W), got ", describe(x));
+  TG_CHECK(w.dim() == 5, op, ": expected a 5-D weight (K, C, kd, kh, kw), got ", describe(w));
+  const int64_t K = w.size(0);
+  check_per_channel(op, "bias", b, x, K, w.shape());
+  TG_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
+  TG_CHECK(K % groups == 0, op, ": the ", K, " output channels of weight ", w.shape(),
+           " are not divisible into ", groups, " groups");
+  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  Conv3dGnMeanProblem p;
+  // Stride 1, padding 0, dilation 1: the only geometry this op has.
+  p.conv = make_conv_shape(op, x.shape(), w.shape(), ConvParams{});
+  p.groups = groups;
+  p.eps = eps;
+  return p;
+}
+
+Tensor conv3d_group_norm_mean(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gamma,
+                              const Tensor& beta, int64_t groups, double eps) {
+  const Conv3dGnMeanProblem p = make_conv3d_gn_mean_problem(kOp, x, w, b, groups, eps);
+  check_per_channel(kOp, "gamma", gamma, x, p.conv.K, w.shape());
+  check_per_channel(kOp, "beta", beta, x, p.conv.K, w.shape());
+
+  const int64_t N = p.conv.N, K = p.conv.K;
+  const TensorOptions stat_opts{.dtype = DType::f64, .device = x.device()};
+  Tensor S1 = Tensor::empty({N, K}, stat_opts), S2 = Tensor::empty({N, K}, stat_opts);
+  Tensor mean = Tensor::empty({N, groups}, stat_opts), rstd = Tensor::empty({N, groups}, stat_opts);
+  Tensor out = Tensor::empty({N}, {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), conv3d_gn_mean_stats(S1, S2, x, w, b, p));
+  TG_DISPATCH(x.device(), conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gamma, beta, p));
+
+  if (should_record({x, w, b, gamma, beta})) {
+    // Statistics, not y: backward recomputes y from x, w and b where it needs it.
+    record(kOp, {x, w, b, gamma, beta}, {out}, {x, w, b, gamma, S1, S2, mean, rstd},
+           [p](const BackwardArgs& args) {
+             const Tensor& gout = args.grad_outputs[0];
+             const Tensor &xs = args.saved[0], &ws = args.saved[1], &bs = args.saved[2], &gs = args.saved[3];
+             const Tensor &s1 = args.saved[4], &mu = args.saved[6], &rs = args.saved[7];
+             const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
+             const int64_t N = p.conv.N, K = p.conv.K;
+             Tensor A = Tensor::empty({N, K}, o), B = Tensor::empty({N, p.groups}, o);
+             Tensor dx, dw, db, dgamma, dbeta;
+             if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
+             if (args.needs_grad[1]) dw = Tensor::empty(ws.shape(), o);
+             if (args.needs_grad[2]) db = Tensor::empty({K}, o);
+             if (args.needs_grad[3]) dgamma = Tensor::empty({K}, o);
+             if (args.needs_grad[4]) dbeta = Tensor::empty({K}, o);
+             TG_DISPATCH(xs.device(), conv3d_gn_mean_coefficients(A, B, dgamma, dbeta, db, gout, s1, mu, rs, gs, p));
+             if (dx.defined() || dw.defined())
+               TG_DISPATCH(xs.device(), conv3d_gn_mean_grad_conv(dw, dx, xs, ws, bs, A, B, p));
+             return std::vector<Tensor>{dx, dw, db, dgamma, dbeta};
+           });
+  }
+  return out;
+}
+
+}  // namespace tg
