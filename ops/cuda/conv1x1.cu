@@ -240,21 +240,39 @@ struct TileSource {
   int valid_rows, valid_cols, fill_rows, fill_cols;
 };
 
+// This thread's share of the 16-byte copies of every tile of one shape (fill_cols <= 128): a
+// fixed chunk column and every row_step-th row from row0. row_step is a multiple of 8, so the
+// swizzle of row0 holds for all of the thread's rows and shared-memory offsets are computed once.
+struct TileLoader {
+  int col, row0, row_step, smem_off0, smem_step;  // smem in floats
+  bool active;                                     // the chunk lies inside the filled columns
+
+  __device__ TileLoader(int fill_cols, int stride) {
+    const int chunks = fill_cols >> 2;                          // <= 32
+    const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;  // chunks rounded up to 2^shift
+    col = (static_cast<int>(threadIdx.x) & ((1 << shift) - 1)) << 2;
+    row0 = static_cast<int>(threadIdx.x) >> shift;
+    row_step = kThreads >> shift;
+    active = col < fill_cols;
+    smem_off0 = row0 * stride + (col ^ SmemTile::swz(row0 & 7));
+    smem_step = row_step * stride;
+  }
+};
+
 // Issues this thread's share of the cp.async copies of one tile (no commit). `vec`: rows start
-// 16-byte aligned, so 16-byte copies are legal; otherwise 4-byte copies.
-__device__ void load_tile(const SmemTile& dst, const TileSource& s, const float* any_valid, bool vec,
-                          uint64_t policy) {
+// 16-byte aligned, so 16-byte copies are legal (through `ld`); otherwise 4-byte copies.
+__device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileSource& s, const float* any_valid,
+                          bool vec, uint64_t policy) {
   if (vec) {
-    const int chunks = s.fill_cols >> 2;  // 16-byte chunks per row
-    const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;
-    const int total = s.fill_rows << shift;
-    for (int e = threadIdx.x; e < total; e += kThreads) {
-      const int r = e >> shift, c = (e & ((1 << shift) - 1)) << 2;
-      if (c >= s.fill_cols) continue;
-      const bool ok = r < s.valid_rows && c < s.valid_cols;
-      const int bytes = ok ? 4 * min(4, s.valid_cols - c) : 0;
-      const float* g = ok ? s.src + r * s.row_stride + c : any_valid;
-      cp_async_16(smem_addr(dst.base + dst.offset(r & ~7, r & 7, c)), g, bytes, policy);
+    if (!ld.active) return;
+    const int col_bytes = ld.col < s.valid_cols ? 4 * min(4, s.valid_cols - ld.col) : 0;
+    const float* g = s.src + ld.row0 * s.row_stride + ld.col;
+    const int64_t g_step = ld.row_step * s.row_stride;
+    uint32_t smem = smem_addr(dst.base + ld.smem_off0);
+    const uint32_t smem_step = 4u * ld.smem_step;
+    for (int r = ld.row0; r < s.fill_rows; r += ld.row_step, g += g_step, smem += smem_step) {
+      const bool ok = r < s.valid_rows && col_bytes > 0;
+      cp_async_16(smem, ok ? g : any_valid, ok ? col_bytes : 0, policy);
     }
   } else {
     const int shift = 32 - __clz(s.fill_cols - 1);  // fill_cols >= 4
@@ -504,10 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_kernel(const PointwiseP
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
+  const TileLoader loader(kNHWC ? p.r_pad : kTilePixels, stride);
   auto issue = [&](int64_t tile, int stage) {
     if (tile < p.num_tiles) {
       const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
-      load_tile(SmemTile{stage0 + stage * stage_floats, stride},
+      load_tile(loader, SmemTile{stage0 + stage * stage_floats, stride},
                 tile_source(kNHWC, p.in, q, p.in_channels, p.pixels, p.weight.r0, p.weight.r_count, p.r_pad), p.in,
                 p.vec_in, policy);
     }
@@ -730,13 +749,14 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
+  const TileLoader dy_loader(kNHWC ? Kpad : kTilePixels, dy_stride), x_loader(kNHWC ? Cpad : kTilePixels, x_stride);
   auto issue = [&](int64_t tile, int stage) {
     if (tile < p.num_tiles) {
       const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
-      load_tile(SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad), p.dy, p.vec_dy,
+      load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad), p.dy, p.vec_dy,
                 policy);
-      load_tile(SmemTile{base + p.dy_floats, x_stride}, tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x,
+      load_tile(x_loader, SmemTile{base + p.dy_floats, x_stride}, tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x,
                 p.vec_x, policy);
     }
     cp_async_commit();
