@@ -703,7 +703,7 @@ void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Ten
   // time as (waves of resident blocks) x (tiles per block).
   const int64_t slots = resident_blocks(stats_kernel<CA>, smem, dev);
   int64_t B = 1, best_cost = -1;
-  for (int64_t q = 1; q <= g.tiles_per_sample; ++q) {
+  for (int64_t q = 1; q <= std::min<int64_t>(g.tiles_per_sample, 4096); ++q) {
     const int64_t cost = ((g.N * q + slots - 1) / slots) * ((g.tiles_per_sample + q - 1) / q);
     if (best_cost < 0 || cost < best_cost) B = q, best_cost = cost;
   }
