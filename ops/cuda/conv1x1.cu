@@ -61,13 +61,10 @@ __host__ __device__ constexpr int round_up(int a, int b) { return (a + b - 1) / 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Activation tiles in shared memory: NCHW tiles are (channels, 128 pixels), NHWC tiles
-// (128 pixels, channels). Rows are multiples of 32 floats, which the swizzle needs.
-__host__ __device__ constexpr int tile_stride(bool nhwc, int channels_pad) {
-  return nhwc ? round_up(channels_pad, 32) : kTilePixels;
-}
-__host__ __device__ constexpr int tile_floats(bool nhwc, int channels_pad) {
-  return nhwc ? kTilePixels * round_up(channels_pad, 32) : channels_pad * kTilePixels;
-}
+// (128 pixels, channels). Row strides are compile-time multiples of 32 floats (the swizzle needs
+// 32): NCHW 128 pixels; NHWC the most channels the kernel takes. The pointwise kernel's
+// 128-channel variant takes <= 64 reduction channels, its 64-channel variant <= 128.
+__host__ __device__ constexpr int pointwise_nhwc_stride(int block_channels) { return block_channels == 128 ? 64 : 128; }
 // Bytes of a resident weight block of `channels` x r_pad values in fragment order.
 __host__ __device__ constexpr int resident_bytes(int channels, int r_pad, int mode) {
   return channels * r_pad * 4 * (mode == kSplitPre ? 2 : 1);
@@ -511,8 +508,9 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_kernel(const PointwiseP
   const int KS = p.r_pad / 8;
   float* bias_s = reinterpret_cast<float*>(smem + resident_bytes(kChannels, p.r_pad, kMode));  // (kChannels)
   float* stage0 = bias_s + kChannels;
-  const int stage_floats = tile_floats(kNHWC, p.r_pad);
-  const int stride = tile_stride(kNHWC, p.r_pad);
+  // Compile-time row strides, so that fragment addresses are per-lane pointers plus constants.
+  constexpr int stride = kNHWC ? pointwise_nhwc_stride(kChannels) : kTilePixels;
+  const int stage_floats = kNHWC ? kTilePixels * stride : p.r_pad * kTilePixels;
 
   const int entries = kNHWC ? fill_resident_b<kMode>(smem, kChannels, KS, p.weight)
                             : fill_resident_a<kMode>(smem, kChannels, KS, p.weight);
@@ -546,25 +544,70 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_kernel(const PointwiseP
 
     const SmemTile X{stage0 + stage * stage_floats, stride};
     float acc[kMT][kNT][4] = {};
-    auto kstep = [&](int ks) {
-      FragB b[kNT];
+    if constexpr (kNHWC) {
+      if (KS % 4 == 0) {
+        // Element (m0 + g + 8 hr, 8 ks + t + 4 h) of the (pixels, channels) tile sits at
+        // (m0 + 8 hr) S + 32 (ks / 4) + q[ks % 4][h], q[u][h] = g S + 8 (u ^ (g & 3)) + ((t + 4h) ^ (g & 4)).
+        const float* pa[4][2];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        if constexpr (kNHWC) b[nt] = res.b(wn * kNT + nt, ks, lane);
-        else b[nt] = tile_b_rows_k<kSplit>(X, ks * 8, (wn * kNT + nt) * 8, g, t);
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            pa[u][h] = X.base + (wm * kMT * 16 + g) * stride + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
+        for (int j = 0; j < KS / 4; ++j) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            FragB b[kNT];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, 4 * j + u, lane);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int off = mt * 16 * stride + 32 * j;
+              const FragA a = make_a<kSplit>(pa[u][0][off], pa[u][0][off + 8 * stride], pa[u][1][off],
+                                             pa[u][1][off + 8 * stride]);
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+            }
+          }
+        }
+      } else {
+        for (int ks = 0; ks < KS; ++ks) {
+          FragB b[kNT];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const FragA a = tile_a_rows_m<kSplit>(X, (wm * kMT + mt) * 16, ks * 8, g, t);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+          }
+        }
       }
+    } else {
+      // Element (8 ks + t + 4 h, 8 v + g) of the (channels, pixels) tile, v = 4 wn + nt, sits at
+      // 8 ks S + 32 wn + q[nt][h], q[v][h] = (t + 4h) S + 8 (v ^ t) + (g ^ 4h).
+      static_assert(kNHWC || kNT == 4, "one warp's columns are 32 pixels");
+      const float* pb[kNT][2];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        FragA a;
-        if constexpr (kNHWC) a = tile_a_rows_m<kSplit>(X, (wm * kMT + mt) * 16, ks * 8, g, t);
-        else a = res.a(wm * kMT + mt, ks, lane);
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+        for (int h = 0; h < 2; ++h)
+          pb[nt][h] = X.base + 32 * wn + (t + 4 * h) * stride + 8 * (nt ^ t) + (g ^ (4 * h));
+      auto kstep = [&](int ks) {
+        FragB b[kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) b[nt] = make_b<kSplit>(pb[nt][0][8 * ks * stride], pb[nt][1][8 * ks * stride]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const FragA a = res.a(wm * kMT + mt, ks, lane);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+        }
+      };
+      for (int ks = 0; ks < KS; ks += 2) {  // KS is even (r_pad is a multiple of 16)
+        kstep(ks);
+        kstep(ks + 1);
       }
-    };
-    for (int ks = 0; ks < KS; ks += 2) {  // KS is even (r_pad is a multiple of 16)
-      kstep(ks);
-      kstep(ks + 1);
     }
 
     const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
@@ -926,7 +969,7 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
       p.bias = (r0 == 0 && bias.defined()) ? bias.data<float>() : nullptr;
       p.accumulate = r0 > 0;
       const int fixed = resident_bytes(channels, p.r_pad, mode) + channels * 4;
-      const int stage_bytes = tile_floats(nhwc, p.r_pad) * 4;
+      const int stage_bytes = (nhwc ? kTilePixels * pointwise_nhwc_stride(channels) : p.r_pad * kTilePixels) * 4;
       p.stages = stages_that_fit(lim.smem, fixed, stage_bytes);
       TG_CHECK(p.stages >= 2, "conv1x1: not enough shared memory (", lim.smem, " bytes) for two stages of ",
                stage_bytes, " bytes");
