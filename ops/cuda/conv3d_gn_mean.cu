@@ -47,6 +47,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kP = 4;          // output depths per thread (the register tile along d)
 constexpr int kCG = 8;         // channels per phase-B owner
 constexpr int kCinChunk = 4;   // input channels per pass of phase C
+constexpr int kXD = kP + 2;    // depths of a tile's input footprint (innermost in the x tile)
 constexpr int kMaxWeightFloats = 8192;         // 32 KB of weights in shared memory
 constexpr int kMaxGradSmemBytes = 112 * 1024;  // two blocks per SM (228 KB, 1 KB reserved each)
 
@@ -56,8 +57,6 @@ int channel_chunk(int64_t K) { return K % 24 == 0 ? 12 : 8; }
 int64_t padded_channels(int64_t K) { return (K + 7) / 8 * 8; }  // K itself when K % 24 == 0
 
 int round_up(int64_t v, int64_t m) { return static_cast<int>((v + m - 1) / m * m); }
-// Smallest s >= v with s % 32 == r: strides that put shared-memory rows on chosen banks.
-int stride_on_bank(int64_t v, int r) { return static_cast<int>(v + ((r - v) % 32 + 32) % 32); }
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -75,7 +74,7 @@ struct TileGeom {
   int TH, TW, FH, FW;          // output tile kP x TH x TW; its input footprint (TH+2, TW+2)
   int plane, items;            // TH * TW; phase-A items chunks * plane (<= kThreads)
   int64_t NDT, NHT, NWT, tiles_per_sample, tiles;
-  int xs_h, xs_d, xs_c;        // x tile strides in floats (w contiguous), on banks 1, 3, 9
+  int xs_h, xs_c;              // x tile strides in floats: [C][FH][FW][kXD], depth innermost
   int ds;                      // dy tile: floats per position (Kpad + 4: conflict-free float4)
   int R, owners, PS;           // phase B: rows (ci, kd, kh) = 9 C; owners R Kpad / kCG; subsets
   int off_coef, off_x, off_slots, off_dy;  // shared-memory regions, in floats
@@ -83,15 +82,35 @@ struct TileGeom {
   bool with_dx;
 };
 
+// Even stride >= min_stride for the input channels of the x tile that spreads the phase-B
+// reads of one warp (rows r = 9 ci + 3 kd + kh, bank = ci xs_c + kh xs_h + kd) over the most
+// banks.
+int best_channel_stride(int64_t min_stride, int xs_h, int C) {
+  int best = 0, best_worst = 1 << 30;
+  for (int k = 0; k < 16; ++k) {
+    const int sc = round_up(min_stride, 2) + 2 * k;
+    int count[32] = {};
+    for (int r = 0; r < std::min(32, 9 * C); ++r) {
+      const int ci = r / 9, kd = (r / 3) % 3, kh = r % 3;
+      ++count[(ci * sc + kh * xs_h + kd) % 32];
+    }
+    const int worst = *std::max_element(count, count + 32);
+    if (worst < best_worst) best = sc, best_worst = worst;
+  }
+  return best;
+}
+
 // Footprint, strides and shared-memory regions of a tile of TH x TW (set in g).
 void set_tile_layout(TileGeom& g) {
   g.FH = g.TH + 2;
   g.FW = g.TW + 2;
   g.plane = g.TH * g.TW;
   g.items = g.chunks * g.plane;
-  g.xs_h = stride_on_bank(g.FW, 1);
-  g.xs_d = stride_on_bank(int64_t{g.FH} * g.xs_h, 3);
-  g.xs_c = stride_on_bank(int64_t{kP + 2} * g.xs_d, 9);
+  // A row is as long as TW + 32/6 columns, so that a warp's phase-A reads keep their bank
+  // pattern across a row change; the channel stride is the even one (float2 alignment) with
+  // the fewest phase-B bank conflicts among the 27 rows (ci, kd, kh) of a warp.
+  g.xs_h = kXD * g.TW + 32;
+  g.xs_c = best_channel_stride(int64_t{g.FH} * g.xs_h, g.xs_h, g.C);
   g.ds = g.Kpad + 4;
   g.R = 9 * g.C;
   g.owners = g.R * (g.Kpad / kCG);
@@ -155,8 +174,8 @@ __device__ __forceinline__ TileOrigin tile_origin(int64_t t, const TileGeom& g) 
   return {t / g.tiles_per_sample, dt * kP, ht * g.TH, wt * g.TW};
 }
 
-// The tile's input footprint into xs [C][kP+2][FH][FW] (padded strides), zeros past the input.
-// Consecutive threads read consecutive w: coalesced.
+// The tile's input footprint into xs [C][FH][FW][kXD] (padded strides), zeros past the
+// input. Consecutive threads read consecutive w: coalesced.
 __device__ void stage_x_tile(float* xs, const float* __restrict__ x, const TileOrigin& o, const TileGeom& g) {
   const float* xn = x + o.n * g.C * g.D * g.H * g.W;  // (C, D, H, W)
   const int fplane = g.FH * g.FW, count = g.C * (kP + 2) * fplane;
@@ -165,12 +184,14 @@ __device__ void stage_x_tile(float* xs, const float* __restrict__ x, const TileO
     const int64_t gd = o.d0 + xd, gh = o.h0 + xh, gw = o.w0 + xw;
     float v = 0.f;
     if (gd < g.D && gh < g.H && gw < g.W) v = __ldg(xn + ((ci * g.D + gd) * g.H + gh) * g.W + gw);
-    xs[ci * g.xs_c + xd * g.xs_d + xh * g.xs_h + xw] = v;
+    xs[ci * g.xs_c + xh * g.xs_h + xw * kXD + xd] = v;
   }
 }
 
 // acc[c][p] = sum_{ci,kd,kh,kw} w[c][ci][kd][kh][kw] * x[ci][p + kd][hh + kh][ww + kw] (tile
-// coordinates) for CA channels starting at ws and PP depths; xhw = xs + hh * xs_h + ww.
+// coordinates) for CA channels starting at ws and PP depths; xhw = xs + hh * xs_h + ww * kXD.
+// The PP + 2 depths of one (ci, kh, kw) are contiguous: (PP + 2) / 2 float2 loads, and
+// consecutive lanes (consecutive ww, 6 words apart) hit distinct banks in each half-warp.
 // The (ci, kh) loop stays rolled: unrolled, the compiler hoists every row's loads and their
 // addresses, which costs tens of registers and halves occupancy.
 template <int CA, int PP>
@@ -185,9 +206,13 @@ __device__ __forceinline__ void conv_tile(float (&acc)[CA][PP], const float* ws,
     const float* xr = xhw + ci * g.xs_c + kh * g.xs_h;
     float xv[3][PP + 2];  // [kw][depth]
 #pragma unroll
-    for (int j = 0; j < PP + 2; ++j)
+    for (int kw = 0; kw < 3; ++kw)
 #pragma unroll
-      for (int kw = 0; kw < 3; ++kw) xv[kw][j] = xr[j * g.xs_d + kw];
+      for (int j = 0; j < PP + 2; j += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(xr + kw * kXD + j);
+        xv[kw][j] = v.x;
+        xv[kw][j + 1] = v.y;
+      }
     const float* wrow = ws + cikh * 9 * g.Kpad;  // [kw][kd][Kpad]
 #pragma unroll
     for (int kw = 0; kw < 3; ++kw)
@@ -217,7 +242,7 @@ template <int CA, int PP>
 __device__ __forceinline__ void stats_item(float* slots, const float* ws, const float* xs, const TileGeom& g,
                                            const TileOrigin& o, int chunk, int hh, int ww) {
   float acc[CA][PP];
-  conv_tile<CA, PP>(acc, ws + chunk * CA, xs + hh * g.xs_h + ww, g);
+  conv_tile<CA, PP>(acc, ws + chunk * CA, xs + hh * g.xs_h + ww * kXD, g);
   const bool hw_valid = o.h0 + hh < g.OH && o.w0 + ww < g.OW;
 #pragma unroll
   for (int c = 0; c < CA; ++c) {
@@ -438,7 +463,7 @@ template <int CA, int PP>
 __device__ __forceinline__ void dy_item(float* dys, const float* coef, const float* ws, const float* xs,
                                         const TileGeom& g, const TileOrigin& o, int chunk, int hh, int ww) {
   float acc[CA][PP];
-  conv_tile<CA, PP>(acc, ws + chunk * CA, xs + hh * g.xs_h + ww, g);
+  conv_tile<CA, PP>(acc, ws + chunk * CA, xs + hh * g.xs_h + ww * kXD, g);
   const bool hw_valid = o.h0 + hh < g.OH && o.w0 + ww < g.OW;
   const float* ca = coef + chunk * CA;             // A + B bias
   const float* cb = coef + g.Kpad + chunk * CA;    // B
@@ -479,9 +504,8 @@ grad_conv_kernel(float* __restrict__ dw_partial, float* __restrict__ dx_partial,
 
   const int tid = threadIdx.x;
   const int chunk = tid / g.plane, pos = tid % g.plane, hh = pos / g.TW, ww = pos % g.TW;
-  // Phase-B ownership, fixed for the block: rows r are consecutive across lanes, which puts
-  // the lanes' x reads on distinct banks (the x strides sit on banks 9, 3, 1, and
-  // r = 9 ci + 3 kd + kh).
+  // Phase-B ownership, fixed for the block: rows r = 9 ci + 3 kd + kh are consecutive across
+  // lanes (the x tile's channel stride is chosen to spread those rows over the banks).
   const bool owner = tid < g.owners * g.PS;
   const int o_id = tid % g.owners, ps = tid / g.owners;
   const int r = o_id % g.R, cg = o_id / g.R;
@@ -525,11 +549,11 @@ grad_conv_kernel(float* __restrict__ dw_partial, float* __restrict__ dx_partial,
       if (w_lo < w_hi) {
         for (int dd = 0; dd < vd; ++dd)
           for (int h = 0; h < vh; ++h) {
-            const float* xr = xs + ci_b * g.xs_c + (dd + kd_b) * g.xs_d + (h + kh_b) * g.xs_h;
+            const float* xr = xs + ci_b * g.xs_c + (h + kh_b) * g.xs_h + dd + kd_b;
             const float* dr = dys + (dd * g.TH + h) * g.TW * g.ds + cg * kCG;
-            float x0 = xr[w_lo], x1 = xr[w_lo + 1];
+            float x0 = xr[w_lo * kXD], x1 = xr[(w_lo + 1) * kXD];
             for (int wq = w_lo; wq < w_hi; ++wq) {
-              const float x2 = xr[wq + 2];
+              const float x2 = xr[(wq + 2) * kXD];
               const float4 lo = *reinterpret_cast<const float4*>(dr + wq * g.ds);
               const float4 hi = *reinterpret_cast<const float4*>(dr + wq * g.ds + 4);
               const float dv[kCG] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
