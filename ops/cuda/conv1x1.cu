@@ -10,8 +10,9 @@
 // FFMA is arithmetic-bound; tensor cores are not. FP32-accurate mode splits v = hi + lo
 // (hi = tf32(v)) and adds the cross terms A_hi B_lo + A_lo B_hi with ONE bf16 m16n8k16 op
 // whose 16-long k holds both (lo is 2^-11 of v, so bf16's 8 bits leave ~2^-19 error):
-// two tensor ops per product instead of 3xTF32's three, ~1.2 ms of mma.sync per forward, still
-// under the memory floor. See bench/notes_conv1x1.md for the budget of every resource.
+// two tensor ops per product instead of 3xTF32's three: 1.1-2.2 ms of mma.sync per forward (at
+// 4-8 clk per op per SM sub-partition), under the memory floor. See bench/notes_conv1x1.md for
+// the budget of every resource.
 //
 // Structure:
 // - Persistent grid, one 256-thread block per SM, tiles of 128 pixels. Each tile's activations
@@ -797,10 +798,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
     if (tile < p.num_tiles) {
       const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
-      load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad), p.dy, p.vec_dy,
-                policy);
-      load_tile(x_loader, SmemTile{base + p.dy_floats, x_stride}, tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x,
-                p.vec_x, policy);
+      load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad),
+                p.dy, p.vec_dy, policy);
+      load_tile(x_loader, SmemTile{base + p.dy_floats, x_stride},
+                tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x, p.vec_x, policy);
     }
     cp_async_commit();
   };
@@ -1106,8 +1107,10 @@ bool conv1x1_applies(const ConvShape& s) {
 bool conv1x1_applies(const ConvShape& s, DType dtype) { return dtype == DType::f32 && conv1x1_applies(s); }
 
 void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  if (b.defined()) check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}, {&b, Shape{s.K}}});
-  else check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined())
+    check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}, {&b, Shape{s.K}}});
+  else
+    check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (y.numel() == 0) return;
   run_pointwise(y, x, w, b, /*M=*/s.K, /*R=*/s.C, /*w_stride_m=*/s.C, /*w_stride_r=*/1, s);
 }
