@@ -62,24 +62,30 @@ Tensor conv3d_group_norm_mean(const Tensor& x, const Tensor& w, const Tensor& b,
   TG_DISPATCH(x.device(), conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gamma, beta, p));
 
   if (should_record({x, w, b, gamma, beta})) {
-    // Statistics, not y: backward recomputes y from x, w and b where it needs it.
-    record(kOp, {x, w, b, gamma, beta}, {out}, {x, w, b, gamma, S1, S2, mean, rstd},
-           [p](const BackwardArgs& args) {
+    // Statistics, not y: backward recomputes y from x, w and b where it needs it (the conv's
+    // gradients); dgamma, dbeta and db need only the statistics.
+    const bool conv_grads = x.requires_grad() || w.requires_grad();
+    const Tensor xs = conv_grads ? x : Tensor(), ws = conv_grads ? w : Tensor(), bs = conv_grads ? b : Tensor();
+    record(kOp, {x, w, b, gamma, beta}, {out}, {xs, ws, bs, gamma, S1, S2, mean, rstd},
+           [p, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
              const Tensor& gout = args.grad_outputs[0];
              const Tensor &xs = args.saved[0], &ws = args.saved[1], &bs = args.saved[2], &gs = args.saved[3];
              const Tensor &s1 = args.saved[4], &mu = args.saved[6], &rs = args.saved[7];
-             const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
+             const TensorOptions o{.dtype = gout.dtype(), .device = gout.device()};
              const int64_t N = p.conv.N, K = p.conv.K;
              Tensor A = Tensor::empty({N, K}, o), B = Tensor::empty({N, p.groups}, o);
              Tensor dx, dw, db, dgamma, dbeta;
-             if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
-             if (args.needs_grad[1]) dw = Tensor::empty(ws.shape(), o);
+             if (args.needs_grad[0] || args.needs_grad[1])
+               TG_CHECK(xs.defined(), kOp, ": the gradient of the input or weight is needed but they were not "
+                        "saved (requires_grad was switched on after the forward pass)");
+             if (args.needs_grad[0]) dx = Tensor::empty(x_shape, o);
+             if (args.needs_grad[1]) dw = Tensor::empty(w_shape, o);
              if (args.needs_grad[2]) db = Tensor::empty({K}, o);
              if (args.needs_grad[3]) dgamma = Tensor::empty({K}, o);
              if (args.needs_grad[4]) dbeta = Tensor::empty({K}, o);
-             TG_DISPATCH(xs.device(), conv3d_gn_mean_coefficients(A, B, dgamma, dbeta, db, gout, s1, mu, rs, gs, p));
+             TG_DISPATCH(gout.device(), conv3d_gn_mean_coefficients(A, B, dgamma, dbeta, db, gout, s1, mu, rs, gs, p));
              if (dx.defined() || dw.defined())
-               TG_DISPATCH(xs.device(), conv3d_gn_mean_grad_conv(dw, dx, xs, ws, bs, A, B, p));
+               TG_DISPATCH(gout.device(), conv3d_gn_mean_grad_conv(dw, dx, xs, ws, bs, A, B, p));
              return std::vector<Tensor>{dx, dw, db, dgamma, dbeta};
            });
   }

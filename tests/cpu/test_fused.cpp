@@ -224,6 +224,28 @@ TEST(Conv3dGroupNormMean, InPlaceChangeOfSavedInputIsCaught) {
   TG_EXPECT_ERROR(tape.backward(out), "conv3d_group_norm_mean", "modified in place");
 }
 
+TEST(Conv3dGroupNormMean, NormParametersOnlySaveNoInput) {
+  // Only gamma, beta and b need gradients: closed form, x and w are not kept alive.
+  const Case c{.N = 3, .C = 2, .D = 5, .H = 4, .W = 6, .K = 6, .groups = 2};
+  Inputs in = make_inputs(c, f64, false);
+  for (Tensor* t : {&in.b, &in.gamma, &in.beta}) t->requires_grad_();
+  {
+    Tape tape;
+    fused(in.all(), c.groups);
+    ASSERT_EQ(tape.entries().size(), 1u);
+    EXPECT_FALSE(tape.entries()[0].saved[0].defined()) << "x saved without need";
+    EXPECT_FALSE(tape.entries()[0].saved[1].defined()) << "w saved without need";
+  }
+  TG_EXPECT_GRADCHECK([&](const std::vector<Tensor>& v) {
+    return conv3d_group_norm_mean(in.x, in.w, v[0], v[1], v[2], c.groups);
+  }, std::vector<Tensor>({in.b, in.gamma, in.beta}));
+  // Switching requires_grad on after the forward pass gets a clear error, not wrong grads.
+  Tape tape;
+  Tensor out = sum(fused(in.all(), c.groups));
+  in.w.requires_grad_();
+  TG_EXPECT_ERROR(tape.backward(out), "conv3d_group_norm_mean", "not saved");
+}
+
 TEST(Conv3dGroupNormMean, BadArgumentsAreRejected) {
   const Case c{.N = 2, .C = 3, .D = 5, .H = 5, .W = 5, .K = 6, .groups = 2};
   Inputs in = make_inputs(c, f32, false);
