@@ -42,7 +42,7 @@
 namespace tg::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // every kernel of this file
+constexpr int kThreads = 256;  // every kernel of this file but the 128-thread stats variant
 constexpr int kWarps = kThreads / 32;
 constexpr int kP = 4;          // output depths per thread (the register tile along d)
 constexpr int kCG = 8;         // channels per phase-B owner
@@ -72,7 +72,8 @@ struct TileGeom {
   int C, K, Kpad, CA, chunks, G, cpg;
   int64_t N, D, H, W, OD, OH, OW;
   int TH, TW, FH, FW;          // output tile kP x TH x TW; its input footprint (TH+2, TW+2)
-  int plane, items;            // TH * TW; phase-A items chunks * plane (<= kThreads)
+  int threads;                 // block size the tile was cut for (phase-A items <= threads)
+  int plane, items;            // TH * TW; phase-A items chunks * plane
   int64_t NDT, NHT, NWT, tiles_per_sample, tiles;
   int xs_h, xs_c;              // x tile strides in floats: [C][FH][FW][kXD], depth innermost
   int ds;                      // dy tile: floats per position (Kpad + 4: conflict-free float4)
@@ -114,21 +115,22 @@ void set_tile_layout(TileGeom& g) {
   g.ds = g.Kpad + 4;
   g.R = 9 * g.C;
   g.owners = g.R * (g.Kpad / kCG);
-  g.PS = std::max(1, kThreads / std::max(1, g.owners));
+  g.PS = std::max(1, g.threads / std::max(1, g.owners));
   g.off_coef = round_up(int64_t{g.C} * 27 * g.Kpad, 4);
   g.off_x = g.off_coef + round_up(2 * int64_t{g.Kpad}, 4);
   g.off_slots = g.off_x + round_up(int64_t{g.C} * g.xs_c, 4);
-  g.off_dy = g.off_slots + std::max(2 * g.CA, 3 * kCG) * kThreads;
+  g.off_dy = g.off_slots + std::max(2 * g.CA, 3 * kCG) * g.threads;
   g.stats_smem_floats = g.off_dy;
   g.grad_smem_floats = g.off_dy + round_up(int64_t{kP} * g.plane * g.ds, 4);
 }
 
-TileGeom make_tile_geom(const Conv3dGnMeanProblem& p) {
+TileGeom make_tile_geom(const Conv3dGnMeanProblem& p, int threads) {
   const ConvShape& s = p.conv;
   TileGeom g{};
   g.C = static_cast<int>(s.C);
   g.K = static_cast<int>(s.K);
   g.Kpad = static_cast<int>(padded_channels(s.K));
+  g.threads = threads;
   g.CA = channel_chunk(s.K);
   g.chunks = g.Kpad / g.CA;
   g.G = static_cast<int>(p.groups);
@@ -139,10 +141,10 @@ TileGeom make_tile_geom(const Conv3dGnMeanProblem& p) {
   // Columns: W' split evenly into pieces of at most 32 (and few enough that every item of a
   // tile has its own thread); rows: as many as fill the block, split evenly too, and fewer
   // where the shared memory of two blocks per SM would not hold them (large C_in).
-  const int64_t max_tw = std::max<int64_t>(1, std::min<int64_t>(32, kThreads / g.chunks));
+  const int64_t max_tw = std::max<int64_t>(1, std::min<int64_t>(32, threads / g.chunks));
   g.NWT = (g.OW + max_tw - 1) / max_tw;
   g.TW = static_cast<int>((g.OW + g.NWT - 1) / g.NWT);
-  for (int64_t max_th = std::clamp<int64_t>(kThreads / (int64_t{g.chunks} * g.TW), 1, g.OH);; --max_th) {
+  for (int64_t max_th = std::clamp<int64_t>(threads / (int64_t{g.chunks} * g.TW), 1, g.OH);; --max_th) {
     g.NHT = (g.OH + max_th - 1) / max_th;
     g.TH = static_cast<int>((g.OH + g.NHT - 1) / g.NHT);
     set_tile_layout(g);
@@ -237,8 +239,8 @@ __device__ __forceinline__ void conv_tile(float (&acc)[CA][PP], const float* ws,
 // ---- forward: statistics ------------------------------------------------------------------
 
 // Adds this item's sums of z and z^2 over its valid outputs to the thread's slots
-// [2 CA][kThreads] (thread-private: no synchronization).
-template <int CA, int PP>
+// [2 CA][NT] (thread-private: no synchronization).
+template <int CA, int NT, int PP>
 __device__ __forceinline__ void stats_item(float* slots, const float* ws, const float* xs, const TileGeom& g,
                                            const TileOrigin& o, int chunk, int hh, int ww) {
   float acc[CA][PP];
@@ -253,23 +255,25 @@ __device__ __forceinline__ void stats_item(float* slots, const float* ws, const 
       a += z;
       q = fmaf(z, z, q);
     }
-    slots[c * kThreads + threadIdx.x] += a;
-    slots[(CA + c) * kThreads + threadIdx.x] += q;
+    slots[c * NT + threadIdx.x] += a;
+    slots[(CA + c) * NT + threadIdx.x] += q;
   }
 }
 
 // Grid: N * B blocks; block (n, b) covers tiles [b T / B, (b + 1) T / B) of sample n and
 // writes partial[(n * B + b) * 2 + stat][Kpad] in f64.
-template <int CA>
-__global__ void __launch_bounds__(kThreads, 2)
+// NT threads: 256, or 128 where the tiles of a 128-thread block waste fewer threads (30 x 30
+// planes: 2 rows x 30 x 2 chunks = 120 items, rows split exactly), 4 blocks per SM then.
+template <int CA, int NT>
+__global__ void __launch_bounds__(NT, 512 / NT)
 stats_kernel(double* __restrict__ partial, const float* __restrict__ x, const float* __restrict__ w, int64_t B,
              TileGeom g) {
   extern __shared__ float4 smem_stats[];
   float* ws = reinterpret_cast<float*>(smem_stats);
   float* xs = ws + g.off_x;
-  float* slots = ws + g.off_slots;  // [2 CA][kThreads]
+  float* slots = ws + g.off_slots;  // [2 CA][NT]
   stage_weights(ws, w, g);
-  for (int k = 0; k < 2 * CA; ++k) slots[k * kThreads + threadIdx.x] = 0.f;
+  for (int k = 0; k < 2 * CA; ++k) slots[k * NT + threadIdx.x] = 0.f;
   const int64_t n = blockIdx.x / B, b = blockIdx.x % B;
   const int64_t ts0 = b * g.tiles_per_sample / B, ts1 = (b + 1) * g.tiles_per_sample / B;
   const int tid = threadIdx.x;
@@ -281,15 +285,15 @@ stats_kernel(double* __restrict__ partial, const float* __restrict__ x, const fl
     __syncthreads();
     if (tid < g.items) {
       // Block-uniform: a last depth chunk with <= 2 outputs left runs the half-size tile.
-      if (g.OD - o.d0 > 2) stats_item<CA, kP>(slots, ws, xs, g, o, chunk, hh, ww);
-      else stats_item<CA, 2>(slots, ws, xs, g, o, chunk, hh, ww);
+      if (g.OD - o.d0 > 2) stats_item<CA, NT, kP>(slots, ws, xs, g, o, chunk, hh, ww);
+      else stats_item<CA, NT, 2>(slots, ws, xs, g, o, chunk, hh, ww);
     }
   }
   __syncthreads();
   // Channel c's sums live in the slots of the plane threads of its chunk: add them in order.
-  for (int e = tid; e < 2 * g.Kpad; e += kThreads) {
+  for (int e = tid; e < 2 * g.Kpad; e += NT) {
     const int stat = e / g.Kpad, c = e % g.Kpad, ch = c / CA, cl = c % CA;
-    const float* src = slots + (stat * CA + cl) * kThreads + ch * g.plane;
+    const float* src = slots + (stat * CA + cl) * NT + ch * g.plane;
     double s = 0;
     for (int k = 0; k < g.plane; ++k) s += src[k];
     partial[(blockIdx.x * 2 + stat) * static_cast<int64_t>(g.Kpad) + c] = s;
@@ -686,10 +690,10 @@ __global__ void dx_reduce_kernel(float* __restrict__ dx, const float* __restrict
 
 // Blocks of `kernel` that fit on the whole device at once.
 template <class Kernel>
-int64_t resident_blocks(Kernel kernel, int smem_bytes, int device) {
+int64_t resident_blocks(Kernel kernel, int threads, int smem_bytes, int device) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   int per_sm = 0, sms = 0;
-  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return std::max<int64_t>(1, int64_t{per_sm} * sms);
 }
@@ -719,25 +723,30 @@ SmallGeom small_geom(const Conv3dGnMeanProblem& p) {
           .V = static_cast<double>(p.volume()), .eps = p.eps};
 }
 
-template <int CA>
+template <int CA, int NT>
 void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
                   const TileGeom& g, double V, int dev, cudaStream_t st) {
   const int smem = g.stats_smem_floats * static_cast<int>(sizeof(float));
   // Blocks per sample: the fewest that fill the device with the least rounding, counting
   // time as (waves of resident blocks) x (tiles per block).
-  const int64_t slots = resident_blocks(stats_kernel<CA>, smem, dev);
+  const int64_t slots = resident_blocks(stats_kernel<CA, NT>, NT, smem, dev);
   int64_t B = 1, best_cost = -1;
   for (int64_t q = 1; q <= std::min<int64_t>(g.tiles_per_sample, 4096); ++q) {
     const int64_t cost = ((g.N * q + slots - 1) / slots) * ((g.tiles_per_sample + q - 1) / q);
     if (best_cost < 0 || cost < best_cost) B = q, best_cost = cost;
   }
   Tensor partial = Tensor::empty({g.N * B * 2 * g.Kpad}, {.dtype = DType::f64, .device = x.device()});
-  stats_kernel<CA><<<static_cast<unsigned>(g.N * B), kThreads, smem, st>>>(partial.data<double>(), x.data<float>(),
-                                                                            w.data<float>(), B, g);
+  stats_kernel<CA, NT><<<static_cast<unsigned>(g.N * B), NT, smem, st>>>(partial.data<double>(), x.data<float>(),
+                                                                          w.data<float>(), B, g);
   TG_LAUNCH_CHECK();
   stats_reduce_kernel<<<grid_for(g.N * g.K, kThreads), kThreads, 0, st>>>(
       S1.data<double>(), S2.data<double>(), partial.data<double>(), ptr_or_null(b), g.N, g.K, g.Kpad, B, V);
   TG_LAUNCH_CHECK();
+}
+
+// Share of the phase-A thread slots of a tiling that compute a real output (h, w).
+double phase_a_efficiency(const TileGeom& g) {
+  return static_cast<double>(g.OH * g.OW * g.chunks) / static_cast<double>(g.NHT * g.NWT * g.threads);
 }
 
 template <int CA>
@@ -745,7 +754,7 @@ void launch_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& x, const
                       const Tensor& A, const Tensor& B, TileGeom g, int dev, cudaStream_t st) {
   g.with_dx = dx.defined();
   const int smem = g.grad_smem_floats * static_cast<int>(sizeof(float));
-  const int64_t blocks = std::min(g.tiles, resident_blocks(grad_conv_kernel<CA>, smem, dev));
+  const int64_t blocks = std::min(g.tiles, resident_blocks(grad_conv_kernel<CA>, kThreads, smem, dev));
   const TensorOptions f32_opts{.dtype = DType::f32, .device = x.device()};
   Tensor dw_partial = Tensor::empty({blocks * g.owners * kCG * 3}, f32_opts);
   Tensor dx_partial;
@@ -779,7 +788,7 @@ bool conv3d_gn_mean_applies(const Conv3dGnMeanProblem& p, DType dtype) {
   if (dtype != DType::f32 || !fused_geometry(s) || s.N < 1 || s.C < 1 || s.K < 1) return false;
   if (s.C * 27 * padded_channels(s.K) > kMaxWeightFloats) return false;
   if (9 * s.C * (padded_channels(s.K) / kCG) > kThreads) return false;  // phase-B owners
-  const TileGeom g = make_tile_geom(p);
+  const TileGeom g = make_tile_geom(p, kThreads);
   return g.grad_smem_floats * int64_t{sizeof(float)} <= kMaxGradSmemBytes && g.items <= kThreads;
 }
 
@@ -790,10 +799,17 @@ void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, c
   if (p.conv.N == 0) return;
   cudaStream_t st = stream(dev);
   if (conv3d_gn_mean_applies(p, x.dtype())) {
-    const TileGeom g = make_tile_geom(p);
     const double V = static_cast<double>(p.volume());
-    if (g.CA == 12) launch_stats<12>(S1, S2, x, w, b, g, V, dev, st);
-    else launch_stats<8>(S1, S2, x, w, b, g, V, dev, st);
+    const TileGeom g256 = make_tile_geom(p, kThreads), g128 = make_tile_geom(p, 128);
+    // The smaller block when its tiles leave clearly fewer threads idle (and still fit).
+    const bool small = g128.items <= 128 && phase_a_efficiency(g128) > 1.02 * phase_a_efficiency(g256);
+    if (g256.CA == 12) {
+      if (small) launch_stats<12, 128>(S1, S2, x, w, b, g128, V, dev, st);
+      else launch_stats<12, kThreads>(S1, S2, x, w, b, g256, V, dev, st);
+    } else {
+      if (small) launch_stats<8, 128>(S1, S2, x, w, b, g128, V, dev, st);
+      else launch_stats<8, kThreads>(S1, S2, x, w, b, g256, V, dev, st);
+    }
     return;
   }
   const Tensor y = conv_output(x, w, b, p.conv);
@@ -856,7 +872,7 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
     return;
   }
   if (conv3d_gn_mean_applies(p, x.dtype())) {
-    const TileGeom g = make_tile_geom(p);
+    const TileGeom g = make_tile_geom(p, kThreads);
     if (g.CA == 12) launch_grad_conv<12>(dw, dx, x, w, b, A, B, g, dev, st);
     else launch_grad_conv<8>(dw, dx, x, w, b, A, B, g, dev, st);
     return;
