@@ -12,14 +12,16 @@
 //
 // Work is cut into output tiles: kP depths x TH rows x TW columns of one sample. A block
 // stages the tile's input footprint x[:, d0 .. d0+kP+1, h0 .. h0+TH+1, w0 .. w0+TW+1] in
-// shared memory (zeros past the input), then "phase A": each thread owns one (h, w) of the
-// tile and a chunk of CA channels, and computes CA x kP outputs in registers (weights in
-// shared memory as [ci][kh][kw][kd][c]: one broadcast float4 load feeds 4 kP FMAs; x rows
-// loaded once per (ci, kh) and reused for 3 kw x 3 kd taps).
+// shared memory (zeros past the input; depth innermost, so the kP + 2 depths under one
+// (ci, h, w) are three float2 loads), then "phase A": each thread owns one (h, w) of the tile
+// and a chunk of CA channels, and computes CA x kP outputs in registers (weights in shared
+// memory as [ci][kh][kw][kd][c]: one broadcast float4 load feeds 4 kP FMAs; x loaded once per
+// (ci, kh) and reused for 3 kw x 3 kd taps).
 //  stats_kernel      phase A, then per-thread sums of z and z^2 (z = y - bias: the shift
 //                    keeps the bias out of the variance's cancellation) in thread-private
 //                    shared-memory slots; at the end a fixed-order block sum -> f64 partials
-//                    per (sample, block). Blocks never straddle samples.
+//                    per (sample, block). Blocks never straddle samples; 128 or 256 threads,
+//                    whichever tiling leaves fewer threads idle.
 //  stats_reduce      partials in block order -> S1, S2 (N, K) in f64, bias folded back in.
 //  finish / coef /   tiny per-sample and per-channel kernels: group stats, the output, the
 //  param_grads       affine dL/dy = A + B y coefficients, dgamma, dbeta, db (closed form).
@@ -31,7 +33,7 @@
 //                    gathers the transposed conv for one (h, w) column of the tile's input
 //                    footprint from dy in shared memory and writes it as a partial.
 //  dw_reduce         per-block dW partials in block order -> dw.
-//  dx_reduce         every x element sums the (<= 8) tile footprints that cover it, in order.
+//  dx_reduce         every x element sums the few tile footprints that cover it, in order.
 // Deterministic: no atomics; every reduction has a fixed order for a given device.
 #include <algorithm>
 
