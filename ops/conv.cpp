@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "autograd/tape.h"
 #include "ops/cpu/conv.h"
@@ -79,12 +80,14 @@ Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& 
            [op, p, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
              const Tensor& dy = args.grad_outputs[0];
              std::vector<Tensor> grads(3);
-             if (args.needs_grad[0]) {
+             if (args.needs_grad[0] && args.needs_grad[1] && args.saved[0].defined() && args.saved[1].defined()) {
+               std::tie(grads[0], grads[1]) = conv_backward_input_weight(dy, args.saved[0], args.saved[1], p);
+             } else if (args.needs_grad[0]) {
                TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
                         "saved (requires_grad was switched on after the forward pass)");
                grads[0] = conv_backward_input(dy, args.saved[1], x_shape, p);
              }
-             if (args.needs_grad[1]) {
+             if (args.needs_grad[1] && !grads[1].defined()) {
                TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
                         "saved (requires_grad was switched on after the forward pass)");
                grads[1] = conv_backward_weight(dy, args.saved[0], w_shape, p);
@@ -182,6 +185,20 @@ Tensor conv_backward_weight(const Tensor& dy, const Tensor& x, const Shape& w_sh
   Tensor dw = Tensor::empty(w_shape, {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), conv_grad_weight(dw, dy, x, s));
   return dw;
+}
+
+std::pair<Tensor, Tensor> conv_backward_input_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                     const ConvParams& p) {
+  const char* op = "conv_backward_input_weight";
+  TG_CHECK(dy.defined() && x.defined() && w.defined(), op, ": an input is an undefined tensor");
+  check_same_device_dtype(op, dy, x);
+  check_same_device_dtype(op, dy, w);
+  const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
+  check_gradient(op, dy, s, x.shape(), w.shape());
+  Tensor dx = Tensor::empty(x.shape(), {.dtype = dy.dtype(), .device = dy.device()});
+  Tensor dw = Tensor::empty(w.shape(), {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_input_weight(dx, dw, dy, x, w, s));
+  return {dx, dw};
 }
 
 Tensor conv_backward_bias(const Tensor& dy, Layout layout) {

@@ -6,6 +6,7 @@
 // 2-D convolution is a 3-D one with D = 1, so 2-D and 3-D share all their kernels.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/random.h"  // TG_HOST_DEVICE
@@ -69,6 +70,9 @@ Tensor conv3d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), cons
 //   db = conv_backward_bias(dy, p.layout)           sums dy over everything but channels
 Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape, const ConvParams& p = {});
 Tensor conv_backward_weight(const Tensor& dy, const Tensor& x, const Shape& w_shape, const ConvParams& p = {});
+// Both gradients at once: {dx, dw}. A fast path may read dy once for both (1x1 convolutions).
+std::pair<Tensor, Tensor> conv_backward_input_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                     const ConvParams& p = {});
 Tensor conv_backward_bias(const Tensor& dy, Layout layout = Layout::NCHW);
 
 }  // namespace tg

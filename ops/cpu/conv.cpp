@@ -210,6 +210,12 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   });
 }
 
+void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const ConvShape& s) {
+  conv_grad_input(dx, dy, w, s);
+  conv_grad_weight(dw, dy, x, s);
+}
+
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   dispatch_floating("conv_grad_weight", dy.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);

@@ -15,6 +15,9 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
 // dw = gradient with respect to w (overwritten).   dw (K, C, kd?, kh, kw)
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
 // db[k] = sum of dy over batch and output positions (overwritten).   db (K)
+// Both gradients at once (a fast path may read dy once for both).
+void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const ConvShape& s);
 void conv_grad_bias(const Tensor& db, const Tensor& dy, const ConvShape& s);
 
 }  // namespace tg::cpu

@@ -9,6 +9,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/conv1x1.h"
 
 namespace tg::cuda {
 namespace {
@@ -203,6 +204,7 @@ unsigned reduce_blocks(int64_t count) {
 void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   const int64_t total = y.numel();
   if (total == 0) return;
+  if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
   const int dev = y.device().index;
   set_device(dev);
   dispatch_floating("conv_forward", y.dtype(), [&](auto* tag) {
@@ -217,6 +219,7 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   const int64_t total = dx.numel();
   if (total == 0) return;
+  if (conv1x1_applies(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
   const int dev = dx.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_input", dx.dtype(), [&](auto* tag) {
@@ -230,6 +233,7 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   const int64_t count = dw.numel();
   if (count == 0) return;
+  if (conv1x1_applies(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
   const int dev = dw.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_weight", dw.dtype(), [&](auto* tag) {
@@ -238,6 +242,14 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
         dw.data<T>(), dy.data<T>(), x.data<T>(), s);
   });
   TG_LAUNCH_CHECK();
+}
+
+void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const ConvShape& s) {
+  // A 1x1 convolution reads dy once for both gradients; other shapes run the two passes.
+  if (dx.numel() > 0 && dw.numel() > 0 && conv1x1_applies(s, dx.dtype())) return conv1x1_backward(dx, dw, dy, x, w, s);
+  conv_grad_input(dx, dy, w, s);
+  conv_grad_weight(dw, dy, x, s);
 }
 
 void conv_grad_bias(const Tensor& db, const Tensor& dy, const ConvShape& s) {

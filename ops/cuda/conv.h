@@ -12,6 +12,9 @@ namespace tg::cuda {
 void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+// Both gradients at once (a fast path may read dy once for both).
+void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const ConvShape& s);
 void conv_grad_bias(const Tensor& db, const Tensor& dy, const ConvShape& s);
 
 }  // namespace tg::cuda
