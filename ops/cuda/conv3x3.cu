@@ -3,11 +3,11 @@
 // Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0):
 //   work per pass (forward, grad-input, grad-weight alike): 2 * 4.17M pixels * 128 * 576 = 615 GFLOP
 //   bytes per pass: x 1.07 GB, y (or dy) 2.13 GB -> ~3.2 GB = 0.75 ms at 4.3 TB/s (H200), 1.07 ms at 3.0 (H100)
-//   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split-TF32 (3 products per term):
-//   1845 GFLOP of TF32 = 4.5 ms per pass; as FFMA at ~51 TFLOP/s: 12 ms. So every pass is
-//   compute-bound and the design goal is to keep the tensor cores fed: mma.sync reaches
-//   roughly 60-65% of the wgmma peak on Hopper, so ~2.3-2.6 ms TF32 / ~7-8 ms FP32 per pass is
-//   what this kernel family can get to (see bench/notes_conv3x3.md).
+//   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split products (2 tensor ops per
+//   term here, see tf32_hi): ~3 ms per pass at that rate; as FFMA at ~51 TFLOP/s: 12 ms. So every
+//   pass is compute-bound and the design goal is to keep the tensor cores fed. mma.sync is
+//   reported at roughly 50-65% of the wgmma peak on Hopper, so ~2.4-3.1 ms TF32 and ~5-6 ms
+//   FP32-accurate per pass is what this kernel family can reach (bench/notes_conv3x3.md).
 //
 // Forward (and grad-input, which is the same kernel on re-laid-out weights):
 //   GEMM view M = output pixels, N = output channels, reduction = input channels x 9 taps.
@@ -80,6 +80,25 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two bf16 in one register, `low` in the low half (the lower k index of a bf16 fragment).
+__device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(high), "f"(low));
+  return r;
+}
+
+// d += a * b for one 16x8x16 bf16 tile. Fragments: a0 (row g, k 2t..2t+1), a1 (g+8, 2t..2t+1),
+// a2 (g, 2t+8..2t+9), a3 (g+8, 2t+8..2t+9); b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g).
+// So register i of a TF32 m16n8k8 fragment (element k) and register i of a bf16 one (elements
+// 2k, 2k+1) sit in the same lane at the same row / column.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(16) float smem_buffer[];
   return smem_buffer;
@@ -111,12 +130,12 @@ constexpr int stride_for_rows_of_8(int n) {
 // emits for cvt.rna feeding an mma, minus its Inf/NaN guard: an Inf input may give NaN).
 __device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
 
-// Split x into TF32 operands x ~= hi + lo (the residual of lo is ~2^-22 |x|).
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  const uint32_t h = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-  hi = h;
-  lo = tf32_operand(x - __uint_as_float(h));
-}
+// FP32-accurate products (Precision::FP32): x = hi + lo with hi = tf32(x), |lo| <= 2^-11 |x|;
+// x * w ~= hi*hi' (one TF32 mma, exact products) + hi*lo' + lo*hi' (one bf16 m16n8k16 mma
+// whose k16 interleaves the pairs: element 2k is hi, 2k+1 is lo on the A side and lo', hi'
+// on the B side). bf16 keeps 8 bits of each cross term, itself ~2^-11 of the product, so the
+// error is ~2^-20 per product; lo*lo' (~2^-22) is dropped. Two mma instead of 3xTF32's three.
+__device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
 // output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 x 64.
@@ -233,15 +252,21 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa
 #pragma unroll(kSplit ? 3 : 9)
   for (int tap = 0; tap < 9; ++tap) {
     const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
-    uint32_t a_hi[4][4], a_lo[4][4];
+    // a_hi: TF32 operands; a_pair (FP32 mode): the bf16 (hi, lo) pairs of the cross terms.
+    uint32_t a_hi[4][4], a_pair[4][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
       const float* q = xt + T::row_off(mt) * T::kRowLen + T::col_off(mt);
       const float v[4] = {q[0], q[8], q[4 * T::kXChan], q[4 * T::kXChan + 8]};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (kSplit) split_tf32(v[i], a_hi[mt][i], a_lo[mt][i]);
-        else a_hi[mt][i] = tf32_operand(v[i]);
+        if constexpr (kSplit) {
+          a_hi[mt][i] = tf32_hi(v[i]);
+          const float hi = __uint_as_float(a_hi[mt][i]);
+          a_pair[mt][i] = bf16_pair(hi, v[i] - hi);
+        } else {
+          a_hi[mt][i] = tf32_operand(v[i]);
+        }
       }
     }
     const float* wt = wb + tap * T::kWLd;
@@ -249,14 +274,11 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa
     for (int nt = 0; nt < 8; ++nt) {
       const float b0 = wt[8 * nt], b1 = wt[8 * nt + 36 * T::kWLd];  // channels t and t + 4
       if constexpr (kSplit) {
-        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
-        split_tf32(b0, b0_hi, b0_lo);
-        split_tf32(b1, b1_hi, b1_lo);
-        // Small terms first; hi*hi last. The lo*lo term (~2^-22 relative) is dropped.
+        const uint32_t b0_hi = tf32_hi(b0), b1_hi = tf32_hi(b1);
+        const float h0 = __uint_as_float(b0_hi), h1 = __uint_as_float(b1_hi);
+        const uint32_t b0_pair = bf16_pair(b0 - h0, h0), b1_pair = bf16_pair(b1 - h1, h1);  // (lo', hi')
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_lo[mt], b0_hi, b1_hi);
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_hi[mt], b0_lo, b1_lo);
+        for (int mt = 0; mt < 4; ++mt) mma_bf16(acc[mt][nt], a_pair[mt], b0_pair, b1_pair);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][nt], a_hi[mt], b0_hi, b1_hi);
       } else {
@@ -452,15 +474,20 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[4][9][4], const float* 
   for (int q = 0; q < T::kPos / 8; ++q) {
     const int pr = q / (T::kCols / 8), pc0 = q % (T::kCols / 8) * 8;
     const float* a = dya + pr * T::kCols + pc0;
-    uint32_t a_hi[4][4], a_lo[4][4];
+    uint32_t a_hi[4][4], a_pair[4][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
       const float* r = a + 16 * mt * T::kDyLd;
       const float v[4] = {r[0], r[8 * T::kDyLd], r[4], r[8 * T::kDyLd + 4]};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (kSplit) split_tf32(v[i], a_hi[mt][i], a_lo[mt][i]);
-        else a_hi[mt][i] = tf32_operand(v[i]);
+        if constexpr (kSplit) {
+          a_hi[mt][i] = tf32_hi(v[i]);
+          const float hi = __uint_as_float(a_hi[mt][i]);
+          a_pair[mt][i] = bf16_pair(hi, v[i] - hi);
+        } else {
+          a_hi[mt][i] = tf32_operand(v[i]);
+        }
       }
     }
     const float* b = xb + pr * T::kRowLen + pc0;
@@ -469,13 +496,11 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[4][9][4], const float* 
       const float* bt = b + (tap / 3) * T::kRowLen + tap % 3;
       const float b0 = bt[0], b1 = bt[4];  // pixels t and t + 4
       if constexpr (kSplit) {
-        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
-        split_tf32(b0, b0_hi, b0_lo);
-        split_tf32(b1, b1_hi, b1_lo);
+        const uint32_t b0_hi = tf32_hi(b0), b1_hi = tf32_hi(b1);
+        const float h0 = __uint_as_float(b0_hi), h1 = __uint_as_float(b1_hi);
+        const uint32_t b0_pair = bf16_pair(b0 - h0, h0), b1_pair = bf16_pair(b1 - h1, h1);  // (lo', hi')
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_lo[mt], b0_hi, b1_hi);
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_lo, b1_lo);
+        for (int mt = 0; mt < 4; ++mt) mma_bf16(acc[mt][tap], a_pair[mt], b0_pair, b1_pair);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_hi, b1_hi);
       } else {
