@@ -126,8 +126,9 @@ constexpr int stride_for_rows_of_8(int n) {
 }
 
 // x as a TF32 mma operand, rounded to nearest (ties away). The tensor cores read only the top
-// 19 bits of a .tf32 operand, so adding half a TF32 ulp is the whole rounding (what ptxas
-// emits for cvt.rna feeding an mma, minus its Inf/NaN guard: an Inf input may give NaN).
+// 19 bits of a .tf32 operand, so adding half a TF32 ulp (bit 12) is the whole rounding: what
+// ptxas itself emits for cvt.rna feeding an mma, minus a guard that only matters for NaNs
+// whose payload lies in the low 13 bits.
 __device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
 
 // FP32-accurate products (Precision::FP32): x = hi + lo with hi = tf32(x), |lo| <= 2^-11 |x|;

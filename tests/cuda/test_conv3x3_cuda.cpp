@@ -144,6 +144,15 @@ TEST(CudaConv3x3, GradWeightLongReductionIsAccurateAndDeterministic) {
   check_grad_input(c, Precision::FP32);
 }
 
+TEST(CudaConv3x3, GradWeightFullLengthSlicesStayFp32Accurate) {
+  TG_REQUIRE_GPU();
+  // 1.06M output pixels: on a 132-SM GPU each slice sums ~8k pixels in one accumulator chain,
+  // the longest the planner allows (workload A's slices are as long).
+  const Case c{2, 3, 730, 730, 5, 0, 0};
+  check_grad_weight(c, Precision::FP32);
+  check_grad_weight(c, Precision::TF32);
+}
+
 TEST(CudaConv3x3, AppliesOnlyToThreeByThreeStrideOneNchw2d) {
   const auto shape = [](Shape x, Shape w, ConvParams p) { return make_conv_shape("test", x, w, p); };
   EXPECT_TRUE(cuda::conv3x3_applies(shape({2, 3, 9, 9}, {4, 3, 3, 3}, {})));
