@@ -71,8 +71,9 @@ void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::strin
 // Bytes per element of every dtype the format defines; 0 for an unknown code.
 uint64_t element_size(const std::string& code) {
   static const std::pair<const char*, uint64_t> table[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
+      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4},    {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8},
+      {"C64", 8}};
   for (const auto& [name, size] : table)
     if (code == name) return size;
   return 0;

@@ -97,8 +97,9 @@ TEST(Parity, PyTorchFilesRoundTripThroughOurSave) {
       const Tensor& m = mine[name];
       EXPECT_EQ(m.dtype(), t.dtype()) << name;
       ASSERT_EQ(m.shape(), t.shape()) << name;
-      if (t.nbytes() > 0)
+      if (t.nbytes() > 0) {
         EXPECT_EQ(std::memcmp(m.raw_data(), t.raw_data(), t.nbytes()), 0) << spec.id << ": " << name << " differs";
+      }
     }
   }
 }
