@@ -50,28 +50,34 @@ std::string Args::get(const std::string& name, const std::string& fallback) {
   return it == values_.end() ? fallback : it->second;
 }
 
+namespace {
+// The whole of `text` read by `parse` (std::stoll, std::stod), or an error naming the option.
+template <typename T, typename Parse>
+T parse_whole(const std::string& name, const std::string& text, const char* expected, Parse parse) {
+  try {
+    size_t used = 0;
+    T r = parse(text, &used);
+    if (used == text.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("--" + name + " expects " + expected + ", got '" + text + "'");
+}
+}  // namespace
+
 int64_t Args::get_int(const std::string& name, int64_t fallback) {
   std::string v = get(name, "");
   if (v.empty()) return fallback;
-  try {
-    size_t used = 0;
-    int64_t r = std::stoll(v, &used);
-    if (used == v.size()) return r;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument("--" + name + " expects an integer, got '" + v + "'");
+  return parse_whole<int64_t>(name, v, "an integer", [](const std::string& t, size_t* used) {
+    return std::stoll(t, used);
+  });
 }
 
 double Args::get_double(const std::string& name, double fallback) {
   std::string v = get(name, "");
   if (v.empty()) return fallback;
-  try {
-    size_t used = 0;
-    double r = std::stod(v, &used);
-    if (used == v.size()) return r;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument("--" + name + " expects a number, got '" + v + "'");
+  return parse_whole<double>(name, v, "a number", [](const std::string& t, size_t* used) {
+    return std::stod(t, used);
+  });
 }
 
 std::vector<std::string> Args::get_list(const std::string& name, const std::vector<std::string>& fallback) {

@@ -6,6 +6,8 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "common/reference.h"
+#include "core/random.h"
 #include "core/storage.h"
 
 namespace ex {
@@ -28,6 +30,23 @@ ExampleOptions parse_example_options(Args& args) {
   return o;
 }
 
+ExampleOptions start_example(Args& args, const std::string& extra_usage) {
+  const ExampleOptions o = parse_example_options(args);
+  args.finish(std::string(kExampleUsage) + extra_usage);
+  tg::manual_seed(o.seed);
+  tg::set_precision(o.precision);
+  return o;
+}
+
+std::string run_summary(const ExampleOptions& o) {
+  return o.device.str() + ", " + (o.small ? "small" : "full size") + ", " + precision_name(o.precision);
+}
+
+double learning_rate(const ExampleOptions& o, double sgd_default, double adam_default) {
+  if (o.lr > 0) return o.lr;
+  return o.optim == "sgd" ? sgd_default : adam_default;
+}
+
 double tolerance(tg::Precision p) { return p == tg::Precision::FP32 ? 1e-4 : 5e-3; }
 const char* precision_name(tg::Precision p) { return p == tg::Precision::FP32 ? "fp32" : "tf32"; }
 
@@ -36,6 +55,20 @@ bool report_check(const std::string& what, const Comparison& c, double tol) {
   std::printf("  %-52s rel error %.2e, max abs %.2e over %lld elements  [%s]\n", what.c_str(), c.rel_error,
               c.max_abs_error, static_cast<long long>(c.count), ok ? "ok" : "FAILED");
   return ok;
+}
+
+bool check_output(const ExampleOptions& o, const tg::Tensor& y, const std::vector<int64_t>& indices,
+                  const std::vector<double>& want) {
+  return report_check(o.small ? "y vs f64 reference (every output)" : "y vs f64 reference (sampled)",
+                      compare(read_elements(y, indices), want), tolerance(o.precision));
+}
+
+bool check_conv2d_output(const ExampleOptions& o, const tg::Tensor& y, const tg::Tensor& x, const tg::Tensor& w,
+                         bool channels_last) {
+  const ConvGeometry geometry = ConvGeometry::make(x.shape(), w.shape(), {1}, {0}, {1}, channels_last);
+  const auto indices = sample_indices(y.numel(), o.small ? y.numel() : o.samples, o.seed + 1);
+  const auto want = conv_forward_ref(geometry, HostTensor::of(x), HostTensor::of(w), /*bias=*/{}, indices);
+  return check_output(o, y, indices, want);
 }
 
 namespace {
