@@ -3,13 +3,18 @@
 
 Runs tg_bench --json (which checks every row against f64 references before timing it),
 then times PyTorch eager on the same shapes, passes and precision:
-  forward   y = model(x) without autograd
-  backward  y.backward(dy) for a y recorded just before (input and parameter gradients)
-  step      forward + MSE against a fixed target + backward + SGD step + zero_grad
+  forward      y = model(x) without autograd
+  backward     y.backward(dy) for a y recorded just before: parameter gradients, and the
+               input's where the tg_bench row had it (its "x_grad": A, B, D yes, C no)
+  backward_dx  (C) the same with the input gradient
+  step         forward + MSE against a fixed target + backward + SGD step + zero_grad
 with torch.backends.cudnn.benchmark = True, TF32 switched on or off to match each row
 (torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32), CUDA events,
 warm-up, and the median of the same number of repeats tg_bench used (>= 20 unless --quick).
 Prints one markdown table; --out FILE writes it with the GPU name, the date and the command.
+Workload C is the fused layer in tapegrad (nn::Conv3dGroupNormMean, one op); its peer here is
+PyTorch's eager composition Conv3d -> GroupNorm -> mean (three ops). The issue's targets for
+C (fused forward <= 0.2x PyTorch, training step <= 0.25x) are marked in the last column.
 
   python3 bench/compare_torch.py --tg-bench build/bench/tg_bench
   python3 bench/compare_torch.py --tg-bench build/bench/tg_bench --workloads A,D --quick --out bench/RESULTS.md
@@ -33,7 +38,8 @@ def parse_args():
     p.add_argument("--workloads", default="A,B,C,D")
     p.add_argument("--layout", default="both", choices=["nchw", "nhwc", "both"], help="for B")
     p.add_argument("--precision", default="fp32,tf32")
-    p.add_argument("--passes", default="forward,backward,step")
+    p.add_argument("--passes", default="forward,backward,backward_dx,step",
+                   help="backward_dx makes rows only for C (A, B, D's backward already has dx)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (5) on both sides")
     p.add_argument("--repeats", type=int, help="repeats on both sides (default 20, 5 with --quick)")
     p.add_argument("--out", help="write the table (with GPU, date and command) to this markdown file")
@@ -113,7 +119,7 @@ def time_events(torch, warmup, repeats, run):
     return statistics.median(times)
 
 
-def time_torch(torch, w, pass_name, warmup, repeats):
+def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
     params = list(w.model.parameters())
 
     def zero_grads():
@@ -129,8 +135,8 @@ def time_torch(torch, w, pass_name, warmup, repeats):
                 end.record()
         return time_events(torch, warmup, repeats, run)
 
-    if pass_name == "backward":
-        w.x.requires_grad_(True)
+    if pass_name in ("backward", "backward_dx"):
+        w.x.requires_grad_(x_grad)
 
         def run(start, end):
             zero_grads()
@@ -153,6 +159,10 @@ def time_torch(torch, w, pass_name, warmup, repeats):
         opt.zero_grad(set_to_none=True)
         end.record()
     return time_events(torch, warmup, repeats, run)
+
+
+# The targets, as tapegrad / PyTorch time ratios: workload C's fused layer.
+TARGETS = {("C", "forward"): 0.20, ("C", "step"): 0.25}
 
 
 def set_tf32(torch, on):
@@ -180,22 +190,30 @@ def main():
         for r in rows:
             set_tf32(torch, r["precision"] == "tf32")
             # cudnn.benchmark picks algorithms during the warm-up: give it a little more.
-            ms = time_torch(torch, w, r["pass"], warmup + 2, repeats)
+            # Older tg_bench JSON has no x_grad: its backward rows all had the input gradient.
+            x_grad = r.get("x_grad", r["pass"] in ("backward", "backward_dx"))
+            ms = time_torch(torch, w, r["pass"], x_grad, warmup + 2, repeats)
             results.append((r, ms))
             tg_ms = f'{r["ms"]:.3f}' if r.get("ok") else "check failed"
-            print(f'  {r["pass"]:9s} {r["precision"]}: PyTorch {ms:.3f} ms, tapegrad {tg_ms}', file=sys.stderr, flush=True)
+            print(f'  {r["pass"]:11s} {r["precision"]}: PyTorch {ms:.3f} ms, tapegrad {tg_ms}', file=sys.stderr,
+                  flush=True)
         del w
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
-    lines = ["| workload | pass | precision | PyTorch ms | tapegrad ms | ratio (tapegrad/PyTorch) |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["| workload | pass | precision | PyTorch ms | tapegrad ms | ratio (tapegrad/PyTorch) | target |",
+             "|---|---|---|---:|---:|---:|---|"]
     for r, ms in results:
         name = r["workload"] + (f' ({r["layout"]})' if r["workload"] == "B" else "")
+        target = TARGETS.get((r["workload"], r["pass"]))
         if r.get("ok"):
-            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | {r["ms"]:.3f} | {r["ms"] / ms:.2f} |')
+            ratio = r["ms"] / ms
+            verdict = "" if target is None else f'<= {target:.2f}: {"met" if ratio <= target else "missed"}'
+            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | {r["ms"]:.3f} | {ratio:.2f} '
+                         f'| {verdict} |')
         else:
-            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | check failed | - |')
+            verdict = "" if target is None else f"<= {target:.2f}"
+            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | check failed | - | {verdict} |')
     table = "\n".join(lines)
     print(table)
 

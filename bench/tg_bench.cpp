@@ -1,9 +1,11 @@
-// tg_bench: times workloads A-D on the GPU -- forward, backward (input and parameter
-// gradients) and a whole training step (forward + MSE + backward + SGD) -- at FP32 and TF32,
+// tg_bench: times workloads A-D on the GPU -- forward, backward (A, B, D: input and parameter
+// gradients; C: parameter gradients, and input too in a backward_dx row) and a whole training
+// step (forward + MSE + backward + SGD, no input gradient) -- at FP32 and TF32,
 // each row only after a correctness check of that same configuration against sampled f64
 // references (a row whose check fails is reported and not timed). Achieved TFLOP/s and GB/s
 // are printed beside the machine's ceilings, measured at start: device-to-device copy
-// bandwidth and cuBLAS FP32 / TF32 GEMM rates.
+// bandwidth and cuBLAS FP32 / TF32 GEMM rates. Workload C runs as the fused layer
+// nn::Conv3dGroupNormMean (one op); its checks compare with the f64 unfused definition.
 //
 //   tg_bench                                  # everything: A, B (NCHW and NHWC), C, D
 //   tg_bench --workloads A,D --precision fp32 --quick
@@ -25,6 +27,7 @@ using bench::Pass;
 
 struct Row {
   std::string workload, layout, pass, precision, description;
+  bool x_grad = false;  // x required grad (the row includes the input gradient)
   bool ok = false;
   double check_error = 0;  // worst relative error of the row's checks
   std::string failed;      // what failed, when !ok
@@ -52,13 +55,14 @@ void zero_grads(bench::Workload& w) {
 // The correctness check of one (workload, precision, pass), run exactly as it will be timed.
 std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
   if (pass == Pass::forward) return w.check_forward(w.forward(w.x));
-  if (pass == Pass::backward) {
-    w.x.requires_grad_(true);
+  if (pass == Pass::backward || pass == Pass::backward_dx) {
+    const bool dx = w.input_grad(pass);
+    w.x.requires_grad_(dx);
     {
       tg::Tape tape;
       tape.backward(w.forward(w.x), w.dy);
     }
-    auto checks = w.check_backward(w.x.grad());
+    auto checks = w.check_backward(dx ? w.x.grad() : tg::Tensor());
     zero_grads(w);
     w.x.requires_grad_(false);
     return checks;
@@ -82,7 +86,10 @@ std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
     idx.push_back(ex::sample_indices(p.numel(), 64, 21));
     before.push_back(ex::read_elements(p, idx.back()));
     grads.push_back(ex::read_elements(p.grad(), idx.back()));
-    for (size_t i = 0; i < idx.back().size(); ++i) ww += before.back()[i] * before.back()[i], gg += grads.back()[i] * grads.back()[i];
+    for (size_t i = 0; i < idx.back().size(); ++i) {
+      ww += before.back()[i] * before.back()[i];
+      gg += grads.back()[i] * grads.back()[i];
+    }
   }
   // A learning rate that moves the weights by ~10%, so the update stands well above rounding.
   const double lr = gg > 0 ? 0.1 * std::sqrt(ww / gg) : 1.0;
@@ -111,8 +118,8 @@ bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats) 
       tg::Tensor y = w.forward(w.x);
       e.stop();
     });
-  if (pass == Pass::backward) {
-    w.x.requires_grad_(true);
+  if (pass == Pass::backward || pass == Pass::backward_dx) {
+    w.x.requires_grad_(w.input_grad(pass));
     auto t = bench::measure(stream, warmup, repeats, [&](bench::EventPair& e) {
       zero_grads(w);  // fresh gradients each time, as PyTorch's set_to_none: no accumulation
       tg::Tape tape;
@@ -164,7 +171,8 @@ int main(int argc, char** argv) {
     const auto workloads = args.get_list("workloads", {"A", "B", "C", "D"});
     const std::string layout_arg = args.get("layout", "both");
     const auto precisions = args.get_list("precision", {"fp32", "tf32"});
-    const auto pass_names = args.get_list("passes", {"forward", "backward", "step"});
+    // backward_dx makes a row only where backward leaves out dx (C).
+    const auto pass_names = args.get_list("passes", {"forward", "backward", "backward_dx", "step"});
     const bool quick = args.has("quick"), json = args.has("json");
     const int repeats = static_cast<int>(args.get_int("repeats", quick ? 5 : 20));
     const int warmup = static_cast<int>(args.get_int("warmup", quick ? 1 : 3));
@@ -173,14 +181,19 @@ int main(int argc, char** argv) {
     const bool small = args.has("small"), check_only = args.has("check-only"), verbose = args.has("verbose");
     const tg::Device device = tg::parse_device(args.get("device", "cuda"));
     args.finish("[--workloads A,B,C,D] [--layout nchw|nhwc|both] [--precision fp32,tf32] "
-                "[--passes forward,backward,step] [--quick] [--repeats N] [--warmup N] [--json] [--small] "
-                "[--check-only] [--device cuda|cpu] [--verbose]");
+                "[--passes forward,backward,backward_dx,step] [--quick] [--repeats N] [--warmup N] [--json] "
+                "[--small] [--check-only] [--device cuda|cpu] [--verbose]");
     TG_CHECK(check_only || (device.is_cuda() && tg::cuda_available()), "tg_bench needs a GPU (or --check-only)");
     TG_CHECK(layout_arg == "nchw" || layout_arg == "nhwc" || layout_arg == "both", "--layout: nchw, nhwc or both");
     std::vector<Pass> passes;
     for (const auto& p : pass_names) {
-      TG_CHECK(p == "forward" || p == "backward" || p == "step", "--passes: forward, backward, step; got ", p);
-      passes.push_back(p == "forward" ? Pass::forward : p == "backward" ? Pass::backward : Pass::step);
+      bool known = false;
+      for (Pass candidate : {Pass::forward, Pass::backward, Pass::backward_dx, Pass::step})
+        if (p == bench::pass_name(candidate)) {
+          passes.push_back(candidate);
+          known = true;
+        }
+      TG_CHECK(known, "--passes: forward, backward, backward_dx, step; got ", p);
     }
     for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
 
@@ -195,7 +208,7 @@ int main(int argc, char** argv) {
                   ceil.gpu.c_str(), ceil.copy_gbps, ceil.fp32_tflops, ceil.tf32_tflops, repeats, warmup);
     if (check_only) std::snprintf(line, sizeof line, "checks only, on %s: nothing is timed\n", device.str().c_str());
     log << line;
-    std::snprintf(line, sizeof line, "%-3s %-5s %-9s %-5s %10s %10s %9s %6s %9s %6s\n", "wl", "lay", "pass", "prec",
+    std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10s %10s %9s %6s %9s %6s\n", "wl", "lay", "pass", "prec",
                   "check err", "ms", "TFLOP/s", "%peak", "GB/s", "%copy");
     log << line << std::flush;
 
@@ -211,12 +224,14 @@ int main(int argc, char** argv) {
           tg::set_precision(prec == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
           const double tol = ex::tolerance(tg::precision());
           for (Pass pass : passes) {
+            if (!w->has_pass(pass)) continue;
             Row r;
             r.workload = w->name;
             r.layout = w->layout;
             r.pass = bench::pass_name(pass);
             r.precision = prec;
             r.description = w->description;
+            r.x_grad = w->input_grad(pass);
             r.cost = w->cost(pass);
             r.ok = true;
             for (const auto& c : check(*w, pass)) {
@@ -230,17 +245,17 @@ int main(int argc, char** argv) {
               }
             }
             if (r.ok && check_only) {
-              std::snprintf(line, sizeof line, "%-3s %-5s %-9s %-5s %10.2e  (check only)\n", r.workload.c_str(),
+              std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e  (check only)\n", r.workload.c_str(),
                             r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.check_error);
             } else if (r.ok) {
               r.timing = time_pass(*w, pass, warmup, repeats);
               const double s = r.timing.median_ms * 1e-3, peak = prec == "tf32" ? ceil.tf32_tflops : ceil.fp32_tflops;
               const double tflops = r.cost.flops / s / 1e12, gbps = r.cost.bytes / s / 1e9;
-              std::snprintf(line, sizeof line, "%-3s %-5s %-9s %-5s %10.2e %10.3f %9.2f %5.0f%% %9.0f %5.0f%%\n",
+              std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e %10.3f %9.2f %5.0f%% %9.0f %5.0f%%\n",
                             r.workload.c_str(), r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.check_error,
                             r.timing.median_ms, tflops, 100 * tflops / peak, gbps, 100 * gbps / ceil.copy_gbps);
             } else {
-              std::snprintf(line, sizeof line, "%-3s %-5s %-9s %-5s CHECK FAILED, not timed: %s\n", r.workload.c_str(),
+              std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s CHECK FAILED, not timed: %s\n", r.workload.c_str(),
                             r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.failed.c_str());
             }
             log << line << std::flush;
@@ -265,7 +280,8 @@ int main(int argc, char** argv) {
         const double s = r.timing.median_ms * 1e-3;
         os << (i ? ",\n  " : "\n  ") << "{\"workload\": " << json_string(r.workload) << ", \"layout\": "
            << json_string(r.layout) << ", \"pass\": " << json_string(r.pass) << ", \"precision\": "
-           << json_string(r.precision) << ", \"description\": " << json_string(r.description)
+           << json_string(r.precision) << ", \"x_grad\": " << (r.x_grad ? "true" : "false")
+           << ", \"description\": " << json_string(r.description)
            << ", \"ok\": " << (r.ok ? "true" : "false") << ", \"check_rel_error\": " << json_number(r.check_error);
         if (r.ok && !check_only)
           os << ", \"ms\": " << r.timing.median_ms << ", \"min_ms\": " << r.timing.min_ms

@@ -2,8 +2,15 @@
 // (through the examples' references) and the work each pass does.
 //
 // Cost model: flops are those of the convolutions / products (GroupNorm and the loss are
-// counted roughly where they matter, in C); bytes are the unfused traffic floor: every op
-// reads its inputs and writes its outputs once, in f32.
+// counted roughly where they matter, in C); bytes are the traffic floor of the ops as the
+// model runs them: every op reads its inputs and writes its outputs once, in f32. (C runs
+// as one fused op, whose floor is reading x; its flops are the fused op's own, which
+// recomputes the conv output in the backward pass.)
+//
+// Passes: forward; backward (the gradients a training step needs, plus the input gradient
+// where that is the benchmark's custom: A, B, D -- see input_grad); backward_dx (C only: its
+// backward with the input gradient as well); step (forward + MSE + backward + SGD, never
+// with the input gradient: x is data).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -18,8 +25,16 @@
 
 namespace bench {
 
-enum class Pass { forward, backward, step };
-inline const char* pass_name(Pass p) { return p == Pass::forward ? "forward" : p == Pass::backward ? "backward" : "step"; }
+enum class Pass { forward, backward, backward_dx, step };
+inline const char* pass_name(Pass p) {
+  switch (p) {
+    case Pass::forward: return "forward";
+    case Pass::backward: return "backward";
+    case Pass::backward_dx: return "backward_dx";
+    case Pass::step: return "step";
+  }
+  return "?";
+}
 
 struct Cost {
   double flops = 0, bytes = 0;
@@ -39,7 +54,14 @@ class Workload {
   virtual tg::Tensor forward(const tg::Tensor& x) = 0;
   virtual std::vector<tg::Tensor> parameters() = 0;
   virtual Cost cost(Pass p) const = 0;
-  // Sampled checks of an output, and of the gradients left by tape.backward(y, dy).
+  // Whether the workload has a row for this pass: backward_dx only where backward has no dx.
+  virtual bool has_pass(Pass p) const { return p != Pass::backward_dx; }
+  // Whether x requires grad in this pass. A, B, D: their backward rows time the input and
+  // weight gradients together (B's conv tape entry then computes both in one call,
+  // conv_backward_input_weight, which reads dy once); PyTorch's side does the same.
+  virtual bool input_grad(Pass p) const { return p == Pass::backward; }
+  // Sampled checks of an output, and of the gradients left by tape.backward(y, dy); dx is
+  // undefined when x did not require grad.
   virtual std::vector<NamedCheck> check_forward(const tg::Tensor& y) = 0;
   virtual std::vector<NamedCheck> check_backward(const tg::Tensor& dx) = 0;
   // Called when the parameters change (an optimizer step): cached references are stale.
@@ -105,40 +127,41 @@ class ConvWorkload : public Workload {
   std::optional<ex::HostTensor> host_x_, host_dy_;
 };
 
-// ---- C: Conv3d -> GroupNorm -> mean over dims 1..4 --------------------------------------------
+// ---- C: Conv3d -> GroupNorm -> mean over dims 1..4, as the fused layer ----------------------
 class ConvNormMeanWorkload : public Workload {
  public:
   ConvNormMeanWorkload(tg::Shape x_shape, tg::Device d)
-      : conv_({.in_channels = 3, .out_channels = 24, .kernel_size = {3, 3, 3}, .bias = true}, {.device = d}),
-        norm_({.num_groups = 8, .num_channels = 24}, {.device = d}) {
+      : model_({.in_channels = 3, .out_channels = 24, .kernel_size = 3, .num_groups = 8}, {.device = d}) {
     name = "C";
-    description = "Conv3d(3->24, k3, bias) -> GroupNorm(8, 24) -> mean x " + x_shape.str();
+    description = "Conv3dGroupNormMean (fused Conv3d(3->24, k3, bias) -> GroupNorm(8, 24) -> mean) x " +
+                  x_shape.str();
     // Default gamma = 1, beta = 0 make y = mean(beta) for every input, which checks nothing:
     // the benchmark perturbs them (timing does not depend on their values).
-    norm_.weight.copy_(tg::uniform({24}, 0.5, 1.5, {.device = d}));
-    norm_.bias.copy_(tg::uniform({24}, -0.5, 0.5, {.device = d}));
+    model_.norm->weight.copy_(tg::uniform({24}, 0.5, 1.5, {.device = d}));
+    model_.norm->bias.copy_(tg::uniform({24}, -0.5, 0.5, {.device = d}));
     x = tg::randn(x_shape, {.device = d});
     target = tg::randn({x_shape[0]}, {.device = d});
     dy = tg::randn({x_shape[0]}, {.device = d});
-    geometry_ = ex::ConvGeometry::make(x_shape, conv_.weight.shape(), {1}, {0}, {1}, false);
+    geometry_ = ex::ConvGeometry::make(x_shape, model_.conv->weight.shape(), {1}, {0}, {1}, false);
   }
-  tg::Tensor forward(const tg::Tensor& in) override { return tg::mean(norm_(conv_(in)), {1, 2, 3, 4}); }
-  std::vector<tg::Tensor> parameters() override {
-    auto p = conv_.parameters();
-    for (const tg::Tensor& t : norm_.parameters()) p.push_back(t);
-    return p;
-  }
+  tg::Tensor forward(const tg::Tensor& in) override { return model_(in); }  // one op: conv3d_group_norm_mean
+  std::vector<tg::Tensor> parameters() override { return model_.parameters(); }
+  // backward: the gradients of a training step (w, b, gamma, beta); backward_dx adds x's.
+  bool has_pass(Pass) const override { return true; }
+  bool input_grad(Pass p) const override { return p == Pass::backward_dx; }
+
   Cost cost(Pass p) const override {
     const double macs = geometry_.macs(), z = double(geometry_.N) * 24 * geometry_.out_positions();
-    const double xb = 4.0 * x.numel(), zb = 4.0 * z;
-    // forward: conv (x -> z), GroupNorm (reads z twice: statistics, then normalize; writes g), mean (reads g)
-    const Cost fwd{2 * macs + 10 * z, xb + zb + 3 * zb + zb};
-    // backward: mean (writes dg), GroupNorm (reads dg and z twice, writes dz), conv (reads dz and x
-    // for dw, dz for dx, writes dx)
-    const Cost bwd{4 * macs + 15 * z, zb + 5 * zb + 2 * zb + 2 * xb};
+    const double xb = 4.0 * x.numel(), pb = 4.0 * (model_.conv->weight.numel() + 3 * 24), nb = 4.0 * geometry_.N;
+    // forward: the conv, and per output element a sum and a sum of squares; reads x, writes (N)
+    const Cost fwd{2 * macs + 3 * z, xb + pb + nb};
+    // backward: the conv output recomputed (the fused op never stores it), dL/dy = A + B y,
+    // dW; reads x and dy, writes the parameter gradients. With dx: a transposed conv more.
+    const Cost bwd{4 * macs + 2 * z, xb + nb + pb};
     if (p == Pass::forward) return fwd;
     if (p == Pass::backward) return bwd;
-    return {fwd.flops + bwd.flops - 2 * macs, fwd.bytes + bwd.bytes - zb - xb};  // no dx in a step
+    if (p == Pass::backward_dx) return {bwd.flops + 2 * macs, bwd.bytes + xb};
+    return {fwd.flops + bwd.flops, fwd.bytes + bwd.bytes + 2 * pb};  // + loss (tiny) and SGD
   }
   void parameters_changed() override { ref_.reset(); }
 
@@ -149,33 +172,35 @@ class ConvNormMeanWorkload : public Workload {
   }
   std::vector<NamedCheck> check_backward(const tg::Tensor& dx) override {
     const auto& r = reference();
-    auto xi = ex::sample_indices(dx.numel(), kSamples, 12);
     auto all = [](const tg::Tensor& t) { return ex::sample_indices(t.numel(), t.numel(), 0); };
     auto grad = [&](const tg::Tensor& p, const std::vector<double>& want) {
       return ex::compare(ex::read_elements(p.grad(), all(p)), want);
     };
-    return {{"dx", ex::compare(ex::read_elements(dx, xi), ex::gather(r.dx, xi))},
-            {"conv.weight grad", grad(conv_.weight, r.dw)},
-            {"conv.bias grad", grad(conv_.bias, r.db)},
-            {"gamma grad", grad(norm_.weight, r.dgamma)},
-            {"beta grad", grad(norm_.bias, r.dbeta)}};
+    std::vector<NamedCheck> checks{{"conv.weight grad", grad(model_.conv->weight, r.dw)},
+                                   {"conv.bias grad", grad(model_.conv->bias, r.db)},
+                                   {"gamma grad", grad(model_.norm->weight, r.dgamma)},
+                                   {"beta grad", grad(model_.norm->bias, r.dbeta)}};
+    if (dx.defined()) {
+      auto xi = ex::sample_indices(dx.numel(), kSamples, 12);
+      checks.push_back({"dx", ex::compare(ex::read_elements(dx, xi), ex::gather(r.dx, xi))});
+    }
+    return checks;
   }
 
  private:
-  // The whole f64 forward and backward (about 15 billion multiply-adds over the host's cores),
-  // computed once per parameter state.
+  // The whole f64 forward and backward of the unfused definition (conv, group norm, mean;
+  // about 15 billion multiply-adds over the host's cores), computed once per parameter state.
   const ex::ConvNormMeanReference& reference() {
     if (!ref_) {
       if (!host_x_) host_x_ = ex::HostTensor::of(x);
       const std::vector<float> dyv = dy.to_vector<float>();
-      ref_ = ex::conv_norm_mean_ref(geometry_, *host_x_, ex::HostTensor::of(conv_.weight),
-                                    conv_.bias.to_vector<float>(), norm_.weight.to_vector<float>(),
-                                    norm_.bias.to_vector<float>(), 8, 1e-5, &dyv);
+      ref_ = ex::conv_norm_mean_ref(geometry_, *host_x_, ex::HostTensor::of(model_.conv->weight),
+                                    model_.conv->bias.to_vector<float>(), model_.norm->weight.to_vector<float>(),
+                                    model_.norm->bias.to_vector<float>(), 8, 1e-5, &dyv);
     }
     return *ref_;
   }
-  tg::nn::Conv3d conv_;
-  tg::nn::GroupNorm norm_;
+  tg::nn::Conv3dGroupNormMean model_;  // conv.weight, conv.bias, norm.weight, norm.bias
   ex::ConvGeometry geometry_;
   std::optional<ex::HostTensor> host_x_;
   std::optional<ex::ConvNormMeanReference> ref_;
@@ -215,7 +240,8 @@ class MatVecWorkload : public Workload {
     for (int64_t j = 0; j < std::min<int64_t>(64, kK); ++j) cols.push_back(j);
     for (int64_t j = std::max<int64_t>(64, kK - 64); j < kK; ++j) cols.push_back(j);
     return {{"dA", ex::compare(ex::read_elements(dx, ai), want_da)},
-            {"dw", ex::compare(ex::read_elements(linear_.weight.grad(), cols), ex::linear_weight_grad_ref(x, dyv, cols))}};
+            {"dw", ex::compare(ex::read_elements(linear_.weight.grad(), cols),
+                               ex::linear_weight_grad_ref(x, dyv, cols))}};
   }
 
  private:
