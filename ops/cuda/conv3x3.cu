@@ -138,6 +138,72 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_ui
 // error is ~2^-20 per product; lo*lo' (~2^-22) is dropped. Two mma instead of 3xTF32's three.
 __device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
+// Copies a grid of rows, row (outer, inner) for outer < kOuter, inner < kInner, each kPerRow
+// vectors of kVec floats, from global memory (row start: src_base + outer * src_outer +
+// inner * src_inner elements) to shared memory (dst + outer * dst_outer + inner * dst_inner
+// floats). Rows with outer >= outer_end or inner outside [inner_begin, inner_end), and vectors
+// outside [j_begin, j_end), are zero-filled. Consecutive lanes take consecutive vectors of a
+// row (coalesced); kLanes lanes (a power of two covering kPerRow, at most 32) share a row and
+// each pass moves every thread to a row a fixed distance away, so all trip counts are
+// compile-time constants and a copy costs a few integer adds.
+constexpr int lanes_for(int per_row) {
+  int lanes = 1;
+  while (lanes < per_row && lanes < 32) lanes *= 2;
+  return lanes;
+}
+struct RowGrid {
+  const float* src;
+  int64_t src_base, src_outer, src_inner;  // elements
+  int dst_outer, dst_inner;                // floats
+  int outer_end, inner_begin, inner_end, j_begin, j_end;
+};
+template <int kThreads, int kOuter, int kInner, int kPerRow, int kVec>
+__device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
+  constexpr int kLanes = lanes_for(kPerRow), kSlots = kThreads / kLanes;  // rows per pass
+  static_assert(kThreads % kLanes == 0, "rows must not straddle threads");
+  // Either each slot keeps its inner row and steps over outer rows, or (when the slots do not
+  // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones.
+  constexpr bool kInnerFixed = kSlots % kInner == 0;
+  static_assert(kInnerFixed || kOuter % kSlots == 0, "no fixed-stride row schedule");
+  constexpr int kPasses = kInnerFixed ? (kOuter * kInner + kSlots - 1) / kSlots : kInner * (kOuter / kSlots);
+  constexpr int kColPasses = (kPerRow + kLanes - 1) / kLanes;
+  const int lane_j = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int outer0 = kInnerFixed ? slot / kInner : slot, inner0 = kInnerFixed ? slot % kInner : 0;
+  bool col_ok[kColPasses];
+#pragma unroll
+  for (int jj = 0; jj < kColPasses; ++jj) {
+    const int j = lane_j + jj * kLanes;
+    col_ok[jj] = j >= g.j_begin && j < g.j_end;
+  }
+  // Row starts advance by a fixed step per pass (or, with fixed outer rows, by one inner row and
+  // a jump after each kInner passes): incremental, so nothing per pass is kept in registers.
+  int64_t row_src = g.src_base + outer0 * g.src_outer + inner0 * g.src_inner + lane_j * kVec;
+  float* row_dst = dst + outer0 * g.dst_outer + inner0 * g.dst_inner + lane_j * kVec;
+  const int64_t src_step = kInnerFixed ? (kSlots / kInner) * g.src_outer : g.src_inner;
+  const int dst_step = kInnerFixed ? (kSlots / kInner) * g.dst_outer : g.dst_inner;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int outer = outer0 + (kInnerFixed ? i * (kSlots / kInner) : (i / kInner) * kSlots);
+    const int inner = inner0 + (kInnerFixed ? 0 : i % kInner);
+    if (kInnerFixed && (kOuter * kInner) % kSlots != 0 && outer >= kOuter) break;
+    const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+#pragma unroll
+    for (int jj = 0; jj < kColPasses; ++jj) {
+      if (kPerRow % kLanes != 0 && lane_j + jj * kLanes >= kPerRow) break;  // the next row's space
+      const bool ok = row_ok && col_ok[jj];
+      // row_src lies past the tensor's edges when !row_ok: it is not read then.
+      cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+    }
+    if (kInnerFixed || i % kInner != kInner - 1) {
+      row_src += src_step;
+      row_dst += dst_step;
+    } else {  // next outer block of kSlots rows, back to inner row 0
+      row_src += kSlots * g.src_outer - (kInner - 1) * g.src_inner;
+      row_dst += kSlots * g.dst_outer - (kInner - 1) * g.dst_inner;
+    }
+  }
+}
+
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
 // output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 x 64.
 template <int kRows_, int kCols_, int kWarpsM_, int kWarpsN_>
@@ -205,45 +271,51 @@ __device__ __forceinline__ TileCoord tile_coord(int64_t tile, const GemmParams& 
 template <class T, int kVec>
 __device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const GemmParams& p,
                                           int64_t n, int64_t c0, int64_t ih0, int64_t iw0) {
-  constexpr int kPerRow = T::kRowLen / kVec, kPerChan = T::kHaloRows * kPerRow, kTotal = T::kChunk * kPerChan;
-  // Valid ranges of the channel, row and vector indices, so the loop compares 32-bit ints.
-  const int c_end = static_cast<int>(min_i64(T::kChunk, p.Cin - c0));
-  const int hr_begin = static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows));
-  const int hr_end = static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows));
-  const int j_begin = static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow));
-  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow));
+  constexpr int kPerRow = T::kRowLen / kVec;
   const int64_t plane = p.Hin * p.Win;
-  const int64_t base = (n * p.Cin + c0) * plane + ih0 * p.Win + iw0;  // element (c0, ih0, iw0), maybe outside
-  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
-    const int cl = e / kPerChan, hr = (e % kPerChan) / kPerRow, j = e % kPerRow;
-    const bool ok = cl < c_end && hr >= hr_begin && hr < hr_end && j >= j_begin && j < j_end;
-    const float* src = ok ? in + (base + cl * plane + hr * p.Win + j * kVec) : in;
-    cp_async<4 * kVec>(xs + cl * T::kXChan + hr * T::kRowLen + j * kVec, src, ok);
-  }
+  const RowGrid g{in,
+                  (n * p.Cin + c0) * plane + ih0 * p.Win + iw0,  // element (c0, ih0, iw0), maybe outside
+                  plane,
+                  p.Win,
+                  T::kXChan,
+                  T::kRowLen,
+                  static_cast<int>(min_i64(T::kChunk, p.Cin - c0)),
+                  static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
+                  static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
+  copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
 }
 
-// Issues the copies of pipeline step `step` of this block: (tile, channel chunk).
+// The block's next (tile, channel chunk) to load. Advanced once per stage; the tile's
+// coordinates are recomputed (64-bit divisions) only when the tile changes.
+struct LoadCursor {
+  int64_t tile, chunk;
+  TileCoord tc;
+};
+template <class T>
+__device__ __forceinline__ void advance(LoadCursor& c, const GemmParams& p) {
+  if (++c.chunk < p.chunks) return;
+  c.chunk = 0;
+  c.tile += gridDim.x;
+  if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
+}
+
+// Issues the copies of the cursor's (tile, chunk) into `stage`.
 template <class T>
 __device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
-                                          const GemmParams& p, int64_t step) {
-  const int64_t tile = blockIdx.x + (step / p.chunks) * gridDim.x;
-  const int64_t c0 = (step % p.chunks) * T::kChunk;
-  const TileCoord tc = tile_coord<T>(tile, p);
-  const int64_t ih0 = tc.oh0 - p.pad_h;
-  const int64_t iw_first = tc.ow0 - p.pad_w;
-  const int64_t iw0 = iw_first - pos_mod(iw_first, p.vec);
-  if (p.vec == 4) load_halo<T, 4>(stage, in, p, tc.n, c0, ih0, iw0);
-  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, tc.n, c0, ih0, iw0);
-  else load_halo<T, 1>(stage, in, p, tc.n, c0, ih0, iw0);
+                                          const GemmParams& p, const LoadCursor& cur, int xoff) {
+  const int64_t c0 = cur.chunk * T::kChunk;
+  const int64_t ih0 = cur.tc.oh0 - p.pad_h;
+  const int64_t iw0 = cur.tc.ow0 - p.pad_w - xoff;  // aligned to the copy width
+  if (p.vec == 4) load_halo<T, 4>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else load_halo<T, 1>(stage, in, p, cur.tc.n, c0, ih0, iw0);
 
-  // Weights of the chunk: 8 channels x 9 taps rows of kBN output channels.
-  constexpr int kPerRow = T::kBN / 4, kTotal = T::kChunk * 9 * kPerRow;
-  const float* src = wp + c0 * 9 * p.kout_pad + tc.k0;
-  float* ws = stage + T::kXStage;
-  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
-    const int row = e / kPerRow, j = e % kPerRow;
-    cp_async<16>(ws + row * T::kWLd + j * 4, src + row * p.kout_pad + j * 4, true);
-  }
+  // Weights of the chunk: 8 channels x 9 taps = 72 consecutive rows of kBN output channels.
+  constexpr int kRows = T::kChunk * 9, kPerRow = T::kBN / 4;
+  const RowGrid g{wp, c0 * 9 * p.kout_pad + cur.tc.k0, p.kout_pad, 0, T::kWLd, 0, kRows, 0, 1, 0, kPerRow};
+  copy_grid<T::kThreads, kRows, 1, kPerRow, 4>(stage + T::kXStage, g);
 }
 
 // The 9 k8 steps of one stage. xa: this thread's A base (channel t, first pixel of the warp
@@ -322,24 +394,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
+  LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_step<T>(smem + s * T::kStageFloats, in, wp, p, s);
+    if (s < steps) {
+      load_step<T>(smem + s * T::kStageFloats, in, wp, p, cur, xoff);
+      advance<T>(cur, p);
+    }
     cp_async_commit();
   }
+  int load_stage = kStages - 1, compute_stage = 0;
+  int64_t out_tile = blockIdx.x, chunk = 0;
 #pragma unroll 1
   for (int64_t step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();  // this step's copies (this thread's) have landed
     __syncthreads();               // everyone's have, and the stage about to be refilled is free
-    const int64_t ahead = step + kStages - 1;
-    if (ahead < steps) load_step<T>(smem + (ahead % kStages) * T::kStageFloats, in, wp, p, ahead);
+    if (step + kStages - 1 < steps) {
+      load_step<T>(smem + load_stage * T::kStageFloats, in, wp, p, cur, xoff);
+      advance<T>(cur, p);
+    }
     cp_async_commit();
-    const float* stage = smem + (step % kStages) * T::kStageFloats;
+    load_stage = load_stage == kStages - 1 ? 0 : load_stage + 1;
+    const float* stage = smem + compute_stage * T::kStageFloats;
+    compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
     mma_stage<T, kSplit>(acc, stage + a_base, stage + b_base);
 
-    if (step % p.chunks != p.chunks - 1) continue;
+    if (++chunk < p.chunks) continue;
     // Last chunk of a tile: write it and start the next one from zero.
-    const TileCoord tc = tile_coord<T>(blockIdx.x + (step / p.chunks) * gridDim.x, p);
+    chunk = 0;
+    const TileCoord tc = tile_coord<T>(out_tile, p);
+    out_tile += gridDim.x;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
       const int64_t oh = tc.oh0 + warp_row + T::row_off(mt);
@@ -413,57 +497,69 @@ template <int kVec>
 __device__ __forceinline__ void load_dy_strip(float* dys, const float* __restrict__ dy, const WgradParams& p,
                                               int64_t n, int64_t k0, int64_t oh0, int64_t ow0) {
   using T = WgradTile;
-  constexpr int kPerRow = T::kCols / kVec, kTotal = T::kBK * T::kRows * kPerRow;
+  constexpr int kPerRow = T::kCols / kVec;
   // Outside dy (channels, rows, columns past the end) the strip is 0, so it adds nothing.
-  const int k_end = static_cast<int>(min_i64(T::kBK, p.K - k0));
-  const int r_end = static_cast<int>(min_i64(T::kRows, p.Ho - oh0));
-  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.Wo - ow0, kVec), 0, kPerRow));
-  const int64_t plane = p.Ho * p.Wo;
-  const int64_t base = (n * p.K + k0) * plane + oh0 * p.Wo + ow0;
-  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
-    const int kl = e / (T::kRows * kPerRow), pr = (e / kPerRow) % T::kRows, j = e % kPerRow;
-    const bool ok = kl < k_end && pr < r_end && j < j_end;
-    const float* src = ok ? dy + (base + kl * plane + pr * p.Wo + j * kVec) : dy;
-    cp_async<4 * kVec>(dys + kl * T::kDyLd + pr * T::kCols + j * kVec, src, ok);
-  }
+  const RowGrid g{dy,
+                  (n * p.K + k0) * p.Ho * p.Wo + oh0 * p.Wo + ow0,
+                  p.Ho * p.Wo,
+                  p.Wo,
+                  T::kDyLd,
+                  T::kCols,
+                  static_cast<int>(min_i64(T::kBK, p.K - k0)),
+                  0,
+                  static_cast<int>(min_i64(T::kRows, p.Ho - oh0)),
+                  0,
+                  static_cast<int>(clamp_i64(ceil_div(p.Wo - ow0, kVec), 0, kPerRow))};
+  copy_grid<T::kThreads, T::kBK, T::kRows, kPerRow, kVec>(dys, g);
 }
 
 template <int kVec>
 __device__ __forceinline__ void load_x_halo(float* xs, const float* __restrict__ x, const WgradParams& p, int64_t n,
                                             int64_t c0, int64_t ih0, int64_t iw0) {
   using T = WgradTile;
-  constexpr int kHalo = T::kRows + 2, kPerRow = T::kRowLen / kVec, kPerChan = kHalo * kPerRow;
-  constexpr int kTotal = T::kBC * kPerChan;
-  const int c_end = static_cast<int>(min_i64(T::kBC, p.C - c0));
-  const int hr_begin = static_cast<int>(clamp_i64(-ih0, 0, kHalo));
-  const int hr_end = static_cast<int>(clamp_i64(p.H - ih0, 0, kHalo));
-  const int j_begin = static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow));
-  const int j_end = static_cast<int>(clamp_i64(ceil_div(p.W - iw0, kVec), 0, kPerRow));
-  const int64_t plane = p.H * p.W;
-  const int64_t base = (n * p.C + c0) * plane + ih0 * p.W + iw0;
-  for (int e = threadIdx.x; e < kTotal; e += T::kThreads) {
-    const int cl = e / kPerChan, hr = (e % kPerChan) / kPerRow, j = e % kPerRow;
-    const bool ok = cl < c_end && hr >= hr_begin && hr < hr_end && j >= j_begin && j < j_end;
-    const float* src = ok ? x + (base + cl * plane + hr * p.W + j * kVec) : x;
-    cp_async<4 * kVec>(xs + cl * T::kXChan + hr * T::kRowLen + j * kVec, src, ok);
-  }
+  constexpr int kHalo = T::kRows + 2, kPerRow = T::kRowLen / kVec;
+  const RowGrid g{x,
+                  (n * p.C + c0) * p.H * p.W + ih0 * p.W + iw0,
+                  p.H * p.W,
+                  p.W,
+                  T::kXChan,
+                  T::kRowLen,
+                  static_cast<int>(min_i64(T::kBC, p.C - c0)),
+                  static_cast<int>(clamp_i64(-ih0, 0, kHalo)),
+                  static_cast<int>(clamp_i64(p.H - ih0, 0, kHalo)),
+                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
+                  static_cast<int>(clamp_i64(ceil_div(p.W - iw0, kVec), 0, kPerRow))};
+  copy_grid<T::kThreads, T::kBC, kHalo, kPerRow, kVec>(xs, g);
+}
+
+// The block's next strip to load: (image, row tile, column tile), columns fastest.
+struct StripCursor {
+  int64_t n, rt, ct;
+};
+__device__ __forceinline__ StripCursor strip_cursor(int64_t strip, const WgradParams& p) {
+  return {strip / (p.col_tiles * p.row_tiles), strip / p.col_tiles % p.row_tiles, strip % p.col_tiles};
+}
+__device__ __forceinline__ void advance(StripCursor& c, const WgradParams& p) {
+  if (++c.ct < p.col_tiles) return;
+  c.ct = 0;
+  if (++c.rt < p.row_tiles) return;
+  c.rt = 0;
+  ++c.n;
 }
 
 __device__ __forceinline__ void load_strip(float* stage, const float* __restrict__ dy, const float* __restrict__ x,
-                                           const WgradParams& p, int64_t strip, int64_t k0, int64_t c0) {
+                                           const WgradParams& p, const StripCursor& c, int64_t k0, int64_t c0,
+                                           int xoff) {
   using T = WgradTile;
-  const int64_t ow0 = (strip % p.col_tiles) * T::kCols;
-  const int64_t oh0 = (strip / p.col_tiles % p.row_tiles) * T::kRows;
-  const int64_t n = strip / (p.col_tiles * p.row_tiles);
-  if (p.vec_dy == 4) load_dy_strip<4>(stage, dy, p, n, k0, oh0, ow0);
-  else if (p.vec_dy == 2) load_dy_strip<2>(stage, dy, p, n, k0, oh0, ow0);
-  else load_dy_strip<1>(stage, dy, p, n, k0, oh0, ow0);
-  const int64_t iw_first = ow0 - p.pad_w;
-  const int64_t iw0 = iw_first - pos_mod(iw_first, p.vec_x);
+  const int64_t ow0 = c.ct * T::kCols, oh0 = c.rt * T::kRows;
+  if (p.vec_dy == 4) load_dy_strip<4>(stage, dy, p, c.n, k0, oh0, ow0);
+  else if (p.vec_dy == 2) load_dy_strip<2>(stage, dy, p, c.n, k0, oh0, ow0);
+  else load_dy_strip<1>(stage, dy, p, c.n, k0, oh0, ow0);
+  const int64_t iw0 = ow0 - p.pad_w - xoff;  // aligned to the copy width
   float* xs = stage + T::kDyStage;
-  if (p.vec_x == 4) load_x_halo<4>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
-  else if (p.vec_x == 2) load_x_halo<2>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
-  else load_x_halo<1>(xs, x, p, n, c0, oh0 - p.pad_h, iw0);
+  if (p.vec_x == 4) load_x_halo<4>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
+  else if (p.vec_x == 2) load_x_halo<2>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
+  else load_x_halo<1>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
 }
 
 // The 8 k8 steps (8 pixels each) of one strip. dya: this thread's A base (output channel g of
@@ -542,19 +638,28 @@ __global__ void __launch_bounds__(WgradTile::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][tap][i] = 0.f;
 
+  StripCursor cur = strip_cursor(first, p);
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count) load_strip(smem + s * T::kStageFloats, dy, x, p, first + s, k0, c0);
+    if (s < count) {
+      load_strip(smem + s * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
+      advance(cur, p);
+    }
     cp_async_commit();
   }
+  int load_stage = kStages - 1, compute_stage = 0;
 #pragma unroll 1
   for (int64_t i = 0; i < count; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int64_t ahead = i + kStages - 1;
-    if (ahead < count) load_strip(smem + (ahead % kStages) * T::kStageFloats, dy, x, p, first + ahead, k0, c0);
+    if (i + kStages - 1 < count) {
+      load_strip(smem + load_stage * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
+      advance(cur, p);
+    }
     cp_async_commit();
-    const float* stage = smem + (i % kStages) * T::kStageFloats;
+    load_stage = load_stage == kStages - 1 ? 0 : load_stage + 1;
+    const float* stage = smem + compute_stage * T::kStageFloats;
+    compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
     wgrad_stage<kSplit>(acc, stage + a_base, stage + b_base);
   }
 
