@@ -99,6 +99,15 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// *ptr = v if pred, as one predicated store: no branch for the compiler to sink address
+// arithmetic into (it would recompute a 64-bit address per store under register pressure).
+__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(16) float smem_buffer[];
   return smem_buffer;
@@ -363,6 +372,52 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa
   }
 }
 
+// Writes a finished tile (+ bias) and zeroes the accumulators. This thread holds pixels
+// (mt, half) -> (row warp_row + row_off(mt), column warp_col + col_off(mt) + g + 8 half) of the
+// tile and channels (nt, j) -> wn * 64 + 8 nt + 2 t + j. Pixel offsets inside the tile are
+// 32-bit and computed once; the channel pointer steps by whole planes (64-bit), so a store is
+// an address add, a predicate and the store (addresses past the tensor are formed for
+// channels >= Kout or pixels outside the output, and never stored to).
+template <class T>
+__device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
+                                           const GemmParams& p, const TileCoord& tc, float (&acc)[4][8][4],
+                                           int warp_row, int warp_col, int wn, int g, int t) {
+  const int64_t plane = p.Hout * p.Wout;
+  int pix[4][2];
+  unsigned pix_ok = 0;  // bit 2 * mt + half
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    const int row = warp_row + T::row_off(mt);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = warp_col + T::col_off(mt) + g + 8 * half;
+      pix[mt][half] = row * static_cast<int>(p.Wout) + col;  // < kRows * Wout: fits
+      if (tc.oh0 + row < p.Hout && tc.ow0 + col < p.Wout) pix_ok |= 1u << (2 * mt + half);
+    }
+  }
+  const int64_t k_first = tc.k0 + wn * 64 + 2 * t;
+  // Channel k_first at the tile origin; past the tensor only when k_first >= Kout (unused then).
+  float* channel = out + ((tc.n * p.Kout + k_first) * p.Hout + tc.oh0) * p.Wout + tc.ow0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t k = k_first + 8 * nt + j;
+      const bool k_ok = k < p.Kout;
+      const float b = bias && k_ok ? bias[k] : 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          store_if(channel + pix[mt][half], acc[mt][nt][2 * half + j] + b, k_ok && (pix_ok >> (2 * mt + half) & 1u));
+          acc[mt][nt][2 * half + j] = 0.f;
+        }
+      }
+      channel += j == 0 ? plane : 7 * plane;  // channels 8 nt + j: +1, then +7
+    }
+  }
+}
+
 // out = conv3x3(in, wp) (+ bias). The grid loops over tiles; the pipeline runs over the
 // block's (tile, chunk) steps without a break, so the next tile's first stages load while
 // this tile finishes and writes.
@@ -422,28 +477,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (++chunk < p.chunks) continue;
     // Last chunk of a tile: write it and start the next one from zero.
     chunk = 0;
-    const TileCoord tc = tile_coord<T>(out_tile, p);
+    store_tile<T>(out, bias, p, tile_coord<T>(out_tile, p), acc, warp_row, warp_col, wn, g, t);
     out_tile += gridDim.x;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const int64_t oh = tc.oh0 + warp_row + T::row_off(mt);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t ow = tc.ow0 + warp_col + T::col_off(mt) + g + 8 * half;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int64_t k = tc.k0 + wn * 64 + nt * 8 + 2 * t + j;
-            if (oh < p.Hout && ow < p.Wout && k < p.Kout) {
-              const float b = bias ? bias[k] : 0.f;
-              out[((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + ow] = acc[mt][nt][2 * half + j] + b;
-            }
-            acc[mt][nt][2 * half + j] = 0.f;
-          }
-        }
-      }
-    }
   }
 }
 
@@ -828,7 +863,9 @@ bool conv3x3_applies(const ConvShape& s) {
          s.kernel[2] == 3 && s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1 && s.dilation[0] == 1 &&
          s.dilation[1] == 1 && s.dilation[2] == 1 && s.in[0] == 1 && s.out[0] == 1 && s.pad[0] == 0 &&
          s.pad[1] >= 0 && s.pad[2] >= 0 && s.N >= 1 && s.C >= 1 && s.K >= 1 && s.in[1] >= 1 && s.in[2] >= 1 &&
-         s.out[1] >= 1 && s.out[2] >= 1;
+         s.out[1] >= 1 && s.out[2] >= 1 &&
+         // In-tile pixel offsets are 32-bit (rows x width): rows up to 2^28 wide.
+         s.in[2] + 2 * s.pad[2] <= (int64_t{1} << 28);
 }
 
 void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {

@@ -17,7 +17,8 @@
 namespace tg::cuda {
 
 // True for a 2-D NCHW convolution with a 3x3 kernel, stride 1 and dilation 1 (any padding,
-// batch, channel counts and spatial sizes). The dtype (f32) is the caller's to check.
+// batch, channel counts and spatial sizes, rows up to 2^28 wide). The dtype (f32) is the
+// caller's to check.
 bool conv3x3_applies(const ConvShape& s);
 
 // y (N, K, Ho, Wo) = conv(x (N, C, H, W), w (K, C, 3, 3)) + b (K) or no bias (undefined b).

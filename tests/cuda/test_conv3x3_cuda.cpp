@@ -166,6 +166,9 @@ TEST(CudaConv3x3, AppliesOnlyToThreeByThreeStrideOneNchw2d) {
   EXPECT_FALSE(cuda::conv3x3_applies(shape({2, 9, 9, 3}, {4, 3, 3, 3}, {.layout = Layout::NHWC})));
   EXPECT_FALSE(cuda::conv3x3_applies(shape({2, 3, 5, 9, 9}, {4, 3, 3, 3, 3}, {})));
   EXPECT_FALSE(cuda::conv3x3_applies(shape({2, 3, 1, 9, 9}, {4, 3, 1, 3, 3}, {})));  // conv3d, even if 2-D-like
+  // Rows wider than 2^28 (32-bit in-tile offsets) go to the general kernels.
+  EXPECT_TRUE(cuda::conv3x3_applies(shape({1, 1, 3, int64_t{1} << 27}, {1, 1, 3, 3}, {})));
+  EXPECT_FALSE(cuda::conv3x3_applies(shape({1, 1, 3, (int64_t{1} << 28) + 1}, {1, 1, 3, 3}, {})));
 }
 
 TEST(CudaConv3x3, RejectsTensorsThatDoNotMatchTheProblem) {
