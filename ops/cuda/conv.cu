@@ -10,6 +10,7 @@
 #include "core/cuda_context.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv1x1.h"
+#include "ops/cuda/conv3x3.h"
 
 namespace tg::cuda {
 namespace {
@@ -205,6 +206,7 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   const int64_t total = y.numel();
   if (total == 0) return;
   if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
+  if (y.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_forward(y, x, w, b, s);
   const int dev = y.device().index;
   set_device(dev);
   dispatch_floating("conv_forward", y.dtype(), [&](auto* tag) {
@@ -220,6 +222,7 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   const int64_t total = dx.numel();
   if (total == 0) return;
   if (conv1x1_applies(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
+  if (dx.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_input(dx, dy, w, s);
   const int dev = dx.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_input", dx.dtype(), [&](auto* tag) {
@@ -234,6 +237,7 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
   const int64_t count = dw.numel();
   if (count == 0) return;
   if (conv1x1_applies(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
+  if (dw.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_weight(dw, dy, x, s);
   const int dev = dw.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_weight", dw.dtype(), [&](auto* tag) {
