@@ -10,29 +10,43 @@
 // FFMA is arithmetic-bound; tensor cores are not. FP32-accurate mode splits v = hi + lo
 // (hi = tf32(v)) and adds the cross terms A_hi B_lo + A_lo B_hi with ONE bf16 m16n8k16 op
 // whose 16-long k holds both (lo is 2^-11 of v, so bf16's 8 bits leave ~2^-19 error):
-// two tensor ops per product instead of 3xTF32's three: 1.1-2.2 ms of mma.sync per forward (at
-// 4-8 clk per op per SM sub-partition), under the memory floor. See bench/notes_conv1x1.md for
-// the budget of every resource.
+// two tensor ops per product instead of 3xTF32's three. mma.sync runs at ~6 clk per op per SM
+// sub-partition on Hopper (Nsight: 30% tensor pipe for 512 TF32 ops in 10.2k clk), so the FP32
+// forward needs ~3.1k of the ~5.4k clk that one tile's bytes take at 4.2 TB/s: under the
+// memory floor. See bench/notes_conv1x1.md for the budget of every resource.
 //
 // Structure:
-// - Persistent grid, one 256-thread block per SM, tiles of 128 pixels. Each tile's activations
-//   stream into shared memory with cp.async (16-byte, L2 evict-first, zero-filled at the
-//   edges; 4-byte copies when rows are not 16-byte aligned), 2-4 stages deep.
+// - Persistent grids, tiles of 128 pixels; each tile's activations stream into shared memory
+//   with cp.async (16-byte, L2 evict-first, zero-filled at the edges; 4-byte copies when rows
+//   are not 16-byte aligned). The kernels are latency-bound at 2 warps per scheduler
+//   (Nsight on B: 42-50% issue, 64-66% of DRAM bandwidth), so:
+//   * the forward / grad-input kernel (<= 64 reduction channels) runs 2 blocks of 256 threads
+//     per SM (<= 128 registers, 2 stages each): one block's compute overlaps the other's
+//     stores and waits;
+//   * the fused backward runs 16 warps per SM: 8 compute dx = w^T dy while 8 compute
+//     dw += dy x^T on the same shared-memory tiles.
 // - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
-//   mma fragment order: one conflict-free 16-byte (or 8-byte) load per lane per fragment.
-// - Activation tiles carry an XOR swizzle that makes both fragment access patterns
-//   conflict-free without padding.
-// - Results go from the accumulators straight to global memory; lane pairs swap halves so
-//   each lane stores 4 consecutive floats (16-byte streaming stores).
-// - Backward: per 128-pixel tile one kernel computes dx = w^T dy (stored) and dw += dy x^T
-//   (registers): dy is read once. Each block writes its dw partial; a second kernel sums the
-//   partials in a fixed order (deterministic). Tensor-core sums are flushed into a plain fp32
-//   sum every tile, so reductions over 2^24 pixels keep FP32 accuracy.
+//   mma fragment order, k-step major: one conflict-free 16-byte (or 8-byte) load per lane per
+//   fragment at a constant offset. FP32 mode keeps tf32 hi words plus the rounded bf16 lo pairs
+//   (1.5x the f32 bytes); the bf16 hi pairs are one byte permute of the hi words.
+// - Activation tiles carry an XOR swizzle that makes every fragment access pattern
+//   conflict-free without padding; fragments whose rows are 16-byte chunks (NHWC activations
+//   as A, the backward's NCHW dw operands) come with one ldmatrix.x4 per two or four registers.
+// - Forward stores: each warp writes its accumulators into its slice of the tile's
+//   (consumed) stage, then reads them back as rows: every 16-byte store instruction writes
+//   four whole 128-byte lines (a quarter of the L2 write requests of fragment-order stores).
+//   The backward's dx (a quarter of its bytes) is stored straight from the fragments as
+//   8-byte pairs (each 32-byte sector whole).
+// - Backward: per 128-pixel tile, dx = w^T dy is stored and dw += dy x^T stays in registers:
+//   dy is read once. Each block writes its dw partial; a second kernel sums the partials in a
+//   fixed order (deterministic). Tensor-core sums are flushed into a plain fp32 sum every
+//   tile, so reductions over 2^24 pixels keep FP32 accuracy.
 #include "ops/cuda/conv1x1.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "core/cuda_context.h"
@@ -41,7 +55,7 @@
 namespace tg::cuda {
 namespace {
 
-constexpr int kThreads = 256;       // 8 warps
+constexpr int kThreads = 256;       // 8 warps: the pointwise kernel, and each role of the backward
 constexpr int kTilePixels = 128;    // pixels per tile: the long dimension of every GEMM here
 constexpr int kMaxStages = 4;
 constexpr int kGroupChannels = 128; // reduction channels per pointwise launch when more than 64
@@ -50,12 +64,16 @@ constexpr int kDwCols = 64;         // ... and C side (the fused kernel needs K 
 constexpr int kBwdDyStride = 128;   // backward tiles' row strides (floats): dy (NCHW: pixels, NHWC: K side)
 constexpr int kBwdXStrideNhwc = 64; // x in NHWC (C side); NCHW rows are kTilePixels
 constexpr int64_t kPartialBudget = int64_t(1) << 26;  // floats of dw partials (256 MB)
+// Staged forward stores: each warp's scratch holds one 16 x 32 block of results, rows padded to
+// 40 floats (40 = 8 mod 32 makes the fragment-order 8-byte writes conflict-free).
+constexpr int kScratchStride = 40;
+constexpr int kScratchFloats = 16 * kScratchStride;  // per warp
 
 // How the operand kept in shared memory (the weight) is stored.
 enum ResidentMode : int {
   kTf32 = 0,      // tf32-rounded values: plain TF32 math
-  kSplitPre = 1,  // FP32-accurate: tf32 hi and the bf16 cross-term pairs, precomputed (2x bytes)
-  kSplitRaw = 2,  // FP32-accurate: raw f32, split at every use (half the bytes)
+  kSplitPre = 1,  // FP32-accurate: tf32 hi words and the rounded bf16 lo pairs (1.5x the bytes)
+  kSplitRaw = 2,  // FP32-accurate: raw f32, split at every use (the fused backward: 1x the bytes)
 };
 
 __host__ __device__ constexpr int round_up(int a, int b) { return (a + b - 1) / b * b; }
@@ -68,7 +86,7 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 __host__ __device__ constexpr int pointwise_nhwc_stride(int block_channels) { return block_channels == 128 ? 64 : 128; }
 // Bytes of a resident weight block of `channels` x r_pad values in fragment order.
 __host__ __device__ constexpr int resident_bytes(int channels, int r_pad, int mode) {
-  return channels * r_pad * 4 * (mode == kSplitPre ? 2 : 1);
+  return channels * r_pad * (mode == kSplitPre ? 6 : 4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,6 +106,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
                "r"(src_bytes), "l"(policy)
                : "memory");
 }
+__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
@@ -102,14 +124,28 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   else if (pending == 1) cp_async_wait<1>();
   else cp_async_wait<2>();
 }
+// Four 8 x (4 x 32-bit) matrices from shared memory: lane 8j + r gives the 16-byte row r of
+// matrix j; register j of lane 4r + c receives word c of row r of matrix j (PTX ISA, ldmatrix
+// .m8n8 .b16: each 32-bit word is a pair of b16 elements, so f32 data passes through unchanged).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 // tf32 bits of x rounded to nearest (ties away): what cvt.rna.tf32.f32 gives for finite x,
-// without its infinity guard.
+// without its infinity guard. FP32 mode needs these exact hi bits (lo = x - hi).
 __device__ __forceinline__ uint32_t tf32_bits(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// x as a plain-TF32 mma operand: the tensor cores read only the top 19 bits of a .tf32 operand,
+// so adding half a TF32 ulp is the whole rounding (what ptxas emits for cvt.rna feeding an mma).
+__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
 // Two bf16 values in one register, `first` in the low half (the lower k index): by truncation
 // (one byte permute, used in the hot loops) or rounded (once per kernel, for the weight).
+__device__ __forceinline__ uint32_t bf16_pair_trunc(uint32_t first, uint32_t second) {
+  return __byte_perm(first, second, 0x7632);
+}
 __device__ __forceinline__ uint32_t bf16_pair_trunc(float first, float second) {
-  return __byte_perm(__float_as_uint(first), __float_as_uint(second), 0x7632);
+  return bf16_pair_trunc(__float_as_uint(first), __float_as_uint(second));
 }
 __device__ __forceinline__ uint32_t bf16_pair_rn(float first, float second) {
   uint32_t r;
@@ -126,9 +162,10 @@ __device__ __forceinline__ uint32_t bf16_pair_rn(float first, float second) {
 // m16n8k16 bf16 op, whose fragments are A: {row g: k 2t,2t+1}, {row g+8: k 2t,2t+1},
 // {row g: k 2t+8,2t+9}, {row g+8: k 2t+8,2t+9}; B: {k 2t,2t+1}, {k 2t+8,2t+9} at n = g; C as
 // above. Permuting k the same way in both operands,
-//   k = 2t, 2t+1    <- A_hi(c = t, t+4) * B_lo(c = t, t+4)
-//   k = 2t+8, 2t+9  <- A_lo(c = t, t+4) * B_hi(c = t, t+4)
-// so every lane already holds exactly the values it packs.
+//   k = 2t, 2t+1    <- A_lo(c = t, t+4) * B_hi(c = t, t+4)
+//   k = 2t+8, 2t+9  <- A_hi(c = t, t+4) * B_lo(c = t, t+4)
+// so every lane already holds exactly the values it packs. (The lo pairs of a resident A come
+// from one 8-byte load into registers 0-1 of the quad, the hi pairs are computed into 2-3.)
 struct FragA {
   uint32_t hi[4], bf[4];
 };
@@ -136,50 +173,66 @@ struct FragB {
   uint32_t hi[2], bf[2];
 };
 
-template <bool kRoundBf16>
-__device__ __forceinline__ uint32_t bf16_pair(float first, float second) {
-  if constexpr (kRoundBf16) return bf16_pair_rn(first, second);
-  else return bf16_pair_trunc(first, second);
-}
-
 // v0 (g, t), v1 (g+8, t), v2 (g, t+4), v3 (g+8, t+4).
-template <bool kSplit, bool kRoundBf16 = false>
+template <bool kSplit>
 __device__ __forceinline__ FragA make_a(float v0, float v1, float v2, float v3) {
   FragA f{};
-  f.hi[0] = tf32_bits(v0);
-  f.hi[1] = tf32_bits(v1);
-  f.hi[2] = tf32_bits(v2);
-  f.hi[3] = tf32_bits(v3);
   if constexpr (kSplit) {
+    f.hi[0] = tf32_bits(v0);
+    f.hi[1] = tf32_bits(v1);
+    f.hi[2] = tf32_bits(v2);
+    f.hi[3] = tf32_bits(v3);
     const float h0 = __uint_as_float(f.hi[0]), h1 = __uint_as_float(f.hi[1]);
     const float h2 = __uint_as_float(f.hi[2]), h3 = __uint_as_float(f.hi[3]);
     // v - hi is exact: hi is v rounded to 11 significant bits, within a factor 2 of v.
-    f.bf[0] = bf16_pair<kRoundBf16>(h0, h2);            // row g:   k 2t, 2t+1
-    f.bf[1] = bf16_pair<kRoundBf16>(h1, h3);            // row g+8
-    f.bf[2] = bf16_pair<kRoundBf16>(v0 - h0, v2 - h2);  // row g:   k 2t+8, 2t+9
-    f.bf[3] = bf16_pair<kRoundBf16>(v1 - h1, v3 - h3);  // row g+8
+    f.bf[0] = bf16_pair_trunc(v0 - h0, v2 - h2);    // row g:   k 2t, 2t+1
+    f.bf[1] = bf16_pair_trunc(v1 - h1, v3 - h3);    // row g+8
+    f.bf[2] = bf16_pair_trunc(f.hi[0], f.hi[2]);    // row g:   k 2t+8, 2t+9
+    f.bf[3] = bf16_pair_trunc(f.hi[1], f.hi[3]);    // row g+8
+  } else {
+    f.hi[0] = tf32_operand(v0);
+    f.hi[1] = tf32_operand(v1);
+    f.hi[2] = tf32_operand(v2);
+    f.hi[3] = tf32_operand(v3);
   }
   return f;
 }
+__device__ __forceinline__ float as_float(uint32_t u) { return __uint_as_float(u); }
+template <bool kSplit>
+__device__ __forceinline__ FragA make_a(const uint32_t (&r)[4]) {
+  return make_a<kSplit>(as_float(r[0]), as_float(r[1]), as_float(r[2]), as_float(r[3]));
+}
 // v0 (k=t, n=g), v1 (k=t+4, n=g).
-template <bool kSplit, bool kRoundBf16 = false>
+template <bool kSplit>
 __device__ __forceinline__ FragB make_b(float v0, float v1) {
   FragB f{};
-  f.hi[0] = tf32_bits(v0);
-  f.hi[1] = tf32_bits(v1);
   if constexpr (kSplit) {
+    f.hi[0] = tf32_bits(v0);
+    f.hi[1] = tf32_bits(v1);
     const float h0 = __uint_as_float(f.hi[0]), h1 = __uint_as_float(f.hi[1]);
-    f.bf[0] = bf16_pair<kRoundBf16>(v0 - h0, v1 - h1);  // k 2t, 2t+1: pairs with A_hi
-    f.bf[1] = bf16_pair<kRoundBf16>(h0, h1);            // k 2t+8, 2t+9: pairs with A_lo
+    f.bf[0] = bf16_pair_trunc(f.hi[0], f.hi[1]);  // k 2t, 2t+1: pairs with A_lo
+    f.bf[1] = bf16_pair_trunc(v0 - h0, v1 - h1);  // k 2t+8, 2t+9: pairs with A_hi
+  } else {
+    f.hi[0] = tf32_operand(v0);
+    f.hi[1] = tf32_operand(v1);
   }
   return f;
 }
 
+// kZero: the accumulator starts at zero (the first k-step of a tile), so no register has to
+// be cleared: the C operand is the zero register.
+template <bool kZero>
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  if constexpr (kZero)
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f));
+  else
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -187,11 +240,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-template <bool kSplit>
+template <bool kSplit, bool kZero = false>
 __device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& b) {
-  mma_tf32(d, a.hi, b.hi);
+  mma_tf32<kZero>(d, a.hi, b.hi);
   if constexpr (kSplit) mma_bf16(d, a.bf, b.bf);
 }
+// Compile-time flag for the k-step lambdas: "this is the first k-step of the tile".
+using First = std::true_type;
+using Later = std::false_type;
 
 // ---------------------------------------------------------------------------------------------
 // Activation tiles in shared memory
@@ -199,15 +255,29 @@ __device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& 
 // `stride` floats per row (a multiple of 32). Element (r, c) sits in column c ^ swz(r), which
 // permutes the 16-byte chunks inside each 128-byte group: the two fragment patterns, 8 rows x
 // 4 columns and 4 rows x 8 columns (row starts multiples of 8), then hit 32 distinct banks, and
-// every 16-byte chunk stays whole for cp.async. Rows are addressed as r0 + ro with r0 a
-// multiple of 8, so the swizzle depends on ro alone.
+// so do 8 consecutive rows' 16-byte chunks of one column group (ldmatrix); every 16-byte chunk
+// stays whole for cp.async. Rows are addressed as r0 + ro with r0 a multiple of 8, so the
+// swizzle depends on ro alone.
 struct SmemTile {
   float* base;
   int stride;
-  __device__ __forceinline__ static int swz(int ro) { return ((ro & 3) << 3) | (ro & 4); }
+  __host__ __device__ static constexpr int swz(int ro) { return ((ro & 3) << 3) | (ro & 4); }
   __device__ __forceinline__ int offset(int r0, int ro, int c) const { return (r0 + ro) * stride + (c ^ swz(ro)); }
   __device__ __forceinline__ float at(int r0, int ro, int c) const { return base[offset(r0, ro, c)]; }
 };
+
+// Byte offset, inside a swizzled tile of `stride` floats per row, of the row this lane hands to
+// ldmatrix.x4 for k-steps ks = 4 jj + u (add 128 jj bytes): matrix j = lane / 8 covers rows
+// row0 + 8 * row_sel(j) + (lane % 8) and the 4-column chunk 2 ks + col_sel(j). A fragments
+// (rows m) take row_sel = j & 1, col_sel = j >> 1 (registers a0..a3); two n-tiles of B fragments
+// (rows n) take row_sel = j >> 1, col_sel = j & 1 (registers b0, b1 of n-tile 0, then of 1).
+// The chunk index is 8 jj + ((2u + col_sel) ^ swz/4), so jj only adds a constant.
+__device__ __forceinline__ uint32_t ldmatrix_offset(int stride, int row0, int u, bool a_order, int lane) {
+  const int j = lane >> 3, ro = lane & 7;
+  const int row_sel = a_order ? (j & 1) : (j >> 1), col_sel = a_order ? (j >> 1) : (j & 1);
+  const int chunk = (2 * u + col_sel) ^ (SmemTile::swz(ro) >> 2);
+  return static_cast<uint32_t>(((row0 + 8 * row_sel + ro) * stride + 4 * chunk) * 4);
+}
 
 // Fragments read from a tile (g, t as above). "rows_m": the tile's rows are the operand's
 // M (or N) index; "rows_k": its rows are the reduction index.
@@ -230,6 +300,20 @@ __device__ __forceinline__ FragB tile_b_rows_n(const SmemTile& T, int k0, int n0
   return make_b<kSplit>(T.at(n0, g, k0 + t), T.at(n0, g, k0 + t + 4));
 }
 
+// Per-lane offsets (floats) of B fragments read from a tile whose rows are k and whose 32
+// columns n = 32 w + 8 nt + g belong to this warp (nt = 0..3): element (8 ks + t + 4 h, 8 v + g),
+// v = 4 w + nt, sits at 8 ks S + 32 w + ((t + 4h) S + 8 (nt ^ t) + (g ^ 4h)).
+struct RowsKOffsets {
+  int off[4][2];
+  __device__ __forceinline__ RowsKOffsets(int stride, int w, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) off[nt][h] = 32 * w + (t + 4 * h) * stride + 8 * (nt ^ t) + (g ^ (4 * h));
+  }
+};
+
 // Where a tile comes from: tile element (r, c) is src[r * row_stride + c] for r < valid_rows and
 // c < valid_cols, zero elsewhere; fill_rows x fill_cols elements are written (fill_cols % 4 == 0).
 struct TileSource {
@@ -245,12 +329,12 @@ struct TileLoader {
   int col, row0, row_step, smem_off0, smem_step;  // smem in floats
   bool active;                                     // the chunk lies inside the filled columns
 
-  __device__ TileLoader(int fill_cols, int stride) {
+  __device__ TileLoader(int fill_cols, int stride, int threads) {
     const int chunks = fill_cols >> 2;                          // <= 32
     const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;  // chunks rounded up to 2^shift
     col = (static_cast<int>(threadIdx.x) & ((1 << shift) - 1)) << 2;
     row0 = static_cast<int>(threadIdx.x) >> shift;
-    row_step = kThreads >> shift;
+    row_step = threads >> shift;
     active = col < fill_cols;
     smem_off0 = row0 * stride + (col ^ SmemTile::swz(row0 & 7));
     smem_step = row_step * stride;
@@ -268,6 +352,11 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
     const int64_t g_step = ld.row_step * s.row_stride;
     uint32_t smem = smem_addr(dst.base + ld.smem_off0);
     const uint32_t smem_step = 4u * ld.smem_step;
+    if (col_bytes == 16 && s.valid_rows >= s.fill_rows) {  // the usual case: every copy whole
+      for (int r = ld.row0; r < s.fill_rows; r += ld.row_step, g += g_step, smem += smem_step)
+        cp_async_16_full(smem, g, policy);
+      return;
+    }
     for (int r = ld.row0; r < s.fill_rows; r += ld.row_step, g += g_step, smem += smem_step) {
       const bool ok = r < s.valid_rows && col_bytes > 0;
       cp_async_16(smem, ok ? g : any_valid, ok ? col_bytes : 0, policy);
@@ -275,7 +364,7 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
   } else {
     const int shift = 32 - __clz(s.fill_cols - 1);  // fill_cols >= 4
     const int total = s.fill_rows << shift;
-    for (int e = threadIdx.x; e < total; e += kThreads) {
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
       const int r = e >> shift, c = e & ((1 << shift) - 1);
       if (c >= s.fill_cols) continue;
       const bool ok = r < s.valid_rows && c < s.valid_cols;
@@ -299,15 +388,17 @@ struct WeightView {
   }
 };
 
-// Entry e = (tile * KS + ks) * 32 + lane holds one lane's fragment of 16-row (A) or 8-column
-// (B) tile `tile` at k-step ks: hi words, then (kSplitPre) the bf16 words of all entries.
-template <int kMode>
+// Entry e = (ks * kTiles + tile) * 32 + lane holds one lane's fragment of 16-row (A) or 8-column
+// (B) tile `tile` at k-step ks (k-step major: a warp's tiles at one k-step are neighbours, at
+// offsets known at compile time): hi words; then, for kSplitPre, the rounded bf16 lo pairs of
+// all entries (A: bf[0], bf[1]; B: bf[1]). The bf16 hi pairs are the hi words' top halves.
+template <int kMode, int kTiles>
 struct Resident {
   const unsigned char* base;
-  int entries, KS;
+  int entries;
 
-  __device__ __forceinline__ FragA a(int mt, int ks, int lane) const {
-    const int e = (mt * KS + ks) * 32 + lane;
+  __device__ __forceinline__ FragA a(int tile, int ks, int lane) const {
+    const int e = (ks * kTiles + tile) * 32 + lane;
     if constexpr (kMode == kSplitRaw) {
       const float4 v = reinterpret_cast<const float4*>(base)[e];
       return make_a<true>(v.x, v.y, v.z, v.w);
@@ -316,14 +407,16 @@ struct Resident {
       const uint4 h = reinterpret_cast<const uint4*>(base)[e];
       f.hi[0] = h.x, f.hi[1] = h.y, f.hi[2] = h.z, f.hi[3] = h.w;
       if constexpr (kMode == kSplitPre) {
-        const uint4 b = reinterpret_cast<const uint4*>(base)[entries + e];
-        f.bf[0] = b.x, f.bf[1] = b.y, f.bf[2] = b.z, f.bf[3] = b.w;
+        const uint2 lo = reinterpret_cast<const uint2*>(base + entries * 16)[e];
+        f.bf[0] = lo.x, f.bf[1] = lo.y;
+        f.bf[2] = bf16_pair_trunc(h.x, h.z);
+        f.bf[3] = bf16_pair_trunc(h.y, h.w);
       }
       return f;
     }
   }
-  __device__ __forceinline__ FragB b(int nt, int ks, int lane) const {
-    const int e = (nt * KS + ks) * 32 + lane;
+  __device__ __forceinline__ FragB b(int tile, int ks, int lane) const {
+    const int e = (ks * kTiles + tile) * 32 + lane;
     if constexpr (kMode == kSplitRaw) {
       const float2 v = reinterpret_cast<const float2*>(base)[e];
       return make_b<true>(v.x, v.y);
@@ -332,47 +425,49 @@ struct Resident {
       const uint2 h = reinterpret_cast<const uint2*>(base)[e];
       f.hi[0] = h.x, f.hi[1] = h.y;
       if constexpr (kMode == kSplitPre) {
-        const uint2 b = reinterpret_cast<const uint2*>(base)[entries + e];
-        f.bf[0] = b.x, f.bf[1] = b.y;
+        f.bf[0] = bf16_pair_trunc(h.x, h.y);
+        f.bf[1] = reinterpret_cast<const uint32_t*>(base + entries * 8)[e];
       }
       return f;
     }
   }
 };
 
-// M as the A operand (rows m), `rows` (multiple of 16) x 8*KS. Returns the entry count.
-template <int kMode>
-__device__ int fill_resident_a(unsigned char* base, int rows, int KS, const WeightView& M) {
-  const int entries = rows / 16 * KS * 32;
-  for (int e = threadIdx.x; e < entries; e += kThreads) {
-    const int lane = e & 31, ks = (e >> 5) % KS, mt = (e >> 5) / KS;
-    const int m = mt * 16 + (lane >> 2), r = ks * 8 + (lane & 3);
+// M as the A operand (rows m), kTiles * 16 rows x 8*KS. Returns the entry count.
+template <int kMode, int kTiles>
+__device__ int fill_resident_a(unsigned char* base, int KS, const WeightView& M) {
+  const int entries = kTiles * KS * 32;
+  for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+    const int lane = e & 31, tile = (e >> 5) % kTiles, ks = (e >> 5) / kTiles;
+    const int m = tile * 16 + (lane >> 2), r = ks * 8 + (lane & 3);
     const float v0 = M(m, r), v1 = M(m + 8, r), v2 = M(m, r + 4), v3 = M(m + 8, r + 4);
     if constexpr (kMode == kSplitRaw) {
       reinterpret_cast<float4*>(base)[e] = make_float4(v0, v1, v2, v3);
     } else {
-      const FragA f = make_a<kMode == kSplitPre, true>(v0, v1, v2, v3);
-      reinterpret_cast<uint4*>(base)[e] = make_uint4(f.hi[0], f.hi[1], f.hi[2], f.hi[3]);
+      const uint32_t h0 = tf32_bits(v0), h1 = tf32_bits(v1), h2 = tf32_bits(v2), h3 = tf32_bits(v3);
+      reinterpret_cast<uint4*>(base)[e] = make_uint4(h0, h1, h2, h3);
       if constexpr (kMode == kSplitPre)
-        reinterpret_cast<uint4*>(base)[entries + e] = make_uint4(f.bf[0], f.bf[1], f.bf[2], f.bf[3]);
+        reinterpret_cast<uint2*>(base + entries * 16)[e] =
+            make_uint2(bf16_pair_rn(v0 - as_float(h0), v2 - as_float(h2)), bf16_pair_rn(v1 - as_float(h1), v3 - as_float(h3)));
     }
   }
   return entries;
 }
-// M as the B operand, B(k = r, n = m), `cols` (multiple of 8) x 8*KS. Returns the entry count.
-template <int kMode>
-__device__ int fill_resident_b(unsigned char* base, int cols, int KS, const WeightView& M) {
-  const int entries = cols / 8 * KS * 32;
-  for (int e = threadIdx.x; e < entries; e += kThreads) {
-    const int lane = e & 31, ks = (e >> 5) % KS, nt = (e >> 5) / KS;
-    const int n = nt * 8 + (lane >> 2), r = ks * 8 + (lane & 3);
+// M as the B operand, B(k = r, n = m), kTiles * 8 columns x 8*KS. Returns the entry count.
+template <int kMode, int kTiles>
+__device__ int fill_resident_b(unsigned char* base, int KS, const WeightView& M) {
+  const int entries = kTiles * KS * 32;
+  for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+    const int lane = e & 31, tile = (e >> 5) % kTiles, ks = (e >> 5) / kTiles;
+    const int n = tile * 8 + (lane >> 2), r = ks * 8 + (lane & 3);
     const float v0 = M(n, r), v1 = M(n, r + 4);
     if constexpr (kMode == kSplitRaw) {
       reinterpret_cast<float2*>(base)[e] = make_float2(v0, v1);
     } else {
-      const FragB f = make_b<kMode == kSplitPre, true>(v0, v1);
-      reinterpret_cast<uint2*>(base)[e] = make_uint2(f.hi[0], f.hi[1]);
-      if constexpr (kMode == kSplitPre) reinterpret_cast<uint2*>(base)[entries + e] = make_uint2(f.bf[0], f.bf[1]);
+      const uint32_t h0 = tf32_bits(v0), h1 = tf32_bits(v1);
+      reinterpret_cast<uint2*>(base)[e] = make_uint2(h0, h1);
+      if constexpr (kMode == kSplitPre)
+        reinterpret_cast<uint32_t*>(base + entries * 8)[e] = bf16_pair_rn(v0 - as_float(h0), v1 - as_float(h1));
     }
   }
   return entries;
@@ -417,11 +512,12 @@ __device__ __forceinline__ void store4(const OutTile& o, int i, int j, float (&v
   }
 }
 
-// Stores a warp's kMT x kNT accumulator tiles whose top-left is (row0, col0). Lanes t and t^1
-// trade halves: the even lane then holds row g, columns 4(t/2)..+3, the odd one row g+8.
+// Any tile (edges, accumulation, unaligned rows): stores a warp's kMT x kNT accumulator tiles
+// whose top-left is (row0, col0). Lanes t and t^1 trade halves: the even lane then holds row g,
+// columns 4(t/2)..+3, the odd one row g+8.
 template <int kMT, int kNT>
-__device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTile& o, int row0, int col0, int g,
-                                          int t, const float* bias_rows, const float* bias_cols, bool accumulate) {
+__device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTile& o, int row0, int col0, int g, int t,
+                                       const float* bias_rows, const float* bias_cols, bool accumulate) {
   const bool odd = t & 1;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -441,24 +537,121 @@ __device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTi
   }
 }
 
-// Where tile `tile` lies: NCHW tiles are 128 pixels of one image, NHWC tiles 128 rows of the
-// (N*P, channels) matrix.
+// A full tile with 16-byte-aligned rows: a warp's kMT x 4 accumulator tiles, whose top-left
+// element is out[0] (rows row_stride apart), go through `scratch` (kScratchFloats of shared
+// memory that only this warp touches): each 16 x 32 block is written in fragment order, then
+// read back by rows, 8 lanes x 16 bytes per row, so every store instruction writes four whole
+// 128-byte lines. kBias: 0 none, 1 bias[row], 2 bias[column] (shared memory, from the warp's
+// first row / column); a template argument, because even a zero bias costs an add per value.
+enum BiasKind : int { kNoBias = 0, kBiasRows = 1, kBiasCols = 2 };
+template <int kMT, int kBias>
+__device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][4][4], float* scratch, float* out,
+                                                 int64_t row_stride, int lane, const float* bias) {
+  const int g = lane >> 2, t = lane & 3;
+  const int rr = lane >> 3, cc = 4 * (lane & 7);  // read-back: rows rr + 4i, columns cc..cc+3
+  float* wr = scratch + g * kScratchStride + 2 * t;
+  const float* rd = scratch + rr * kScratchStride + cc;
+  float* dst = out + rr * row_stride + cc;
+  const int64_t step = 4 * row_stride;
+  float4 bc;
+  if constexpr (kBias == kBiasCols) bc = *reinterpret_cast<const float4*>(bias + cc);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      *reinterpret_cast<float2*>(wr + nt * 8) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+      *reinterpret_cast<float2*>(wr + 8 * kScratchStride + nt * 8) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * kScratchStride);
+      if constexpr (kBias == kBiasRows) {
+        const float b = bias[mt * 16 + 4 * i + rr];
+        v.x += b, v.y += b, v.z += b, v.w += b;
+      } else if constexpr (kBias == kBiasCols) {
+        v.x += bc.x, v.y += bc.y, v.z += bc.z, v.w += bc.w;
+      }
+      __stcs(reinterpret_cast<float4*>(dst), v);
+      dst += step;
+    }
+    __syncwarp();  // the next block overwrites what this one read
+  }
+}
+
+// A full tile with 16-byte-aligned rows, straight from the fragments: each lane stores its
+// (c0, c1) and (c2, c3) pairs as 8 bytes; the 4 lanes of a row cover one whole 32-byte sector.
+template <int kMT, int kNT>
+__device__ __forceinline__ void store_acc_pairs(float (&acc)[kMT][kNT][4], float* out, int64_t row_stride, int g,
+                                                int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    float* p0 = out + (mt * 16 + g) * row_stride + 2 * t;
+    float* p1 = p0 + 8 * row_stride;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      __stcs(reinterpret_cast<float2*>(p0 + nt * 8), make_float2(acc[mt][nt][0], acc[mt][nt][1]));
+      __stcs(reinterpret_cast<float2*>(p1 + nt * 8), make_float2(acc[mt][nt][2], acc[mt][nt][3]));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiles: which 128 pixels a block works on
+
+// A block visits tiles blockIdx.x, + step, + 2 step, ... NCHW tiles are 128 pixels of one
+// image (tile = n * tiles_per_image + rem); NHWC tiles are 128 rows of the (N*P, channels)
+// matrix. step_n / step_rem = step / tiles_per_image and step % tiles_per_image, so that walking
+// costs no division.
+struct TileGrid {
+  int64_t num_tiles, tiles_per_image, step, step_n, step_rem;
+};
+struct TileCursor {
+  int64_t tile;
+  int n, rem;  // NCHW only (the host checks that images and tiles per image fit in int)
+};
+template <bool kNHWC>
+__device__ __forceinline__ TileCursor cursor_at(int64_t tile, const TileGrid& tg) {
+  TileCursor c{tile, 0, 0};
+  if constexpr (!kNHWC) {
+    c.n = static_cast<int>(tile / tg.tiles_per_image);
+    c.rem = static_cast<int>(tile - c.n * tg.tiles_per_image);
+  }
+  return c;
+}
+template <bool kNHWC>
+__device__ __forceinline__ void advance(TileCursor& c, const TileGrid& tg) {
+  c.tile += tg.step;
+  if constexpr (!kNHWC) {
+    c.n += static_cast<int>(tg.step_n);
+    c.rem += static_cast<int>(tg.step_rem);
+    if (c.rem >= tg.tiles_per_image) c.rem -= static_cast<int>(tg.tiles_per_image), ++c.n;
+  }
+}
+// The tile `ahead` steps after c (the one a prefetch loads).
+template <bool kNHWC>
+__device__ __forceinline__ TileCursor ahead_of(TileCursor c, int ahead, const TileGrid& tg) {
+  for (int i = 0; i < ahead; ++i) advance<kNHWC>(c, tg);
+  return c;
+}
+
+// Where a tile lies.
 struct TilePos {
   int64_t n, p0;  // NCHW: image and first pixel; NHWC: n = 0, p0 = first row of N*P
   int pixels;     // valid pixels (rows) in the tile
 };
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-__device__ __forceinline__ TilePos tile_pos(bool nhwc, int64_t tile, int64_t tiles_per_image, int64_t pixels,
-                                            int64_t rows) {
+template <bool kNHWC>
+__device__ __forceinline__ TilePos tile_pos(const TileCursor& c, int64_t pixels, int64_t rows) {
   TilePos q;
-  if (nhwc) {
+  if constexpr (kNHWC) {
     q.n = 0;
-    q.p0 = tile * kTilePixels;
+    q.p0 = c.tile * kTilePixels;
     q.pixels = static_cast<int>(min64(kTilePixels, rows - q.p0));
   } else {
-    q.n = tile / tiles_per_image;
-    q.p0 = (tile - q.n * tiles_per_image) * kTilePixels;
+    q.n = c.n;
+    q.p0 = int64_t(c.rem) * kTilePixels;
     q.pixels = static_cast<int>(min64(kTilePixels, pixels - q.p0));
   }
   return q;
@@ -489,132 +682,162 @@ struct PointwiseParams {
   int64_t images, pixels, out_channels, in_channels;
   int r_pad;          // weight.r_count rounded up to 16
   int stages;
+  int stage_floats;   // one stage: the input tile, and at least the 8 warps' store scratch
   bool accumulate;    // add to out (the second and later reduction groups)
   bool vec_in, vec_out;
-  int64_t num_tiles, tiles_per_image;
+  TileGrid grid;
 };
 
 // The mma tile per block is (kWM * kMT * 16) x (kWN * kNT * 8): NCHW rows = output channels,
 // columns = 128 pixels (weight = A, resident; activations = B); NHWC rows = 128 pixels,
-// columns = output channels (activations = A; weight = B, resident).
-template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode>
-__global__ void __launch_bounds__(kThreads, 1) pointwise_kernel(const PointwiseParams p) {
+// columns = output channels (activations = A; weight = B, resident). kMinBlocks = 2 caps the
+// registers at 128 so that two blocks share an SM.
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const PointwiseParams p) {
   constexpr bool kSplit = kMode != kTf32;
   constexpr int kRows = kWM * kMT * 16, kCols = kWN * kNT * 8;
   constexpr int kChannels = kNHWC ? kCols : kRows;  // output channels per block
+  constexpr int kResTiles = kNHWC ? kChannels / 8 : kChannels / 16;
   static_assert(kWM * kWN == kThreads / 32, "one warp per warp tile");
   static_assert((kNHWC ? kRows : kCols) == kTilePixels, "a tile is 128 pixels");
+  static_assert(kNT == 4, "a warp's columns are 32 consecutive values (fragment offsets, staged stores)");
 
   extern __shared__ __align__(16) unsigned char smem[];
   const int KS = p.r_pad / 8;
   float* bias_s = reinterpret_cast<float*>(smem + resident_bytes(kChannels, p.r_pad, kMode));  // (kChannels)
   float* stage0 = bias_s + kChannels;
-  // Compile-time row strides, so that fragment addresses are per-lane pointers plus constants.
+  // Compile-time row strides, so that fragment addresses are per-lane offsets plus constants.
   constexpr int stride = kNHWC ? pointwise_nhwc_stride(kChannels) : kTilePixels;
-  const int stage_floats = kNHWC ? kTilePixels * stride : p.r_pad * kTilePixels;
 
-  const int entries = kNHWC ? fill_resident_b<kMode>(smem, kChannels, KS, p.weight)
-                            : fill_resident_a<kMode>(smem, kChannels, KS, p.weight);
-  const Resident<kMode> res{smem, entries, KS};
+  const int entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS, p.weight)
+                            : fill_resident_a<kMode, kResTiles>(smem, KS, p.weight);
+  const Resident<kMode, kResTiles> res{smem, entries};
   for (int c = threadIdx.x; c < kChannels; c += kThreads)
     bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
-  const TileLoader loader(kNHWC ? p.r_pad : kTilePixels, stride);
-  auto issue = [&](int64_t tile, int stage) {
-    if (tile < p.num_tiles) {
-      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
-      load_tile(loader, SmemTile{stage0 + stage * stage_floats, stride},
+  const TileLoader loader(kNHWC ? p.r_pad : kTilePixels, stride, kThreads);
+  auto issue = [&](const TileCursor& c, int stage) {
+    if (c.tile < p.grid.num_tiles) {
+      const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
+      load_tile(loader, SmemTile{stage0 + stage * p.stage_floats, stride},
                 tile_source(kNHWC, p.in, q, p.in_channels, p.pixels, p.weight.r0, p.weight.r_count, p.r_pad), p.in,
                 p.vec_in, policy);
     }
     cp_async_commit();  // always: the wait below counts groups
   };
 
-  const int64_t first = blockIdx.x, step = gridDim.x;
-  for (int s = 0; s < p.stages - 1; ++s) issue(first + s * step, s);
+  {
+    TileCursor c = cursor_at<kNHWC>(blockIdx.x, p.grid);
+    for (int s = 0; s < p.stages - 1; ++s) {
+      issue(c, s);
+      advance<kNHWC>(c, p.grid);
+    }
+  }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wm = warp % kWM, wn = warp / kWM;
+  const int row0 = wm * kMT * 16, col0 = wn * kNT * 8;  // the warp tile's origin
+  const bool has_bias = p.bias != nullptr;
+  const RowsKOffsets pb(stride, wn, lane);  // NCHW: B fragments of the activation tile
   int stage = 0;
-  for (int64_t tile = first; tile < p.num_tiles; tile += step) {
+  for (TileCursor cur = cursor_at<kNHWC>(blockIdx.x, p.grid); cur.tile < p.grid.num_tiles;
+       advance<kNHWC>(cur, p.grid)) {
     cp_async_wait_pending(p.stages - 2);
     __syncthreads();  // this stage has landed for every thread; the one refilled next is free
-    issue(tile + (p.stages - 1) * step, stage == 0 ? p.stages - 1 : stage - 1);
+    issue(ahead_of<kNHWC>(cur, p.stages - 1, p.grid), stage == 0 ? p.stages - 1 : stage - 1);
 
-    const SmemTile X{stage0 + stage * stage_floats, stride};
-    float acc[kMT][kNT][4] = {};
+    float* X = stage0 + stage * p.stage_floats;
+    float acc[kMT][kNT][4];
     if constexpr (kNHWC) {
       if (KS % 4 == 0) {
-        // Element (m0 + g + 8 hr, 8 ks + t + 4 h) of the (pixels, channels) tile sits at
-        // (m0 + 8 hr) S + 32 (ks / 4) + q[ks % 4][h], q[u][h] = g S + 8 (u ^ (g & 3)) + ((t + 4h) ^ (g & 4)).
-        const float* pa[4][2];
+        // A (pixels x reduction channels) with one ldmatrix.x4 per fragment.
+        uint32_t a_off[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u) a_off[u] = smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane);
+        auto kstep = [&](int ks, int u, int jj, auto first) {
+          FragB b[kNT];
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            pa[u][h] = X.base + (wm * kMT * 16 + g) * stride + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
-        for (int j = 0; j < KS / 4; ++j) {
+          for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            FragB b[kNT];
+          for (int mt = 0; mt < kMT; ++mt) {
+            uint32_t r[4];
+            ldmatrix_x4(r, a_off[u] + mt * 16 * stride * 4 + jj * 128);
+            const FragA a = make_a<kSplit>(r);
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, 4 * j + u, lane);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              const int off = mt * 16 * stride + 32 * j;
-              const FragA a = make_a<kSplit>(pa[u][0][off], pa[u][0][off + 8 * stride], pa[u][1][off],
-                                             pa[u][1][off + 8 * stride]);
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
-            }
+            for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
           }
+        };
+        kstep(0, 0, 0, First{});
+        kstep(1, 1, 0, Later{});
+        kstep(2, 2, 0, Later{});
+        kstep(3, 3, 0, Later{});
+        for (int jj = 1; jj < KS / 4; ++jj) {
+          kstep(4 * jj, 0, jj, Later{});
+          kstep(4 * jj + 1, 1, jj, Later{});
+          kstep(4 * jj + 2, 2, jj, Later{});
+          kstep(4 * jj + 3, 3, jj, Later{});
         }
       } else {
+        const SmemTile XT{X, stride};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
         for (int ks = 0; ks < KS; ++ks) {
           FragB b[kNT];
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            const FragA a = tile_a_rows_m<kSplit>(X, (wm * kMT + mt) * 16, ks * 8, g, t);
+            const FragA a = tile_a_rows_m<kSplit>(XT, row0 + mt * 16, ks * 8, g, t);
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
           }
         }
       }
     } else {
-      // Element (8 ks + t + 4 h, 8 v + g) of the (channels, pixels) tile, v = 4 wn + nt, sits at
-      // 8 ks S + 32 wn + q[nt][h], q[v][h] = (t + 4h) S + 8 (v ^ t) + (g ^ 4h).
-      static_assert(kNHWC || kNT == 4, "one warp's columns are 32 pixels");
-      const float* pb[kNT][2];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          pb[nt][h] = X.base + 32 * wn + (t + 4 * h) * stride + 8 * (nt ^ t) + (g ^ (4 * h));
-      auto kstep = [&](int ks) {
+      // B (reduction channels x pixels) from the tile through per-lane offsets.
+      auto kstep = [&](int ks, auto first) {
         FragB b[kNT];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) b[nt] = make_b<kSplit>(pb[nt][0][8 * ks * stride], pb[nt][1][8 * ks * stride]);
+        for (int nt = 0; nt < kNT; ++nt)
+          b[nt] = make_b<kSplit>(X[pb.off[nt][0] + 8 * ks * stride], X[pb.off[nt][1] + 8 * ks * stride]);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const FragA a = res.a(wm * kMT + mt, ks, lane);
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+          for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
         }
       };
-      for (int ks = 0; ks < KS; ks += 2) {  // KS is even (r_pad is a multiple of 16)
-        kstep(ks);
-        kstep(ks + 1);
+      kstep(0, First{});
+      if (!kSplit && KS == 8) {  // 64 reduction channels (workload B): every offset a constant
+#pragma unroll
+        for (int ks = 1; ks < 8; ++ks) kstep(ks, Later{});
+      } else {
+        kstep(1, Later{});
+        for (int ks = 2; ks < KS; ks += 2) {  // KS is even (r_pad is a multiple of 16)
+          kstep(ks, Later{});
+          kstep(ks + 1, Later{});
+        }
       }
     }
 
-    const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+    const TilePos q = tile_pos<kNHWC>(cur, p.pixels, rows);
     const OutTile o = out_tile(kNHWC, p.out, q, p.out_channels, p.pixels, p.weight.m0, p.weight.m_count, p.vec_out);
-    store_acc(acc, o, wm * kMT * 16, wn * kNT * 8, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr,
-              p.accumulate);
+    if (q.pixels == kTilePixels && p.weight.m_count == kChannels && p.vec_out && !p.accumulate) {
+      __syncthreads();  // every warp is done reading this stage: it becomes the warps' store scratch
+      float* scratch = X + warp * kScratchFloats;
+      float* out = o.base + row0 * o.row_stride + col0;
+      if (!has_bias) store_acc_staged<kMT, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
+      else if constexpr (kNHWC) store_acc_staged<kMT, kBiasCols>(acc, scratch, out, o.row_stride, lane, bias_s + col0);
+      else store_acc_staged<kMT, kBiasRows>(acc, scratch, out, o.row_stride, lane, bias_s + row0);
+    } else {
+      store_acc(acc, o, row0, col0, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr, p.accumulate);
+    }
     stage = stage + 1 == p.stages ? 0 : stage + 1;
   }
   cp_async_wait<0>();
@@ -635,16 +858,16 @@ struct BackwardParams {
   int dy_floats, x_floats;  // per stage, sized for the largest dw block
   int stages;
   bool vec_dy, vec_x, vec_dx;
-  int64_t num_tiles, tiles_per_image;
+  TileGrid grid;
 };
 
 // dx tile (fused backward) = M dy_tile, M(c, k) = w[k][c] resident. NCHW: rows = C (2 warps x 2
 // m-tiles), columns = pixels (4 warps x 4 n-tiles); NHWC: rows = pixels (4 x 2), columns = C
-// (2 x 4). kGuard skips fragments past C (only needed when C < 64): a uniform branch per
-// fragment, which would stall the loads of full blocks.
-template <bool kNHWC, bool kGuard, int kMode>
-__device__ __forceinline__ void dx_tile_mma(float (&acc)[2][4][4], const Resident<kMode>& res, const SmemTile& DY,
-                                            int KS1, int Cpad, int wm, int wn, int lane) {
+// (2 x 4). This general version serves C < 64 (kGuard skips fragments past C) and NHWC K side
+// not a multiple of 32; it adds to acc.
+template <bool kNHWC, bool kGuard, int kMode, int kTiles>
+__device__ __forceinline__ void dx_tile_mma(float (&acc)[2][4][4], const Resident<kMode, kTiles>& res,
+                                            const SmemTile& DY, int KS1, int Cpad, int wm, int wn, int lane) {
   constexpr bool kSplit = kMode != kTf32;
   constexpr int kMT = 2, kNT = 4;
   const int g = lane >> 2, t = lane & 3;
@@ -672,6 +895,69 @@ __device__ __forceinline__ void dx_tile_mma(float (&acc)[2][4][4], const Residen
   for (int ks = 0; ks < KS1; ks += 2) {  // KS1 is even (Kpad is a multiple of 16)
     kstep(ks);
     kstep(ks + 1);
+  }
+}
+
+// The same for C = 64 (NHWC: and a K side that is a multiple of 32), the hot path: writes acc.
+// NHWC reads its A fragments (pixels x K) with ldmatrix; NCHW its B fragments (K x pixels)
+// through per-lane offsets.
+template <bool kNHWC, int kMode, int kTiles>
+__device__ __forceinline__ void dx_tile_mma_full(float (&acc)[2][4][4], const Resident<kMode, kTiles>& res,
+                                                 const float* dy, int KS1, int wm, int wn, int lane) {
+  constexpr bool kSplit = kMode != kTf32;
+  constexpr int kMT = 2, kNT = 4, S = kBwdDyStride;
+  if constexpr (kNHWC) {
+    uint32_t a_off[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a_off[u] = smem_addr(dy) + ldmatrix_offset(S, wm * kMT * 16, u, true, lane);
+    auto kstep = [&](int ks, int u, int jj, auto first) {
+      FragB b[kNT];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t r[4];
+        ldmatrix_x4(r, a_off[u] + mt * 16 * S * 4 + jj * 128);
+        const FragA a = make_a<kSplit>(r);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
+      }
+    };
+    kstep(0, 0, 0, First{});
+    kstep(1, 1, 0, Later{});
+    kstep(2, 2, 0, Later{});
+    kstep(3, 3, 0, Later{});
+    for (int jj = 1; jj < KS1 / 4; ++jj) {
+      kstep(4 * jj, 0, jj, Later{});
+      kstep(4 * jj + 1, 1, jj, Later{});
+      kstep(4 * jj + 2, 2, jj, Later{});
+      kstep(4 * jj + 3, 3, jj, Later{});
+    }
+  } else {
+    const RowsKOffsets pb(S, wn, lane);
+    auto kstep = [&](int ks, auto first) {
+      FragB b[kNT];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        b[nt] = make_b<kSplit>(dy[pb.off[nt][0] + 8 * ks * S], dy[pb.off[nt][1] + 8 * ks * S]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const FragA a = res.a(wm * kMT + mt, ks, lane);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
+      }
+    };
+    kstep(0, First{});
+    if (KS1 == 16) {  // 128 output channels (workload B): every offset a constant
+#pragma unroll
+      for (int ks = 1; ks < 16; ++ks) kstep(ks, Later{});
+    } else {
+      kstep(1, Later{});
+      for (int ks = 2; ks < KS1; ks += 2) {  // KS1 is even
+        kstep(ks, Later{});
+        kstep(ks + 1, Later{});
+      }
+    }
   }
 }
 
@@ -705,62 +991,74 @@ __device__ __forceinline__ void dw_tile_mma(float (&acc)[2][4][4], const SmemTil
   }
 }
 
-// The same product for a full 128 x 64 block (the hot path), with the shared-memory addresses
-// precomputed. With the swizzle, element (r0 + g + 8 hr, 8 ks + t + 4 h) of a tile whose rows are
-// the M/N index (NCHW) sits at
-//   (r0 + 8 hr) S + 32 (ks / 4) + q[ks % 4][h],  q[u][h] = g S + 8 (u ^ (g & 3)) + ((t + 4h) ^ (g & 4)),
-// and element (8 ks + t + 4 h, 8 v + g) of a tile whose rows are k (NHWC) at
-//   8 ks S + 32 (v / 4) + q[v % 4][h],  q[v][h] = (t + 4h) S + 8 (v ^ t) + (g ^ 4h),
-// so every load is a per-lane base pointer plus a constant.
+// The same product for a full 128 x 64 block (the hot path); writes acc. NCHW: both operands'
+// rows are their M / N index and their 16-byte chunks run along the pixels, so ldmatrix.x4
+// loads an A fragment or two B fragments at once. NHWC: the tiles' rows are pixels (the
+// reduction index); each value is one LDS at a per-lane offset plus a constant.
 template <bool kNHWC, bool kSplit>
 __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const float* dy, const float* x, int wm,
                                                  int wn, int lane) {
   constexpr int kMT = 2, kNT = 4;
   constexpr int SA = kBwdDyStride, SB = kNHWC ? kBwdXStrideNhwc : kTilePixels;
-  const int g = lane >> 2, t = lane & 3;
-  const float* pa[4][2];
-  const float* pb[4][2];
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (kNHWC) {  // A rows k, columns m = 32 wm + 8 v + g; B rows k, columns c = 32 wn + 8 v + g
-        pa[u][h] = dy + 32 * wm + (t + 4 * h) * SA + 8 * (u ^ t) + (g ^ (4 * h));
-        pb[u][h] = x + 32 * wn + (t + 4 * h) * SB + 8 * (u ^ t) + (g ^ (4 * h));
-      } else {  // A rows m = 32 wm + ..., B rows c = 32 wn + ...; columns k
-        pa[u][h] = dy + 32 * wm * SA + g * SA + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
-        pb[u][h] = x + 32 * wn * SB + g * SB + 8 * (u ^ (g & 3)) + ((t + 4 * h) ^ (g & 4));
-      }
-    }
-  for (int j = 0; j < kTilePixels / 32; ++j) {  // groups of 4 k-steps
+  if constexpr (!kNHWC) {
+    uint32_t a_off[4], b_off[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int ks = 4 * j + u;
+      a_off[u] = smem_addr(dy) + ldmatrix_offset(SA, 32 * wm, u, true, lane);
+      b_off[u] = smem_addr(x) + ldmatrix_offset(SB, 32 * wn, u, false, lane);
+    }
+    auto kstep = [&](int u, int jj, auto first) {
       FragB b[kNT];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        if constexpr (kNHWC) {
-          const int row = 8 * ks * SB;
-          b[nt] = make_b<kSplit>(pb[nt][0][row], pb[nt][1][row]);
-        } else {
-          const int off = nt * 8 * SB + 32 * j;
-          b[nt] = make_b<kSplit>(pb[u][0][off], pb[u][1][off]);
-        }
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b_off[u] + np * 16 * SB * 4 + jj * 128);
+        b[2 * np] = make_b<kSplit>(as_float(r[0]), as_float(r[1]));
+        b[2 * np + 1] = make_b<kSplit>(as_float(r[2]), as_float(r[3]));
       }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        FragA a;
-        if constexpr (kNHWC) {
-          const int row = 8 * ks * SA;
-          a = make_a<kSplit>(pa[2 * mt][0][row], pa[2 * mt + 1][0][row], pa[2 * mt][1][row], pa[2 * mt + 1][1][row]);
-        } else {
-          const int off = mt * 16 * SA + 32 * j;
-          a = make_a<kSplit>(pa[u][0][off], pa[u][0][off + 8 * SA], pa[u][1][off], pa[u][1][off + 8 * SA]);
-        }
+        uint32_t r[4];
+        ldmatrix_x4(r, a_off[u] + mt * 16 * SA * 4 + jj * 128);
+        const FragA a = make_a<kSplit>(r);
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
       }
+    };
+    kstep(0, 0, First{});
+    kstep(1, 0, Later{});
+    kstep(2, 0, Later{});
+    kstep(3, 0, Later{});
+    constexpr int kUnroll = kSplit ? 1 : 3;  // FP32: rolled, or it spills running dw sums
+#pragma unroll kUnroll
+    for (int jj = 1; jj < kTilePixels / 32; ++jj) {
+      kstep(0, jj, Later{});
+      kstep(1, jj, Later{});
+      kstep(2, jj, Later{});
+      kstep(3, jj, Later{});
     }
+  } else {
+    // A(m, k) = dy[k][m], columns m = 32 wm + 8 v + g; B(k, n) = x[k][n], columns n = 32 wn + 8 v + g.
+    const RowsKOffsets pa(SA, wm, lane), pb(SB, wn, lane);
+    auto kstep = [&](int ks, auto first) {
+      FragB b[kNT];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        b[nt] = make_b<kSplit>(x[pb.off[nt][0] + 8 * ks * SB], x[pb.off[nt][1] + 8 * ks * SB]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int row = 8 * ks * SA;
+        const FragA a = make_a<kSplit>(dy[pa.off[2 * mt][0] + row], dy[pa.off[2 * mt + 1][0] + row],
+                                       dy[pa.off[2 * mt][1] + row], dy[pa.off[2 * mt + 1][1] + row]);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
+      }
+    };
+    kstep(0, First{});
+    // Fully unrolled, the TF32 variant hoists enough loads to spill a few running dw sums.
+    constexpr int kUnroll = kSplit ? kTilePixels / 8 : 5;
+#pragma unroll kUnroll
+    for (int ks = 1; ks < kTilePixels / 8; ++ks) kstep(ks, Later{});
   }
 }
 
@@ -768,9 +1066,14 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
 // n-tiles x 8 = 64), reduction over the tile's 128 pixels.
 // dx (fused): NCHW rows = C (2 x 2 x 16 = 64), columns = pixels (4 x 4 x 8 = 128);
 //             NHWC rows = pixels (4 x 2 x 16), columns = C (2 x 4 x 8); reduction over K.
+// The fused variant runs 16 warps: warps 0-7 compute and store dx, warps 8-15 dw, on the same
+// shared-memory stage (each role needs half the registers, and 4 warps per scheduler hide
+// each other's latencies); the dw-only variant runs the 8 dw warps.
 template <bool kNHWC, bool kWithDx, int kMode>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward_kernel(const BackwardParams p) {
   constexpr bool kSplit = kMode != kTf32;
+  constexpr int kBlockThreads = kWithDx ? 2 * kThreads : kThreads;
+  constexpr int kResTiles = kNHWC ? kDwCols / 8 : kDwCols / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   const int kb = blockIdx.y / p.c_blocks, cb = blockIdx.y % p.c_blocks;
   const int k0 = kb * kDwRows, c0 = cb * kDwCols;
@@ -787,16 +1090,18 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
   int entries = 0;
   if constexpr (kWithDx) {
     const WeightView wt{p.w, 1, p.C, 0, Ct, 0, Kt};
-    entries = kNHWC ? fill_resident_b<kMode>(smem, kDwCols, KS1, wt) : fill_resident_a<kMode>(smem, kDwCols, KS1, wt);
+    entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS1, wt) : fill_resident_a<kMode, kResTiles>(smem, KS1, wt);
   }
-  const Resident<kMode> res{smem, entries, KS1};
+  const Resident<kMode, kResTiles> res{smem, entries};
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
-  const TileLoader dy_loader(kNHWC ? Kpad : kTilePixels, dy_stride), x_loader(kNHWC ? Cpad : kTilePixels, x_stride);
-  auto issue = [&](int64_t tile, int stage) {
-    if (tile < p.num_tiles) {
-      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
+  auto issue = [&](const TileCursor& c, int stage) {
+    if (c.tile < p.grid.num_tiles) {
+      // Rebuilt per tile (a few integer ops) rather than kept: the dw warps need the registers.
+      const TileLoader dy_loader(kNHWC ? Kpad : kTilePixels, dy_stride, kBlockThreads);
+      const TileLoader x_loader(kNHWC ? Cpad : kTilePixels, x_stride, kBlockThreads);
+      const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
       load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad),
                 p.dy, p.vec_dy, policy);
@@ -806,42 +1111,75 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
     cp_async_commit();
   };
 
-  const int64_t first = blockIdx.x, step = gridDim.x;
-  for (int s = 0; s < p.stages - 1; ++s) issue(first + s * step, s);
+  {
+    TileCursor c = cursor_at<kNHWC>(blockIdx.x, p.grid);
+    for (int s = 0; s < p.stages - 1; ++s) {
+      issue(c, s);
+      advance<kNHWC>(c, p.grid);
+    }
+  }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float dw[2][4][4] = {};  // this thread's share of the block's dw, summed over its tiles
+  const bool dx_role = kWithDx && warp < 8;
+  const int rw = warp & 7;  // the warp's index inside its role
+  const bool dw_full = Kpad == kDwRows && Cpad == kDwCols;
+  float dw[2][4][4] = {};  // dw warps: this thread's share of the block's dw, summed over its tiles
   int stage = 0;
-  for (int64_t tile = first; tile < p.num_tiles; tile += step) {
+  for (TileCursor cur = cursor_at<kNHWC>(blockIdx.x, p.grid); cur.tile < p.grid.num_tiles;
+       advance<kNHWC>(cur, p.grid)) {
     cp_async_wait_pending(p.stages - 2);
     __syncthreads();
-    issue(tile + (p.stages - 1) * step, stage == 0 ? p.stages - 1 : stage - 1);
-    const SmemTile DY{stage0 + stage * stage_floats, dy_stride};
-    const SmemTile X{stage0 + stage * stage_floats + p.dy_floats, x_stride};
+    issue(ahead_of<kNHWC>(cur, p.stages - 1, p.grid), stage == 0 ? p.stages - 1 : stage - 1);
+    const float* dy_s = stage0 + stage * stage_floats;
+    const float* x_s = dy_s + p.dy_floats;
 
-    if constexpr (kWithDx) {
-      constexpr int kWM = kNHWC ? 4 : 2;
-      const int wm = warp % kWM, wn = warp / kWM;
-      float acc[2][4][4] = {};
-      if (Cpad == kDwCols) dx_tile_mma<kNHWC, false>(acc, res, DY, KS1, Cpad, wm, wn, lane);
-      else dx_tile_mma<kNHWC, true>(acc, res, DY, KS1, Cpad, wm, wn, lane);
-      const TilePos q = tile_pos(kNHWC, tile, p.tiles_per_image, p.pixels, rows);
-      store_acc(acc, out_tile(kNHWC, p.dx, q, p.C, p.pixels, 0, Ct, p.vec_dx), wm * 2 * 16, wn * 4 * 8, g, t,
-                nullptr, nullptr, false);
-    }
-
-    // dw block += dy_tile (K side x pixels) * x_tile^T (pixels x C side)
-    {
-      constexpr int kWM = 4, kMT = 2, kNT = 4;
-      const int wm = warp % kWM, wn = warp / kWM;
-      float acc[kMT][kNT][4] = {};
-      if (Kpad == kDwRows && Cpad == kDwCols) dw_tile_mma_full<kNHWC, kSplit>(acc, DY.base, X.base, wm, wn, lane);
-      else dw_tile_mma<kNHWC, kSplit, true>(acc, DY, X, Kpad, Cpad, wm, wn, lane);
+    if (dx_role) {
+      if constexpr (kWithDx) {
+        constexpr int kWM = kNHWC ? 4 : 2;
+        const int wm = rw % kWM, wn = rw / kWM;
+        float acc[2][4][4];
+        if (Cpad == kDwCols && (!kNHWC || KS1 % 4 == 0)) {
+          dx_tile_mma_full<kNHWC>(acc, res, dy_s, KS1, wm, wn, lane);
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+          const SmemTile DY{const_cast<float*>(dy_s), dy_stride};
+          if (Cpad == kDwCols) dx_tile_mma<kNHWC, false>(acc, res, DY, KS1, Cpad, wm, wn, lane);
+          else dx_tile_mma<kNHWC, true>(acc, res, DY, KS1, Cpad, wm, wn, lane);
+        }
+        const TilePos q = tile_pos<kNHWC>(cur, p.pixels, rows);
+        const OutTile o = out_tile(kNHWC, p.dx, q, p.C, p.pixels, 0, Ct, p.vec_dx);
+        const int row0 = wm * 2 * 16, col0 = wn * 4 * 8;
+        if (q.pixels == kTilePixels && Ct == kDwCols && p.vec_dx)
+          store_acc_pairs(acc, o.base + row0 * o.row_stride + col0, o.row_stride, g, t);
+        else
+          store_acc(acc, o, row0, col0, g, t, nullptr, nullptr, false);
+      }
+    } else {
+      // dw block += dy_tile (K side x pixels) * x_tile^T (pixels x C side)
+      const int wm = rw % 4, wn = rw / 4;
+      float acc[2][4][4];
+      if (dw_full) {
+        dw_tile_mma_full<kNHWC, kSplit>(acc, dy_s, x_s, wm, wn, lane);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+        dw_tile_mma<kNHWC, kSplit, true>(acc, SmemTile{const_cast<float*>(dy_s), dy_stride},
+                                         SmemTile{const_cast<float*>(x_s), x_stride}, Kpad, Cpad, wm, wn, lane);
+      }
       // Flush the tensor-core sum (a chain of 16 steps) into the plain fp32 running sum.
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) dw[mt][nt][e] += acc[mt][nt][e];
     }
@@ -850,18 +1188,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const BackwardPar
   cp_async_wait<0>();
 
   // This block's partial: every (k, c) of its dw block, zeros if it had no tile.
-  {
-    constexpr int kWM = 4, kMT = 2, kNT = 4;
-    const int wm = warp % kWM, wn = warp / kWM;
+  if (!dx_role) {
+    const int wm = rw % 4, wn = rw / 4;
     float* part = p.partial + blockIdx.x * p.K * p.C;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = (wm * kMT + mt) * 16 + g + (e >= 2 ? 8 : 0);
-          const int c = (wn * kNT + nt) * 8 + 2 * t + (e & 1);
+          const int r = (wm * 2 + mt) * 16 + g + (e >= 2 ? 8 : 0);
+          const int c = (wn * 4 + nt) * 8 + 2 * t + (e & 1);
           if (r < Kt && c < Ct) part[(k0 + r) * p.C + c0 + c] = dw[mt][nt][e];
         }
   }
@@ -883,12 +1220,19 @@ __global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restr
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 struct DeviceLimits {
-  int sms = 0, smem = 0;  // multiprocessors; shared memory per block with opt-in
+  int sms = 0;
+  int smem_block = 0;  // shared memory per block with opt-in
+  int smem_sm = 0;     // shared memory per multiprocessor
+  int reserved = 0;    // shared memory the system keeps per block
+  // The most dynamic shared memory a block may use for `blocks` blocks to share one SM.
+  int smem_for(int blocks) const { return std::min(smem_block, smem_sm / blocks - reserved); }
 };
 DeviceLimits device_limits(int dev) {
   DeviceLimits l;
   TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&l.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
   return l;
 }
 
@@ -899,38 +1243,55 @@ int stages_that_fit(int smem_limit, int fixed, int stage_bytes) {
 
 // Blocks of `kernel` that fit on one multiprocessor with `smem` bytes of dynamic shared memory.
 template <class Kernel>
-int blocks_per_sm(Kernel kernel, int smem) {
+int blocks_per_sm(Kernel kernel, int threads, int smem) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int blocks = 0;
-  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
   TG_CHECK(blocks > 0, "conv1x1: a kernel does not fit on the device with ", smem, " bytes of shared memory");
   return blocks;
-}
-
-template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode>
-void launch_pointwise(const PointwiseParams& p, int smem, int sms, cudaStream_t st) {
-  auto kernel = pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode>;
-  const int64_t grid = std::min<int64_t>(p.num_tiles, int64_t(sms) * blocks_per_sm(kernel, smem));
-  kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
-  TG_LAUNCH_CHECK();
-}
-
-// The warp layouts: 128 output channels with <= 64 reduction channels ("narrow"), or 64 output
-// channels with <= 128 ("wide"); both keep the resident weight at 32 KB (64 KB split).
-template <int kMode>
-void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, int smem, int sms, cudaStream_t st) {
-  if (!nhwc) {
-    if (wide) launch_pointwise<false, 2, 4, 2, 4, kMode>(p, smem, sms, st);  // 64 ch x 128 px
-    else launch_pointwise<false, 2, 4, 4, 4, kMode>(p, smem, sms, st);       // 128 ch x 128 px
-  } else {
-    if (wide) launch_pointwise<true, 4, 2, 2, 4, kMode>(p, smem, sms, st);   // 128 px x 64 ch
-    else launch_pointwise<true, 2, 4, 4, 4, kMode>(p, smem, sms, st);        // 128 px x 128 ch
-  }
 }
 
 int64_t tiles_per_image(const ConvShape& s) { return s.channels_last() ? 0 : ceil_div(s.out_volume(), kTilePixels); }
 int64_t tile_count(const ConvShape& s) {
   return s.channels_last() ? ceil_div(s.N * s.out_volume(), kTilePixels) : s.N * tiles_per_image(s);
+}
+// How `grid` blocks walk the tiles of s (block b: tiles b, b + grid, ...).
+TileGrid tile_grid(const ConvShape& s, int64_t grid) {
+  TG_CHECK(s.N < (int64_t(1) << 31) && tiles_per_image(s) < (int64_t(1) << 31),
+           "conv1x1: more than 2^31 images or tiles per image (", s.x_shape(), ")");
+  TileGrid t{};
+  t.num_tiles = tile_count(s);
+  t.tiles_per_image = tiles_per_image(s);
+  t.step = grid;
+  if (t.tiles_per_image > 0) {
+    t.step_n = grid / t.tiles_per_image;
+    t.step_rem = grid % t.tiles_per_image;
+  }
+  return t;
+}
+
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
+void launch_pointwise(PointwiseParams p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
+  auto kernel = pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode, kMinBlocks>;
+  const int64_t grid = std::min<int64_t>(tile_count(s), int64_t(sms) * blocks_per_sm(kernel, kThreads, smem));
+  p.grid = tile_grid(s, grid);
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
+  TG_LAUNCH_CHECK();
+}
+
+// The warp layouts: 128 output channels with <= 64 reduction channels ("narrow", two blocks
+// per SM), or 64 output channels with <= 128 ("wide", one block per SM); both keep the resident
+// weight at 32 KB (48 KB split).
+template <int kMode>
+void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, const ConvShape& s, int smem, int sms,
+                              cudaStream_t st) {
+  if (!nhwc) {
+    if (wide) launch_pointwise<false, 2, 4, 2, 4, kMode, 1>(p, s, smem, sms, st);  // 64 ch x 128 px
+    else launch_pointwise<false, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);       // 128 ch x 128 px
+  } else {
+    if (wide) launch_pointwise<true, 4, 2, 2, 4, kMode, 1>(p, s, smem, sms, st);   // 128 px x 64 ch
+    else launch_pointwise<true, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);        // 128 px x 128 ch
+  }
 }
 
 // out (M channels) = A (M x R) in (R channels) at every pixel, A(m, r) = w[m * w_stride_m + r * w_stride_r].
@@ -955,11 +1316,9 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
   p.pixels = P;
   p.out_channels = M;
   p.in_channels = R;
-  p.tiles_per_image = tiles_per_image(s);
-  p.num_tiles = tile_count(s);
   p.vec_in = aligned16(p.in) && (nhwc ? R % 4 == 0 : P % 4 == 0);
   p.vec_out = aligned16(p.out) && (nhwc ? M % 4 == 0 : P % 4 == 0);
-  if (p.num_tiles == 0) return;
+  if (tile_count(s) == 0) return;
   for (int64_t r0 = 0; r0 < R; r0 += group) {
     for (int64_t m0 = 0; m0 < M; m0 += channels) {
       const int r_count = static_cast<int>(std::min(group, R - r0));
@@ -970,13 +1329,17 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
       p.bias = (r0 == 0 && bias.defined()) ? bias.data<float>() : nullptr;
       p.accumulate = r0 > 0;
       const int fixed = resident_bytes(channels, p.r_pad, mode) + channels * 4;
-      const int stage_bytes = (nhwc ? kTilePixels * pointwise_nhwc_stride(channels) : p.r_pad * kTilePixels) * 4;
-      p.stages = stages_that_fit(lim.smem, fixed, stage_bytes);
-      TG_CHECK(p.stages >= 2, "conv1x1: not enough shared memory (", lim.smem, " bytes) for two stages of ",
+      const int tile_bytes = (nhwc ? kTilePixels * pointwise_nhwc_stride(channels) : p.r_pad * kTilePixels) * 4;
+      const int stage_bytes = std::max(tile_bytes, kThreads / 32 * kScratchFloats * 4);  // a stage doubles as store scratch
+      // Narrow blocks run two per SM where two stages fit twice (always on H100 / H200).
+      p.stages = stages_that_fit(lim.smem_for(wide ? 1 : 2), fixed, stage_bytes);
+      if (p.stages < 2) p.stages = stages_that_fit(lim.smem_for(1), fixed, stage_bytes);
+      TG_CHECK(p.stages >= 2, "conv1x1: not enough shared memory (", lim.smem_block, " bytes) for two stages of ",
                stage_bytes, " bytes");
+      p.stage_floats = stage_bytes / 4;
       const int smem = fixed + p.stages * stage_bytes;
-      if (split) launch_pointwise_variant<kSplitPre>(nhwc, wide, p, smem, lim.sms, stream(dev));
-      else launch_pointwise_variant<kTf32>(nhwc, wide, p, smem, lim.sms, stream(dev));
+      if (split) launch_pointwise_variant<kSplitPre>(nhwc, wide, p, s, smem, lim.sms, stream(dev));
+      else launch_pointwise_variant<kTf32>(nhwc, wide, p, s, smem, lim.sms, stream(dev));
     }
   }
 }
@@ -985,7 +1348,7 @@ template <bool kNHWC, bool kWithDx, int kMode>
 void launch_backward(const BackwardParams& p, int smem, unsigned groups, unsigned blocks_y, cudaStream_t st) {
   auto kernel = backward_kernel<kNHWC, kWithDx, kMode>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<dim3(groups, blocks_y), kThreads, smem, st>>>(p);
+  kernel<<<dim3(groups, blocks_y), kWithDx ? 2 * kThreads : kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
 }
 
@@ -997,7 +1360,7 @@ BackwardPlan plan_backward(const ConvShape& s, bool with_dx, int smem_limit) {
   BackwardPlan b;
   const int Kpad = round_up(static_cast<int>(std::min<int64_t>(s.K, kDwRows)), 16);
   const int Cpad = round_up(static_cast<int>(std::min<int64_t>(s.C, kDwCols)), 16);
-  b.res_bytes = with_dx ? resident_bytes(kDwCols, Kpad, kTf32) : 0;  // kSplitRaw is the same size
+  b.res_bytes = with_dx ? resident_bytes(kDwCols, Kpad, kSplitRaw) : 0;  // kTf32 is the same size
   // NHWC rows have the fixed strides of backward_kernel; NCHW rows are always 128 pixels.
   b.dy_floats = s.channels_last() ? kTilePixels * kBwdDyStride : Kpad * kTilePixels;
   b.x_floats = s.channels_last() ? kTilePixels * kBwdXStrideNhwc : Cpad * kTilePixels;
@@ -1026,8 +1389,8 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
     TG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), stream(dev)));
     return;
   }
-  const BackwardPlan plan = plan_backward(s, with_dx, lim.smem);
-  TG_CHECK(plan.stages >= 2, "conv1x1: not enough shared memory (", lim.smem, " bytes) for the backward kernel");
+  const BackwardPlan plan = plan_backward(s, with_dx, lim.smem_block);
+  TG_CHECK(plan.stages >= 2, "conv1x1: not enough shared memory (", lim.smem_block, " bytes) for the backward kernel");
 
   BackwardParams p{};
   p.dx = with_dx ? dx.data<float>() : nullptr;
@@ -1048,13 +1411,12 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
   p.vec_dy = aligned16(p.dy) && (nhwc ? K % 4 == 0 : P % 4 == 0);
   p.vec_x = aligned16(p.x) && (nhwc ? C % 4 == 0 : P % 4 == 0);
   p.vec_dx = with_dx && aligned16(p.dx) && (nhwc ? C % 4 == 0 : P % 4 == 0);
-  p.tiles_per_image = tiles_per_image(s);
-  p.num_tiles = num_tiles;
 
   // One block per SM in all; the pixel tiles are spread over `groups` blocks per dw block.
   int64_t groups = std::max<int64_t>(1, lim.sms / (k_blocks * c_blocks));
   groups = std::min(groups, num_tiles);
   groups = std::min(groups, std::max<int64_t>(1, kPartialBudget / (K * C)));
+  p.grid = tile_grid(s, groups);
   Tensor partial = Tensor::empty(Shape{groups, K, C}, {.dtype = DType::f32, .device = dw.device()});
   p.partial = partial.data<float>();
 
@@ -1134,7 +1496,7 @@ void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
                {{&dx, s.x_shape()}, {&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
     const int dev = dw.device().index;
     set_device(dev);
-    if (dx.numel() > 0 && fused_backward_fits(s, device_limits(dev).smem)) {
+    if (dx.numel() > 0 && fused_backward_fits(s, device_limits(dev).smem_block)) {
       run_backward(dx, dw, dy, x, w, s, true);
       return;
     }

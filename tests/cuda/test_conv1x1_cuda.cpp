@@ -141,7 +141,16 @@ TEST(CudaConv1x1, OddChannelsAndPixels) {
 TEST(CudaConv1x1, WorkloadBChannelsAlignedAndUnaligned) {
   TG_REQUIRE_GPU();
   check_case({1, 64, 128, 16, 16, false});  // B's channels, P = 256: 16-byte paths, fused backward
+  check_case({2, 64, 128, 16, 16, true});   // the same with bias: staged stores add it per row / column
   check_case({2, 64, 128, 33, 31, true});   // P = 1023: unaligned rows, partial last tile
+  check_case({2, 32, 128, 54, 38, true});   // P = 2052: staged full tiles, then a 4-pixel tile; 32 reduction channels
+}
+
+TEST(CudaConv1x1, ReductionLengthsOffTheUnrolledPaths) {
+  TG_REQUIRE_GPU();
+  check_case({1, 40, 64, 12, 11, false});  // 48 reduction channels: NHWC forward without ldmatrix
+  check_case({1, 64, 40, 12, 12, true});   // K = 40: fused dx over 48 (NHWC without ldmatrix), full C
+  check_case({1, 64, 96, 8, 16, false});   // K = 96: fused dx over 12 k-steps (NHWC: 3 ldmatrix groups)
 }
 
 TEST(CudaConv1x1, ManyChannelsGroupsAndBlocks) {
@@ -154,6 +163,7 @@ TEST(CudaConv1x1, ManyChannelsGroupsAndBlocks) {
 TEST(CudaConv1x1, ManyTilesPerBlock) {
   TG_REQUIRE_GPU();
   check_case({2, 16, 24, 160, 240, false});  // 600 tiles: every block loops; dw partials summed
+  check_case({3, 64, 128, 96, 128, true});   // 288 tiles of B's channels: more than 2 blocks per SM take
 }
 
 TEST(CudaConv1x1, ThreeDimensional) {
@@ -182,30 +192,32 @@ TEST(CudaConv1x1, ThreeDimensional) {
 
 TEST(CudaConv1x1, SameBitsEveryRun) {
   TG_REQUIRE_GPU();
-  const Case c{2, 16, 24, 160, 240, true};
-  for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
-    for (Precision precision : {Precision::FP32, Precision::TF32}) {
-      SCOPED_TRACE(::testing::Message() << name(layout) << " " << name(precision));
-      PrecisionGuard guard(precision);
-      const ConvShape s = shape_of(c, layout);
-      const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
-      const Tensor b = random({c.K}, f32, kGpu), dy = random(s.y_shape(), f32, kGpu);
-      std::vector<std::vector<float>> runs[3];
-      for (int run = 0; run < 2; ++run) {
-        Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
-        Tensor dw_alone = poisoned(s.w_shape());
-        cuda::conv1x1_forward(y, x, w, b, s);
-        cuda::conv1x1_backward(dx, dw, dy, x, w, s);
-        cuda::conv1x1_grad_weight(dw_alone, dy, x, s);
-        runs[0].push_back(y.to_vector<float>());
-        runs[1].push_back(dx.to_vector<float>());
-        runs[2].push_back(dw.to_vector<float>());
-        runs[2].push_back(dw_alone.to_vector<float>());
+  // Small channel counts (edge stores), and B's channels (staged stores, fused 16-warp backward).
+  for (const Case& c : {Case{2, 16, 24, 160, 240, true}, Case{2, 64, 128, 64, 96, true}}) {
+    for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+      for (Precision precision : {Precision::FP32, Precision::TF32}) {
+        SCOPED_TRACE(::testing::Message() << c << " " << name(layout) << " " << name(precision));
+        PrecisionGuard guard(precision);
+        const ConvShape s = shape_of(c, layout);
+        const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
+        const Tensor b = random({c.K}, f32, kGpu), dy = random(s.y_shape(), f32, kGpu);
+        std::vector<std::vector<float>> runs[3];
+        for (int run = 0; run < 2; ++run) {
+          Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
+          Tensor dw_alone = poisoned(s.w_shape());
+          cuda::conv1x1_forward(y, x, w, b, s);
+          cuda::conv1x1_backward(dx, dw, dy, x, w, s);
+          cuda::conv1x1_grad_weight(dw_alone, dy, x, s);
+          runs[0].push_back(y.to_vector<float>());
+          runs[1].push_back(dx.to_vector<float>());
+          runs[2].push_back(dw.to_vector<float>());
+          runs[2].push_back(dw_alone.to_vector<float>());
+        }
+        EXPECT_EQ(runs[0][0], runs[0][1]) << "forward not deterministic";
+        EXPECT_EQ(runs[1][0], runs[1][1]) << "dx not deterministic";
+        EXPECT_EQ(runs[2][0], runs[2][2]) << "fused dw not deterministic";
+        EXPECT_EQ(runs[2][1], runs[2][3]) << "grad_weight not deterministic";
       }
-      EXPECT_EQ(runs[0][0], runs[0][1]) << "forward not deterministic";
-      EXPECT_EQ(runs[1][0], runs[1][1]) << "dx not deterministic";
-      EXPECT_EQ(runs[2][0], runs[2][2]) << "fused dw not deterministic";
-      EXPECT_EQ(runs[2][1], runs[2][3]) << "grad_weight not deterministic";
     }
   }
 }
