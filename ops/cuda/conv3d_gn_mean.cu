@@ -1,11 +1,13 @@
-// Fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C) on the GPU. The conv output y is
-// recomputed in registers wherever it is needed and never written to memory.
+// Fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C) on the GPU: the launchers, the FFMA
+// kernels and the small statistics kernels. The conv output y is recomputed in registers
+// wherever it is needed and never written to memory. The launchers take the tensor-core
+// kernels (conv3d_gn_mean_mma.cu) for their shape class (C_in 1 or 3, K 24: workload C) and
+// for dW without dx; the FFMA kernels below serve the other channel counts and dx, and are
+// FP32-accurate under either tg::precision().
 //
 // Floors for workload C (x 128x3x24x32x32, K 24, y 128x24x22x30x30 = 60.8M elements):
 //   conv FLOPs 2*N*V*K*C*27 = 9.85 GFLOP. FP32 FFMA peak ~67 TFLOP/s on an H200 (132 SMs x
-//   128 lanes x 2 x 1.98 GHz) -> 0.15 ms per conv-sized pass. TF32 would not help much: with
-//   C_in = 3 a tensor-core tile is mostly padding or gathers, so this file is FFMA only (and
-//   FP32-accurate under either tg::precision()).
+//   128 lanes x 2 x 1.98 GHz) -> 0.15 ms per conv-sized pass (tensor cores: see the .cu).
 //   Bytes: x is 38 MB (~10 us at 4.3 TB/s); y would be 243 MB per pass, which we never move.
 //   forward  = 1 conv pass                 -> floor ~0.15 ms (PyTorch: 1.23 ms)
 //   backward = recompute + dW reduction    -> floor ~0.30 ms; + dx (transposed conv) ~0.45 ms
@@ -38,7 +40,9 @@
 #include <algorithm>
 
 #include "core/cuda_context.h"
+#include "core/precision.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/conv3d_gn_mean_mma.h"
 #include "ops/cuda/fused.h"
 
 namespace tg::cuda {
@@ -785,6 +789,22 @@ Tensor conv_output(const Tensor& x, const Tensor& w, const Tensor& b, const Conv
 
 }  // namespace
 
+// Whether the launchers take the tensor-core kernels, or the FFMA fused kernels.
+static bool use_tensor_cores(const Conv3dGnMeanProblem& p, DType dtype, Conv3dGnMeanKernels kernels) {
+  if (kernels == Conv3dGnMeanKernels::ffma) return false;
+  const bool ok = conv3d_gn_mean_mma_applies(p, dtype);
+  TG_CHECK(ok || kernels != Conv3dGnMeanKernels::tensor_core, "conv3d_gn_mean: tensor-core kernels forced, but ",
+           "they do not take C_in ", p.conv.C, ", K ", p.conv.K, " in ", dtype_name(dtype));
+  return ok;
+}
+
+static bool use_ffma(const Conv3dGnMeanProblem& p, DType dtype, Conv3dGnMeanKernels kernels) {
+  const bool ok = conv3d_gn_mean_applies(p, dtype);
+  TG_CHECK(ok || kernels != Conv3dGnMeanKernels::ffma, "conv3d_gn_mean: FFMA kernels forced, but they do not take ",
+           "C_in ", p.conv.C, ", K ", p.conv.K, " in ", dtype_name(dtype));
+  return ok;
+}
+
 bool conv3d_gn_mean_applies(const Conv3dGnMeanProblem& p, DType dtype) {
   const ConvShape& s = p.conv;
   if (dtype != DType::f32 || !fused_geometry(s) || s.N < 1 || s.C < 1 || s.K < 1) return false;
@@ -794,13 +814,26 @@ bool conv3d_gn_mean_applies(const Conv3dGnMeanProblem& p, DType dtype) {
   return g.grad_smem_floats * int64_t{sizeof(float)} <= kMaxGradSmemBytes && g.items <= kThreads;
 }
 
+bool conv3d_gn_mean_mma_applies(const Conv3dGnMeanProblem& p, DType dtype) {
+  const ConvShape& s = p.conv;
+  if (dtype != DType::f32 || !fused_geometry(s) || s.N < 1) return false;
+  // Instantiated tile classes; one block per tile in the forward grid.
+  if (s.K != 24 || (s.C != 3 && s.C != 1)) return false;
+  const int64_t tiles = s.N * ((s.out[0] + 3) / 4) * ((s.out[1] + 15) / 16) * ((s.out[2] + 31) / 32);
+  return tiles < (int64_t{1} << 25);  // a lower bound: the chosen tiles are at most 32x as many
+}
+
 void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
-                          const Conv3dGnMeanProblem& p) {
+                          const Conv3dGnMeanProblem& p, Conv3dGnMeanKernels kernels) {
   const int dev = x.device().index;
   set_device(dev);
   if (p.conv.N == 0) return;
   cudaStream_t st = stream(dev);
-  if (conv3d_gn_mean_applies(p, x.dtype())) {
+  if (use_tensor_cores(p, x.dtype(), kernels)) {
+    conv3d_gn_mean_mma_stats(S1, S2, x, w, b, p, precision() == Precision::TF32);
+    return;
+  }
+  if (use_ffma(p, x.dtype(), kernels)) {
     const double V = static_cast<double>(p.volume());
     const TileGeom g256 = make_tile_geom(p, kThreads), g128 = make_tile_geom(p, 128);
     // The smaller block when its tiles leave clearly fewer threads idle (and still fit).
@@ -863,7 +896,8 @@ void conv3d_gn_mean_coefficients(const Tensor& A, const Tensor& B, const Tensor&
 }
 
 void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& x, const Tensor& w,
-                              const Tensor& b, const Tensor& A, const Tensor& B, const Conv3dGnMeanProblem& p) {
+                              const Tensor& b, const Tensor& A, const Tensor& B, const Conv3dGnMeanProblem& p,
+                              Conv3dGnMeanKernels kernels) {
   if (!dw.defined() && !dx.defined()) return;
   const int dev = x.device().index;
   set_device(dev);
@@ -873,10 +907,21 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
     if (dx.defined()) TG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.nbytes(), st));
     return;
   }
-  if (conv3d_gn_mean_applies(p, x.dtype())) {
+  // Tensor cores compute dw only; with dx wanted the FFMA kernel does both in one pass
+  // (unless tensor cores are forced: then dx comes from the FFMA or materialized path below).
+  Tensor dw_rest = dw;
+  const bool mma = dw.defined() && use_tensor_cores(p, x.dtype(), kernels) &&
+                   (!dx.defined() || kernels == Conv3dGnMeanKernels::tensor_core);
+  if (mma) {
+    conv3d_gn_mean_mma_grad_weight(dw, x, w, b, A, B, p, precision() == Precision::TF32);
+    if (!dx.defined()) return;
+    dw_rest = Tensor();
+  }
+  if (kernels == Conv3dGnMeanKernels::tensor_core ? conv3d_gn_mean_applies(p, x.dtype())
+                                                  : use_ffma(p, x.dtype(), kernels)) {
     const TileGeom g = make_tile_geom(p, kThreads);
-    if (g.CA == 12) launch_grad_conv<12>(dw, dx, x, w, b, A, B, g, dev, st);
-    else launch_grad_conv<8>(dw, dx, x, w, b, A, B, g, dev, st);
+    if (g.CA == 12) launch_grad_conv<12>(dw_rest, dx, x, w, b, A, B, g, dev, st);
+    else launch_grad_conv<8>(dw_rest, dx, x, w, b, A, B, g, dev, st);
     return;
   }
   Tensor dy = conv_output(x, w, b, p.conv);  // y, turned into dL/dy in place
@@ -886,7 +931,7 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
         dy.data<T>(), A.data<T>(), B.data<T>(), dy.numel(), p.conv.K, p.groups, p.channels_per_group(), p.volume());
     TG_LAUNCH_CHECK();
   });
-  if (dw.defined()) conv_grad_weight(dw, dy, x, p.conv);
+  if (dw_rest.defined()) conv_grad_weight(dw_rest, dy, x, p.conv);
   if (dx.defined()) conv_grad_input(dx, dy, w, p.conv);
 }
 

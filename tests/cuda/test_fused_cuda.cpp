@@ -1,7 +1,8 @@
 // conv3d_group_norm_mean on the GPU against the CPU reference (f64, from the same f32
 // values): each launcher called directly on NaN-poisoned outputs at odd shapes that break
-// the tiles (fused path and materialized path), the public op's forward and every gradient
-// with and without x requiring grad, determinism, and the fused shape class.
+// the tiles, for every kernel family (tensor-core, FFMA fused, materialized) and both
+// precisions, the public op's forward and every gradient with and without x requiring grad,
+// determinism, and the shape classes.
 // gamma is random and non-uniform throughout: with uniform gamma the output does not depend
 // on the conv at all.
 #include <cmath>
@@ -14,6 +15,7 @@
 
 using namespace tg;
 using namespace tg::test;
+using Kernels = cuda::Conv3dGnMeanKernels;
 
 namespace {
 
@@ -51,12 +53,12 @@ Tensor poisoned(const Shape& s, DType dt = f32) {
   return t;
 }
 
-// rel_l2 within 1e-5 of the reference; or, where the true value is zero, an absolute bound.
+// rel_l2 within tol of the reference; or, where the true value is zero, an absolute bound.
 // With one channel per group (groups = K) every channel's normalized mean is 0, so out =
 // mean(beta) and A, B, db, dw, dx vanish: both sides hold rounding noise.
-void expect_matches(const Tensor& got, const Tensor& ref, bool zero_expected, const char* name) {
+void expect_matches(const Tensor& got, const Tensor& ref, bool zero_expected, const char* name, double tol = 1e-5) {
   if (!zero_expected) {
-    EXPECT_LE(rel_l2(got, ref), 1e-5) << name;
+    EXPECT_LE(rel_l2(got, ref), tol) << name;
     return;
   }
   for (double v : got.to_vector<double>()) {
@@ -69,9 +71,15 @@ Conv3dGnMeanProblem problem_of(const Inputs& in, int64_t groups) {
   return make_conv3d_gn_mean_problem("test", in.x, in.w, in.b, groups, 1e-5);
 }
 
-// Every launcher on poisoned outputs, against the CPU reference run in f64 on the same values.
-void check_launchers(const Case& c, bool with_bias = true) {
-  SCOPED_TRACE(::testing::Message() << c << " bias=" << with_bias);
+const char* name_of(Kernels k) {
+  return k == Kernels::ffma ? "ffma" : k == Kernels::tensor_core ? "tensor_core" : "automatic";
+}
+
+// Every launcher on poisoned outputs, against the CPU reference run in f64 on the same values,
+// with the kernel family `kernels`; tol bounds the conv-derived results (1e-5: FP32-accurate).
+void check_launchers(const Case& c, Kernels kernels, double tol = 1e-5, bool with_bias = true) {
+  SCOPED_TRACE(::testing::Message() << c << " bias=" << with_bias << " kernels=" << name_of(kernels)
+                                    << " tol=" << tol);
   Inputs in = make_inputs(c);
   if (!with_bias) in.b = Tensor();
   const Conv3dGnMeanProblem p = problem_of(in, c.groups);
@@ -93,49 +101,54 @@ void check_launchers(const Case& c, bool with_bias = true) {
   // GPU, stage by stage, each stage fed the GPU's own previous results.
   Tensor x = gpu(in.x), w = gpu(in.w), b = gpu(in.b), gamma = gpu(in.gamma), beta = gpu(in.beta);
   Tensor S1 = poisoned({N, K}, f64), S2 = poisoned({N, K}, f64);
-  cuda::conv3d_gn_mean_stats(S1, S2, x, w, b, p);
-  EXPECT_LE(rel_l2(S1, rS1), 1e-5) << "S1";
-  EXPECT_LE(rel_l2(S2, rS2), 1e-5) << "S2";
+  cuda::conv3d_gn_mean_stats(S1, S2, x, w, b, p, kernels);
+  EXPECT_LE(rel_l2(S1, rS1), tol) << "S1";
+  EXPECT_LE(rel_l2(S2, rS2), tol) << "S2";
   Tensor out = poisoned({N}), mean = poisoned({N, G}, f64), rstd = poisoned({N, G}, f64);
   cuda::conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gamma, beta, p);
-  EXPECT_LE(rel_l2(out, rout), 1e-5) << "out";
-  EXPECT_LE(rel_l2(mean, rmean), 1e-5) << "mean";
-  EXPECT_LE(rel_l2(rstd, rrstd), 1e-5) << "rstd";
+  EXPECT_LE(rel_l2(out, rout), tol) << "out";
+  EXPECT_LE(rel_l2(mean, rmean), tol) << "mean";
+  EXPECT_LE(rel_l2(rstd, rrstd), tol) << "rstd";
   Tensor A = poisoned({N, K}), B = poisoned({N, G});
   Tensor dg = poisoned({K}), dbt = poisoned({K}), db = poisoned({K});
   cuda::conv3d_gn_mean_coefficients(A, B, dg, dbt, db, gpu(gout), S1, mean, rstd, gamma, p);
   const bool degenerate = c.groups == c.K;
-  expect_matches(A, rA, degenerate, "A");
-  expect_matches(B, rB, degenerate, "B");
-  expect_matches(dg, rdg, degenerate, "dgamma");
+  expect_matches(A, rA, degenerate, "A", tol);
+  expect_matches(B, rB, degenerate, "B", tol);
+  expect_matches(dg, rdg, degenerate, "dgamma", tol);
   EXPECT_LE(rel_l2(dbt, rdbt), 1e-5) << "dbeta";
-  expect_matches(db, rdb, degenerate, "db");
+  expect_matches(db, rdb, degenerate, "db", tol);
   // Conv gradients: both, then each alone (x not requiring grad is the training case).
+  // Tensor cores compute dw only; dx then comes from the FFMA (or materialized) kernels.
   Tensor dw = poisoned(in.w.shape()), dx = poisoned(in.x.shape());
-  cuda::conv3d_gn_mean_grad_conv(dw, dx, x, w, b, A, B, p);
-  expect_matches(dw, rdw, degenerate, "dw");
-  expect_matches(dx, rdx, degenerate, "dx");
+  cuda::conv3d_gn_mean_grad_conv(dw, dx, x, w, b, A, B, p, kernels);
+  expect_matches(dw, rdw, degenerate, "dw", tol);
+  expect_matches(dx, rdx, degenerate, "dx", tol);
   Tensor dw_only = poisoned(in.w.shape());
-  cuda::conv3d_gn_mean_grad_conv(dw_only, Tensor(), x, w, b, A, B, p);
-  EXPECT_EQ(dw_only.to_vector<float>(), dw.to_vector<float>()) << "dw alone differs from dw with dx";
+  cuda::conv3d_gn_mean_grad_conv(dw_only, Tensor(), x, w, b, A, B, p, kernels);
+  if (kernels == Kernels::automatic) {
+    expect_matches(dw_only, rdw, degenerate, "dw alone", tol);  // may be another family than dw with dx
+  } else {
+    EXPECT_EQ(dw_only.to_vector<float>(), dw.to_vector<float>()) << "dw alone differs from dw with dx";
+  }
   Tensor dx_only = poisoned(in.x.shape());
-  cuda::conv3d_gn_mean_grad_conv(Tensor(), dx_only, x, w, b, A, B, p);
+  cuda::conv3d_gn_mean_grad_conv(Tensor(), dx_only, x, w, b, A, B, p, kernels);
   EXPECT_EQ(dx_only.to_vector<float>(), dx.to_vector<float>()) << "dx alone differs from dx with dw";
 
   // Determinism: the same bits on a second run.
   Tensor S1b = poisoned({N, K}, f64), S2b = poisoned({N, K}, f64);
-  cuda::conv3d_gn_mean_stats(S1b, S2b, x, w, b, p);
+  cuda::conv3d_gn_mean_stats(S1b, S2b, x, w, b, p, kernels);
   EXPECT_EQ(S1b.to_vector<double>(), S1.to_vector<double>()) << "S1 not deterministic";
   EXPECT_EQ(S2b.to_vector<double>(), S2.to_vector<double>()) << "S2 not deterministic";
   Tensor dw2 = poisoned(in.w.shape()), dx2 = poisoned(in.x.shape());
-  cuda::conv3d_gn_mean_grad_conv(dw2, dx2, x, w, b, A, B, p);
+  cuda::conv3d_gn_mean_grad_conv(dw2, dx2, x, w, b, A, B, p, kernels);
   EXPECT_EQ(dw2.to_vector<float>(), dw.to_vector<float>()) << "dw not deterministic";
   EXPECT_EQ(dx2.to_vector<float>(), dx.to_vector<float>()) << "dx not deterministic";
 }
 
 // The public op through the tape on the GPU against the same on the CPU in f64.
-void check_op(const Case& c, bool x_grad) {
-  SCOPED_TRACE(::testing::Message() << c << " x_grad=" << x_grad);
+void check_op(const Case& c, bool x_grad, double tol = 1e-5) {
+  SCOPED_TRACE(::testing::Message() << c << " x_grad=" << x_grad << " tol=" << tol);
   Inputs in = make_inputs(c);
   Tensor seed = random({c.N}, f32);
   std::vector<Tensor> cpu_leaves, gpu_leaves;
@@ -157,7 +170,7 @@ void check_op(const Case& c, bool x_grad) {
   };
   Tensor ref = run(cpu_leaves, seed.to(f64));
   Tensor out = run(gpu_leaves, seed.to(kGpu));
-  EXPECT_LE(rel_l2(out, ref), 1e-5) << "output";
+  EXPECT_LE(rel_l2(out, ref), tol) << "output";
   const char* names[] = {"x", "w", "b", "gamma", "beta"};
   for (size_t i = 0; i < 5; ++i) {
     if (i == 0 && !x_grad) {
@@ -165,7 +178,7 @@ void check_op(const Case& c, bool x_grad) {
       continue;
     }
     ASSERT_TRUE(gpu_leaves[i].grad().defined()) << names[i];
-    expect_matches(gpu_leaves[i].grad(), cpu_leaves[i].grad(), c.groups == c.K && i < 4, names[i]);
+    expect_matches(gpu_leaves[i].grad(), cpu_leaves[i].grad(), c.groups == c.K && i < 4, names[i], tol);
   }
 }
 
@@ -183,6 +196,20 @@ const std::vector<Case> kFusedCases = {
     {.N = 2, .C = 12, .D = 6, .H = 9, .W = 11, .K = 8, .groups = 2},   // C_in 12: several phase-C passes
 };
 
+// The tensor-core kernels' class (C_in 1 or 3, K 24) at shapes that break their tiles: W' of
+// 5 (the second m16 tile of a row masked), 68 (three column tiles, the last 4 wide), 35 and
+// exactly 32; odd row and depth counts (last row pair half valid); a single output; C_in 1;
+// groups 1, 2 channels per group, 8; workload C's per-sample shape.
+const std::vector<Case> kTensorCoreCases = {
+    {.N = 3, .C = 3, .D = 9, .H = 13, .W = 7, .K = 24, .groups = 8},
+    {.N = 2, .C = 3, .D = 6, .H = 5, .W = 70, .K = 24, .groups = 4},
+    {.N = 2, .C = 3, .D = 3, .H = 3, .W = 3, .K = 24, .groups = 1},
+    {.N = 1, .C = 3, .D = 7, .H = 9, .W = 37, .K = 24, .groups = 3},
+    {.N = 2, .C = 3, .D = 5, .H = 18, .W = 34, .K = 24, .groups = 12},
+    {.N = 2, .C = 1, .D = 5, .H = 7, .W = 9, .K = 24, .groups = 1},
+    {.N = 2, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8},
+};
+
 }  // namespace
 
 TEST(CudaConv3dGroupNormMean, FusedShapeClass) {
@@ -192,25 +219,63 @@ TEST(CudaConv3dGroupNormMean, FusedShapeClass) {
     return problem_of(in, c.groups);
   };
   for (const Case& c : kFusedCases) EXPECT_TRUE(cuda::conv3d_gn_mean_applies(p_of(c), f32)) << c;
+  for (const Case& c : kTensorCoreCases) EXPECT_TRUE(cuda::conv3d_gn_mean_mma_applies(p_of(c), f32)) << c;
   const Case wc{.N = 128, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8};
   EXPECT_TRUE(cuda::conv3d_gn_mean_applies(p_of(wc), f32)) << "workload C";
+  EXPECT_TRUE(cuda::conv3d_gn_mean_mma_applies(p_of(wc), f32)) << "workload C";
+  EXPECT_FALSE(cuda::conv3d_gn_mean_mma_applies(p_of(wc), f64)) << "f64";
+  EXPECT_FALSE(cuda::conv3d_gn_mean_mma_applies(p_of(kFusedCases[2]), f32)) << "K 16: FFMA only";
+  EXPECT_FALSE(cuda::conv3d_gn_mean_mma_applies(p_of(kFusedCases[3]), f32)) << "C_in 4: FFMA only";
   EXPECT_FALSE(cuda::conv3d_gn_mean_applies(p_of(wc), f64)) << "f64 is materialized";
   const Case k2{.N = 2, .C = 3, .D = 5, .H = 5, .W = 5, .K = 6, .groups = 2, .k = 2};
   EXPECT_FALSE(cuda::conv3d_gn_mean_applies(p_of(k2), f32)) << "2x2x2 kernel";
+  EXPECT_FALSE(cuda::conv3d_gn_mean_mma_applies(p_of(k2), f32)) << "2x2x2 kernel";
   const Case wide{.N = 2, .C = 8, .D = 5, .H = 5, .W = 5, .K = 64, .groups = 8};
   EXPECT_FALSE(cuda::conv3d_gn_mean_applies(p_of(wide), f32)) << "C_in 8 with K 64: too many phase-B owners";
 }
 
 TEST(CudaConv3dGroupNormMean, FusedLaunchersMatchCpu) {
   TG_REQUIRE_GPU();
-  for (const Case& c : kFusedCases) check_launchers(c);
-  check_launchers(kFusedCases[0], /*with_bias=*/false);
+  for (const Case& c : kFusedCases) check_launchers(c, Kernels::ffma);
+  check_launchers(kFusedCases[0], Kernels::ffma, 1e-5, /*with_bias=*/false);
+}
+
+TEST(CudaConv3dGroupNormMean, TensorCoreLaunchersMatchCpu) {
+  TG_REQUIRE_GPU();
+  for (const Case& c : kTensorCoreCases) check_launchers(c, Kernels::tensor_core);
+  check_launchers(kTensorCoreCases[0], Kernels::tensor_core, 1e-5, /*with_bias=*/false);
+}
+
+TEST(CudaConv3dGroupNormMean, TensorCoreLaunchersTf32MatchCpu) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard tf32(Precision::TF32);  // one TF32 tensor op per product: TF32 tolerance
+  for (const Case& c : {kTensorCoreCases[0], kTensorCoreCases[1], kTensorCoreCases[5], kTensorCoreCases[6]})
+    check_launchers(c, Kernels::tensor_core, 1e-3);
+}
+
+TEST(CudaConv3dGroupNormMean, AutomaticLaunchersMatchCpu) {
+  TG_REQUIRE_GPU();
+  check_launchers(kTensorCoreCases[3], Kernels::automatic);  // tensor cores (dw), FFMA (dw with dx)
+  check_launchers(kFusedCases[2], Kernels::automatic);       // FFMA
 }
 
 TEST(CudaConv3dGroupNormMean, MaterializedLaunchersMatchCpu) {
   TG_REQUIRE_GPU();
-  check_launchers({.N = 2, .C = 2, .D = 6, .H = 7, .W = 5, .K = 6, .groups = 3, .k = 2});
-  check_launchers({.N = 2, .C = 8, .D = 5, .H = 6, .W = 7, .K = 64, .groups = 8});
+  check_launchers({.N = 2, .C = 2, .D = 6, .H = 7, .W = 5, .K = 6, .groups = 3, .k = 2}, Kernels::automatic);
+  check_launchers({.N = 2, .C = 8, .D = 5, .H = 6, .W = 7, .K = 64, .groups = 8}, Kernels::automatic);
+}
+
+TEST(CudaConv3dGroupNormMean, ForcedKernelFamilyThatDoesNotApplyFails) {
+  TG_REQUIRE_GPU();
+  auto run_stats = [](const Case& c, Kernels k) {
+    Inputs in = make_inputs(c);
+    const Conv3dGnMeanProblem p = problem_of(in, c.groups);
+    Tensor S1 = poisoned({c.N, c.K}, f64), S2 = poisoned({c.N, c.K}, f64);
+    cuda::conv3d_gn_mean_stats(S1, S2, gpu(in.x), gpu(in.w), gpu(in.b), p, k);
+  };
+  TG_EXPECT_ERROR(run_stats(kFusedCases[2], Kernels::tensor_core), "tensor-core kernels forced", "K 16");
+  const Case k2{.N = 2, .C = 2, .D = 6, .H = 7, .W = 5, .K = 6, .groups = 3, .k = 2};
+  TG_EXPECT_ERROR(run_stats(k2, Kernels::ffma), "FFMA kernels forced");
 }
 
 TEST(CudaConv3dGroupNormMean, OpForwardAndEveryGradientMatchCpu) {
@@ -230,10 +295,12 @@ TEST(CudaConv3dGroupNormMean, WorkloadCShapesAtReducedBatch) {
   check_op(c, true);
 }
 
-TEST(CudaConv3dGroupNormMean, Tf32PrecisionStaysFp32Accurate) {
+TEST(CudaConv3dGroupNormMean, Tf32PrecisionWithinTf32Tolerance) {
   TG_REQUIRE_GPU();
-  PrecisionGuard tf32(Precision::TF32);  // the fused kernels are FFMA under either setting
-  check_op(kFusedCases[0], true);
+  PrecisionGuard tf32(Precision::TF32);
+  check_op(kFusedCases[0], false, 1e-3);  // tensor cores, one TF32 op per product
+  check_op(kFusedCases[0], true, 1e-3);
+  check_op(kFusedCases[2], true);  // K 16: FFMA, FP32-accurate under either setting
 }
 
 TEST(CudaConv3dGroupNormMean, ChangingWeightChangesOutput) {

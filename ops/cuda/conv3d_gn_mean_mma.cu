@@ -1,0 +1,660 @@
+// Tensor-core kernels of the fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C): the conv
+// as an implicit GEMM on mma.sync m16n8k8 TF32; y lives in accumulator registers only.
+//
+// Floors for workload C (x 128x3x24x32x32, K 24, y 128x24x22x30x30, V = 19800):
+//   conv = GEMM [2.53M positions] x [81 taps] x [24 channels] = 9.85 GFLOP.
+//   Tensor cores: TF32 dense peak ~495 TFLOP/s (H100/H200 SXM); mma.sync gets roughly 50-65%
+//   of it, i.e. one m16n8k8 per ~6-8 cycles per SM sub-partition. FP32-accurate = split-TF32:
+//   x = hi + lo, three tensor ops per product (hi*hi' + hi*lo' + lo*hi'), error ~1e-7.
+//   forward  (1 conv, 6.7% column padding)          16.7M mma (FP32) -> ~0.07-0.11 ms
+//   backward (recompute + dW GEMM, padding 24->32
+//            channels and 81->96 taps)              40.5M mma (FP32) -> ~0.17-0.27 ms
+//   TF32 (one op per product) divides the mma count by 3; loads and rounding then dominate.
+//   Bytes: x is 38 MB (~10 us at 4.3 TB/s), read through a halo'd tile from L2; y is never stored.
+//
+// Shapes: the kernels take C_in in {1, 3} and K = 8 NT (instantiated: K = 24), any N, D, H, W.
+// Tiles are TD depths x TH rows (even) x kTW = 32 columns of one sample; a block stages the
+// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory (zeros past the input).
+// Taps k = ci*27 + kd*9 + kh*3 + kw (w's own layout), padded with zero-weight taps to k8 / m16.
+// The x tile's row, plane and channel strides are 11, 3 and 7 mod 32: every fragment gather
+// below then touches 32 distinct banks (checked offline for C = 3).
+//
+//  weight_fragments  w -> per-lane fragments, split into TF32 hi/lo once: W (taps x channels)
+//                    as the forward's B operand, W^T (channels x taps) as the backward's A.
+//  stats_mma         one block per tile; a warp computes 2 rows x 32 columns (4 m16 tiles)
+//                    x K channels: M = positions (16 consecutive w), N = channels, K = taps,
+//                    A gathered from the x tile through a per-lane tap-offset table; then
+//                    per-lane sums of z and z^2 (z = y - bias) straight from the accumulator
+//                    fragments, one fixed-order f64 block sum -> partial (tile, 2, K).
+//  tile_stats_reduce tiles of a sample in order -> S1, S2 (bias folded back in).
+//  grad_w_mma        persistent blocks; a warp takes one row (32 positions) at a time:
+//                    (1) y^T = W^T . patch^T (M = channels padded to 16 MC, N = positions);
+//                    (2) dy = A' + B z in place; its accumulator fragment is exactly the B
+//                    fragment of (3) once the positions of each 8-chunk are ordered 2t -> t,
+//                    2t+1 -> t+4 (the A operand of (3) uses the same order), so dy never
+//                    leaves registers; (3) dW (taps x channels) += patch^T . dy, accumulated
+//                    in mma registers per tile, then added to thread-private shared slots
+//                    (short chains: the tensor core's accumulation truncates); block partials
+//                    summed in block order in f64 by dw_blocks_reduce.
+// Deterministic: no atomics; every sum has a fixed order.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda_context.h"
+#include "ops/cuda/conv3d_gn_mean_mma.h"
+
+namespace tg::cuda {
+namespace {
+
+// D += A B: one m16n8k8 TF32 tensor op, FP32 accumulation. Fragments (PTX ISA; g = lane / 4,
+// t = lane % 4): a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (t, g), b1 (t+4, g);
+// d0 (g, 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1). The tensor core reads the top 19
+// bits of each operand word.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ==== BEGIN KERNELS (plain C++ and CUDA built-ins only: the host emulator compiles this part)
+
+constexpr int kTW = 32;        // output columns per tile: two m16 tiles along w
+constexpr int kFW = kTW + 2;   // footprint columns
+constexpr int kRS = 43;        // x tile row stride (floats), 11 mod 32
+constexpr int kPlaneMod = 3;   // plane stride mod 32
+constexpr int kChannelMod = 7; // channel stride mod 32
+constexpr int kNP = kTW / 8;   // backward: 8-position chunks per row
+constexpr int kMaxTileFloats = 12288;  // x tile cap (48 KB): 4+ forward / 2 backward blocks per SM
+
+template <int C>
+struct Taps {
+  static constexpr int kTaps = 27 * C;
+  static constexpr int kSteps = (kTaps + 7) / 8;       // k8 steps of the conv GEMM
+  static constexpr int kTapTiles = (kTaps + 15) / 16;  // m16 tiles of the dW GEMM
+};
+
+struct MmaGeom {
+  int64_t N, D, H, W, OD, OH, OW;
+  int K, TD, TH, FD, FH;  // tile: TD x TH x kTW outputs; footprint FD x FH x kFW inputs
+  int64_t NDT, NHT, NWT, tiles_per_sample, tiles;
+  int PS, CS, xs_floats;  // x tile: plane and channel strides, size (rows are kRS apart)
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline int stride_with_residue(int64_t at_least, int residue) {
+  int64_t s = at_least;
+  while (s % 32 != residue) ++s;
+  return static_cast<int>(s);
+}
+
+// Tile shape: the fewest computed rows (padding past OD, OH) with a small charge for the
+// footprint's halo (re-staged rows), within the shared-memory cap.
+inline MmaGeom make_mma_geom(int64_t N, int C, int K, const int64_t in[3], const int64_t out[3]) {
+  MmaGeom g{};
+  g.N = N, g.D = in[0], g.H = in[1], g.W = in[2];
+  g.OD = out[0], g.OH = out[1], g.OW = out[2];
+  g.K = K;
+  double best = -1;
+  for (int td = 1; td <= 4; ++td)
+    for (int th = 2; th <= 16; th += 2) {
+      const int fh = th + 2, fd = td + 2;
+      const int ps = stride_with_residue(int64_t{fh} * kRS, kPlaneMod);
+      const int cs = stride_with_residue(int64_t{fd} * ps, kChannelMod);
+      if (int64_t{C} * cs > kMaxTileFloats) continue;
+      const double rows = static_cast<double>(ceil_div(g.OD, td) * td) * static_cast<double>(ceil_div(g.OH, th) * th);
+      const double cost = rows * (1.0 + 0.08 * (fd * fh) / static_cast<double>(td * th));
+      if (best < 0 || cost < best) {
+        best = cost;
+        g.TD = td, g.TH = th, g.FD = fd, g.FH = fh, g.PS = ps, g.CS = cs;
+      }
+    }
+  g.xs_floats = C * g.CS;
+  g.NDT = ceil_div(g.OD, g.TD), g.NHT = ceil_div(g.OH, g.TH), g.NWT = ceil_div(g.OW, kTW);
+  g.tiles_per_sample = g.NDT * g.NHT * g.NWT;
+  g.tiles = g.N * g.tiles_per_sample;
+  return g;
+}
+
+// Forward warps per block: all of the tile's row pairs with the fewest idle warp slots.
+inline int forward_warps(int units) {
+  int best = 1, best_idle = 1 << 30;
+  for (int w = std::min(4, units); w <= 8; ++w) {
+    const int idle = static_cast<int>(ceil_div(units, w)) * w - units;
+    if (idle < best_idle) best = w, best_idle = idle;
+  }
+  return best;
+}
+
+// TERMS 3: x = hi + lo with hi = x truncated to TF32 (exact) and lo = x - hi (exact in FP32;
+// the tensor core keeps its top 11 bits). TERMS 1: x plus half a TF32 ulp, so that the tensor
+// core's truncation rounds to nearest.
+template <int TERMS>
+__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
+  if constexpr (TERMS == 1) {
+    hi = __float_as_uint(x) + 0x1000u;
+    lo = 0u;
+  } else {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+  }
+}
+
+// Round to nearest TF32 (finite inputs), as a float whose low 13 bits are zero.
+__device__ __forceinline__ float round_tf32(float v) {
+  return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+}
+
+// d += a b with TERMS tensor ops: the small cross terms first, then hi * hi.
+template <int TERMS>
+__device__ __forceinline__ void mma_terms(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+  if constexpr (TERMS == 3) {
+    mma_tf32(d, al, bh[0], bh[1]);
+    mma_tf32(d, ah, bl[0], bl[1]);
+  }
+  mma_tf32(d, ah, bh[0], bh[1]);
+}
+
+// w (K, C, 3, 3, 3) -> fragments, each operand split into TF32 hi + lo (lo = 0 when TERMS 1):
+//   fwd [kSteps][NT][32] float4 {hi b0, hi b1, lo b0, lo b1}: W (taps x channels), B operand;
+//   bwd [kSteps][MC][32][2] float4 {hi a0..a3}, {lo a0..a3}: W^T (channels x taps), A operand.
+template <int C, int NT>
+__global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __restrict__ bwd,
+                                        const float* __restrict__ w, int terms) {
+  using T = Taps<C>;
+  constexpr int MC = (NT + 1) / 2;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int lane = i % 32, g = lane / 4, t = lane % 4;
+  auto W = [&](int tap, int c) { return tap < T::kTaps && c < 8 * NT ? w[c * T::kTaps + tap] : 0.f; };
+  auto hi = [&](float v) { return round_tf32(v); };
+  auto lo = [&](float v) { return terms == 3 ? round_tf32(v - round_tf32(v)) : 0.f; };
+  if (i < T::kSteps * NT * 32) {
+    const int n = (i / 32) % NT, s = i / (32 * NT);
+    const float b0 = W(8 * s + t, 8 * n + g), b1 = W(8 * s + t + 4, 8 * n + g);
+    fwd[i] = make_float4(hi(b0), hi(b1), lo(b0), lo(b1));
+  }
+  if (i < T::kSteps * MC * 32) {
+    const int mc = (i / 32) % MC, s = i / (32 * MC);
+    const float a0 = W(8 * s + t, 16 * mc + g), a1 = W(8 * s + t, 16 * mc + g + 8);
+    const float a2 = W(8 * s + t + 4, 16 * mc + g), a3 = W(8 * s + t + 4, 16 * mc + g + 8);
+    bwd[2 * i] = make_float4(hi(a0), hi(a1), hi(a2), hi(a3));
+    bwd[2 * i + 1] = make_float4(lo(a0), lo(a1), lo(a2), lo(a3));
+  }
+}
+
+struct TileAt {
+  int64_t n, d0, h0, w0;
+};
+
+// Tile t = ((n * NDT + dt) * NHT + ht) * NWT + wt.
+__device__ __forceinline__ TileAt tile_at(int64_t t, const MmaGeom& g) {
+  const int64_t wt = t % g.NWT, ht = (t / g.NWT) % g.NHT, dt = (t / (g.NWT * g.NHT)) % g.NDT;
+  return {t / g.tiles_per_sample, dt * g.TD, ht * g.TH, wt * kTW};
+}
+
+// Offset of tap k in the x tile; a padding tap reads any finite x (its weight is 0).
+template <int C>
+__device__ __forceinline__ int tap_offset(int k, const MmaGeom& g) {
+  if (k >= 27 * C) return 0;
+  const int ci = k / 27, r = k % 27;
+  return ci * g.CS + (r / 9) * g.PS + (r / 3 % 3) * kRS + r % 3;
+}
+
+// Per-lane tap offsets: by_t [kSteps][4] {tap 8s + t, 8s + t + 4} (conv GEMM, K = taps);
+// by_g [kTapTiles][8] {tap 16m + g, 16m + g + 8} (dW GEMM, M = taps), or null.
+template <int C>
+__device__ void stage_tap_tables(int2* by_t, int2* by_g, const MmaGeom& g) {
+  using T = Taps<C>;
+  for (int i = threadIdx.x; i < T::kSteps * 4; i += blockDim.x)
+    by_t[i] = make_int2(tap_offset<C>(8 * (i / 4) + i % 4, g), tap_offset<C>(8 * (i / 4) + i % 4 + 4, g));
+  if (by_g)
+    for (int i = threadIdx.x; i < T::kTapTiles * 8; i += blockDim.x)
+      by_g[i] = make_int2(tap_offset<C>(16 * (i / 8) + i % 8, g), tap_offset<C>(16 * (i / 8) + i % 8 + 8, g));
+}
+
+// The tile's input footprint into xs [C][FD][FH][kFW] (strides CS, PS, kRS), zeros past the
+// input. A warp copies one (ci, fd, fh) row at a time (coalesced); the row counters advance
+// by the warp count without divisions.
+template <int C>
+__device__ void stage_x(float* xs, const float* __restrict__ x, const TileAt& o, const MmaGeom& g) {
+  const int lane = threadIdx.x & 31, nwarps = static_cast<int>(blockDim.x >> 5);
+  const float* xn = x + o.n * C * g.D * g.H * g.W;  // (C, D, H, W)
+  const bool col0 = o.w0 + lane < g.W, col1 = lane < kFW - 32 && o.w0 + 32 + lane < g.W;
+  int fh = static_cast<int>(threadIdx.x >> 5), fd = 0, ci = 0;
+  auto carry = [&] {
+    while (fh >= g.FH) {
+      fh -= g.FH;
+      if (++fd == g.FD) fd = 0, ++ci;
+    }
+  };
+  for (carry(); ci < C; fh += nwarps, carry()) {
+    const int64_t gd = o.d0 + fd, gh = o.h0 + fh;
+    const bool row_in = gd < g.D && gh < g.H;
+    const int64_t src = ((ci * g.D + gd) * g.H + gh) * g.W + o.w0;
+    float* dst = xs + ci * g.CS + fd * g.PS + fh * kRS;
+    dst[lane] = row_in && col0 ? __ldg(xn + src + lane) : 0.f;
+    if (lane < kFW - 32) dst[32 + lane] = row_in && col1 ? __ldg(xn + src + 32 + lane) : 0.f;
+  }
+}
+
+// ---- forward: statistics ------------------------------------------------------------------
+
+// One block per tile; partial (tiles, 2, K) f64: the tile's sums of z and z^2 per channel.
+template <int C, int NT, int TERMS>
+__global__ void __launch_bounds__(256, 2)
+stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, const float4* __restrict__ wfrag,
+                 MmaGeom g) {
+  using T = Taps<C>;
+  extern __shared__ float4 smem_fwd[];
+  float4* wf = smem_fwd;                                          // [kSteps][NT][32]
+  int2* tab = reinterpret_cast<int2*>(wf + T::kSteps * NT * 32);  // [kSteps][4]
+  float* xs = reinterpret_cast<float*>(tab + T::kSteps * 4);      // x tile
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
+
+  for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) wf[i] = wfrag[i];
+  stage_tap_tables<C>(tab, nullptr, g);
+  const TileAt o = tile_at(blockIdx.x, g);
+  stage_x<C>(xs, x, o, g);
+  __syncthreads();
+
+  // 1 where this lane's output row g (r = 0) or g + 8 (r = 1) of m16 tile h of a row exists.
+  float colmask[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) colmask[h][r] = o.w0 + 16 * h + 8 * r + gq < g.OW ? 1.f : 0.f;
+  float s1[NT][2], s2[NT][2];  // channels 8n + 2t + e
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) s1[n][e] = s2[n][e] = 0.f;
+
+  const int pairs = g.TH / 2;
+  for (int u = warp; u < g.TD * pairs; u += nwarps) {
+    const int d = u / pairs, h = 2 * (u % pairs);
+    if (o.d0 + d >= g.OD || o.h0 + h >= g.OH) continue;  // warp-uniform
+    const bool row1 = o.h0 + h + 1 < g.OH;
+    const float* base = xs + d * g.PS + h * kRS + gq;  // position (row h, column g)
+    float acc[4][NT][4];  // m16 tile m: row h + m / 2, columns 16 (m % 2) + 0..15
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[m][n][k] = 0.f;
+#pragma unroll
+    for (int s = 0; s < T::kSteps; ++s) {
+      const int2 off = tab[s * 4 + tq];
+      const float* p0 = base + off.x;  // tap 8s + t
+      const float* p1 = base + off.y;  // tap 8s + t + 4
+      uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float4 v = wf[(s * NT + n) * 32 + lane];
+        bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
+        bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int mo = (m >> 1) * kRS + (m & 1) * 16;
+        uint32_t ah[4], al[4];
+        split<TERMS>(p0[mo], ah[0], al[0]);      // (position g,     tap t)
+        split<TERMS>(p0[mo + 8], ah[1], al[1]);  // (position g + 8, tap t)
+        split<TERMS>(p1[mo], ah[2], al[2]);      // (position g,     tap t + 4)
+        split<TERMS>(p1[mo + 8], ah[3], al[3]);  // (position g + 8, tap t + 4)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+      }
+    }
+    // acc[m][n] = z at (positions g, g + 8) x (channels 8n + 2t, 8n + 2t + 1).
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      if (m >= 2 && !row1) break;
+      const float mlo = colmask[m & 1][0], mhi = colmask[m & 1][1];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float z0 = acc[m][n][e] * mlo, z1 = acc[m][n][2 + e] * mhi;
+          s1[n][e] += z0 + z1;
+          s2[n][e] = fmaf(z0, z0, fmaf(z1, z1, s2[n][e]));
+        }
+    }
+  }
+
+  // Channel c's sums are in the lanes with t = (c % 8) / 2 of every warp: add them in order.
+  __syncthreads();  // done with xs: it holds the per-lane sums now, [2][NT][2][nthreads]
+  float* red = xs;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      red[((0 * NT + n) * 2 + e) * nthreads + tid] = s1[n][e];
+      red[((1 * NT + n) * 2 + e) * nthreads + tid] = s2[n][e];
+    }
+  __syncthreads();
+  constexpr int K = 8 * NT;
+  for (int i = tid; i < 2 * K; i += nthreads) {
+    const int stat = i / K, c = i % K;
+    const float* src = red + ((stat * NT + c / 8) * 2 + c % 2) * nthreads + (c % 8) / 2;
+    double sum = 0;
+    for (int w = 0; w < nwarps; ++w)
+      for (int gg = 0; gg < 8; ++gg) sum += src[32 * w + 4 * gg];
+    partial[static_cast<int64_t>(blockIdx.x) * 2 * K + i] = sum;
+  }
+}
+
+// One thread per (n, c): the tiles of sample n in order; y = z + b folded back in exactly.
+__global__ void tile_stats_reduce_kernel(double* __restrict__ S1, double* __restrict__ S2,
+                                         const double* __restrict__ partial, const float* __restrict__ bias,
+                                         int64_t N, int K, int64_t tiles_per_sample, double V) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * K) return;
+  const int64_t n = i / K;
+  const int c = static_cast<int>(i % K);
+  const double* pp = partial + n * tiles_per_sample * 2 * K + c;
+  double a = 0, q = 0;
+  for (int64_t t = 0; t < tiles_per_sample; ++t) {
+    a += pp[2 * K * t];
+    q += pp[2 * K * t + K];
+  }
+  const double bc = bias ? static_cast<double>(bias[c]) : 0.0;
+  S1[i] = a + V * bc;
+  S2[i] = q + 2.0 * bc * a + V * bc * bc;
+}
+
+// ---- backward: dW with y recomputed --------------------------------------------------------
+
+// Persistent blocks over consecutive tiles; dw_partial (gridDim.x, K, 27 C): the block's dW.
+// dy = A[n,c] + B[n,g] (z + bias[c]) with z = conv without bias.
+template <int C, int NT, int TERMS>
+__global__ void __launch_bounds__(128, 2)
+grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, const float4* __restrict__ wfrag,
+                  const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias, int G,
+                  int cpg, MmaGeom g) {
+  using T = Taps<C>;
+  constexpr int MC = (NT + 1) / 2, MT = T::kTapTiles, NSLOT = MT * NT * 4;
+  extern __shared__ float4 smem_bwd[];
+  float4* wf = smem_bwd;                                            // [kSteps][MC][32][2]
+  int2* tab_k = reinterpret_cast<int2*>(wf + T::kSteps * MC * 64);  // [kSteps][4]
+  int2* tab_m = tab_k + T::kSteps * 4;                              // [MT][8]
+  float* xs = reinterpret_cast<float*>(tab_m + MT * 8);             // x tile
+  float* slots = xs + g.xs_floats;                                  // [NSLOT][nthreads]
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
+
+  for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) wf[i] = wfrag[i];
+  stage_tap_tables<C>(tab_k, tab_m, g);
+  for (int i = 0; i < NSLOT; ++i) slots[i * nthreads + tid] = 0.f;
+
+  const int64_t t_begin = blockIdx.x * g.tiles / gridDim.x, t_end = (blockIdx.x + 1) * g.tiles / gridDim.x;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const TileAt o = tile_at(t, g);
+    __syncthreads();  // everyone is done with the previous tile's xs
+    stage_x<C>(xs, x, o, g);
+    // dy = ca + cb z for this lane's channels 16 mc + 8 r + g.
+    float ca[MC][2], cb[MC][2];
+#pragma unroll
+    for (int mc = 0; mc < MC; ++mc)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int c = 16 * mc + 8 * r + gq;
+        ca[mc][r] = cb[mc][r] = 0.f;
+        if (c < g.K) {
+          const float bg = B[o.n * G + c / cpg];
+          cb[mc][r] = bg;
+          ca[mc][r] = fmaf(bg, bias ? bias[c] : 0.f, A[o.n * g.K + c]);
+        }
+      }
+    __syncthreads();
+
+    float accw[MT][NT][4];  // dW (taps 16 mt + g (+8), channels 8 nt + 2t (+1))
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) accw[mt][nt][k] = 0.f;
+
+    for (int u = warp; u < g.TD * g.TH; u += nwarps) {
+      const int d = u / g.TH, h = u % g.TH;
+      if (o.d0 + d >= g.OD || o.h0 + h >= g.OH) continue;  // warp-uniform
+      const float* row = xs + d * g.PS + h * kRS;
+
+      // (1) y^T (channels x 32 positions) = W^T (channels x taps) . patch^T (taps x positions).
+      float accy[MC][kNP][4];  // (channels 16 mc + g (+8), positions 8q + 2t (+1))
+#pragma unroll
+      for (int mc = 0; mc < MC; ++mc)
+#pragma unroll
+        for (int q = 0; q < kNP; ++q)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) accy[mc][q][k] = 0.f;
+#pragma unroll
+      for (int s = 0; s < T::kSteps; ++s) {
+        const int2 off = tab_k[s * 4 + tq];
+        const float* p0 = row + off.x + gq;  // (tap 8s + t,     position g)
+        const float* p1 = row + off.y + gq;  // (tap 8s + t + 4, position g)
+        uint32_t ah[MC][4], al[MC][4];
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+          const float4 vh = wf[((s * MC + mc) * 32 + lane) * 2], vl = wf[((s * MC + mc) * 32 + lane) * 2 + 1];
+          ah[mc][0] = __float_as_uint(vh.x), ah[mc][1] = __float_as_uint(vh.y);
+          ah[mc][2] = __float_as_uint(vh.z), ah[mc][3] = __float_as_uint(vh.w);
+          al[mc][0] = __float_as_uint(vl.x), al[mc][1] = __float_as_uint(vl.y);
+          al[mc][2] = __float_as_uint(vl.z), al[mc][3] = __float_as_uint(vl.w);
+        }
+#pragma unroll
+        for (int q = 0; q < kNP; ++q) {
+          uint32_t bh[2], bl[2];
+          split<TERMS>(p0[8 * q], bh[0], bl[0]);
+          split<TERMS>(p1[8 * q], bh[1], bl[1]);
+#pragma unroll
+          for (int mc = 0; mc < MC; ++mc) mma_terms<TERMS>(accy[mc][q], ah[mc], al[mc], bh, bl);
+        }
+      }
+
+      // (2) dy, zero at positions past OW. accy[mc][q][2r + e] is channel 16 mc + 8 r + g at
+      // position 8q + 2t + e: the B fragment (k = t + 4e, n = g) of n-tile 2 mc + r in (3).
+      uint32_t dh[kNP][NT][2], dl[kNP][NT][2];
+#pragma unroll
+      for (int q = 0; q < kNP; ++q) {
+        const int64_t wpos = o.w0 + 8 * q + 2 * tq;
+        const float v0 = wpos < g.OW ? 1.f : 0.f, v1 = wpos + 1 < g.OW ? 1.f : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int mc = nt >> 1, r = nt & 1;
+          const float y0 = fmaf(cb[mc][r], accy[mc][q][2 * r], ca[mc][r]) * v0;
+          const float y1 = fmaf(cb[mc][r], accy[mc][q][2 * r + 1], ca[mc][r]) * v1;
+          split<TERMS>(y0, dh[q][nt][0], dl[q][nt][0]);
+          split<TERMS>(y1, dh[q][nt][1], dl[q][nt][1]);
+        }
+      }
+
+      // (3) dW (taps x channels) += patch^T (taps x positions) . dy (positions x channels),
+      // positions of each chunk in the order 2t -> k = t, 2t + 1 -> k = t + 4.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int2 off = tab_m[mt * 8 + gq];
+        const float* q0 = row + off.x + 2 * tq;  // tap 16 mt + g
+        const float* q1 = row + off.y + 2 * tq;  // tap 16 mt + g + 8
+#pragma unroll
+        for (int q = 0; q < kNP; ++q) {
+          uint32_t ah[4], al[4];
+          split<TERMS>(q0[8 * q], ah[0], al[0]);      // (tap g,     position 2t)
+          split<TERMS>(q1[8 * q], ah[1], al[1]);      // (tap g + 8, position 2t)
+          split<TERMS>(q0[8 * q + 1], ah[2], al[2]);  // (tap g,     position 2t + 1)
+          split<TERMS>(q1[8 * q + 1], ah[3], al[3]);  // (tap g + 8, position 2t + 1)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_terms<TERMS>(accw[mt][nt], ah, al, dh[q][nt], dl[q][nt]);
+        }
+      }
+    }
+
+    // The tile's dW into the thread's slots: FP32 adds of short per-tile chains.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) slots[((mt * NT + nt) * 4 + k) * nthreads + tid] += accw[mt][nt][k];
+  }
+
+  // Block partial: dW (c, tap) sits in slot (mt, nt, 2 (tap % 16 / 8) + c % 2) of lane
+  // 4 (tap % 8) + (c % 8) / 2 in every warp; warps added in order.
+  __syncthreads();
+  const int count = 8 * NT * T::kTaps;
+  for (int e = tid; e < count; e += nthreads) {
+    const int c = e / T::kTaps, tap = e % T::kTaps;
+    const int slot = ((tap / 16) * NT + c / 8) * 4 + 2 * (tap % 16 / 8) + c % 2;
+    const float* src = slots + slot * nthreads + 4 * (tap % 8) + (c % 8) / 2;
+    float sum = 0.f;
+    for (int w = 0; w < nwarps; ++w) sum += src[32 * w];
+    dw_partial[static_cast<int64_t>(blockIdx.x) * count + e] = sum;
+  }
+}
+
+// dw[e] = sum over blocks, in block order, of dw_partial[b][e] (f64: hundreds of terms).
+__global__ void dw_blocks_reduce_kernel(float* __restrict__ dw, const float* __restrict__ partial, int64_t blocks,
+                                        int count) {
+  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (e >= count) return;
+  double s = 0;
+  for (int64_t b = 0; b < blocks; ++b) s += partial[b * count + e];
+  dw[e] = static_cast<float>(s);
+}
+
+// ==== END KERNELS
+
+// Shared-memory bytes of each kernel.
+template <int C, int NT>
+int forward_smem_bytes(const MmaGeom& g, int threads) {
+  using T = Taps<C>;
+  const int xs = std::max(g.xs_floats, 4 * NT * threads);  // the tile, later the block sums
+  return T::kSteps * NT * 32 * 16 + T::kSteps * 4 * 8 + xs * 4;
+}
+
+template <int C, int NT>
+int backward_smem_bytes(const MmaGeom& g, int threads) {
+  using T = Taps<C>;
+  constexpr int MC = (NT + 1) / 2;
+  return T::kSteps * MC * 64 * 16 + (T::kSteps * 4 + T::kTapTiles * 8) * 8 + g.xs_floats * 4 +
+         T::kTapTiles * NT * 4 * threads * 4;
+}
+
+MmaGeom geom_of(const Conv3dGnMeanProblem& p) {
+  const ConvShape& s = p.conv;
+  return make_mma_geom(s.N, static_cast<int>(s.C), static_cast<int>(s.K), s.in, s.out);
+}
+
+// The weight fragments of both GEMMs (tiny; recomputed per call, w may have changed).
+template <int C, int NT>
+Tensor weight_fragments(const Tensor& w, int terms, cudaStream_t st) {
+  using T = Taps<C>;
+  constexpr int MC = (NT + 1) / 2;
+  const int fwd = T::kSteps * NT * 32, bwd = T::kSteps * MC * 64;  // float4s
+  Tensor frags = Tensor::empty({4 * int64_t{fwd + bwd}}, {.dtype = DType::f32, .device = w.device()});
+  float4* base = reinterpret_cast<float4*>(frags.data<float>());
+  const int items = std::max(fwd, bwd / 2);
+  weight_fragments_kernel<C, NT><<<(items + 127) / 128, 128, 0, st>>>(base, base + fwd, w.data<float>(), terms);
+  TG_LAUNCH_CHECK();
+  return frags;
+}
+
+template <int C, int NT, int TERMS>
+void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const Conv3dGnMeanProblem& p, cudaStream_t st) {
+  const MmaGeom g = geom_of(p);
+  TG_CHECK(g.tiles < (int64_t{1} << 31), "conv3d_gn_mean: ", g.tiles, " tiles exceed one grid");
+  const int threads = 32 * forward_warps(g.TD * g.TH / 2);
+  const int smem = forward_smem_bytes<C, NT>(g, threads);
+  Tensor frags = weight_fragments<C, NT>(w, TERMS, st);
+  Tensor partial = Tensor::empty({g.tiles * 2 * g.K}, {.dtype = DType::f64, .device = x.device()});
+  auto kernel = stats_mma_kernel<C, NT, TERMS>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<static_cast<unsigned>(g.tiles), threads, smem, st>>>(
+      partial.data<double>(), x.data<float>(), reinterpret_cast<const float4*>(frags.data<float>()), g);
+  TG_LAUNCH_CHECK();
+  tile_stats_reduce_kernel<<<grid_for(g.N * g.K, 256), 256, 0, st>>>(
+      S1.data<double>(), S2.data<double>(), partial.data<double>(), b.defined() ? b.data<float>() : nullptr, g.N,
+      g.K, g.tiles_per_sample, static_cast<double>(p.volume()));
+  TG_LAUNCH_CHECK();
+}
+
+template <int C, int NT, int TERMS>
+void launch_grad_weight(const Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& A,
+                        const Tensor& B, const Conv3dGnMeanProblem& p, int dev, cudaStream_t st) {
+  using T = Taps<C>;
+  constexpr int kThreads = 128;
+  const MmaGeom g = geom_of(p);
+  const int smem = backward_smem_bytes<C, NT>(g, kThreads);
+  auto kernel = grad_w_mma_kernel<C, NT, TERMS>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0, sms = 0;
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t blocks = std::clamp<int64_t>(int64_t{per_sm} * sms, 1, g.tiles);
+  const int count = g.K * T::kTaps;
+  Tensor frags = weight_fragments<C, NT>(w, TERMS, st);
+  Tensor partial = Tensor::empty({blocks * count}, {.dtype = DType::f32, .device = x.device()});
+  const float4* wf_bwd = reinterpret_cast<const float4*>(frags.data<float>()) + T::kSteps * NT * 32;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, st>>>(
+      partial.data<float>(), x.data<float>(), wf_bwd, A.data<float>(), B.data<float>(),
+      b.defined() ? b.data<float>() : nullptr, static_cast<int>(p.groups), static_cast<int>(p.channels_per_group()),
+      g);
+  TG_LAUNCH_CHECK();
+  dw_blocks_reduce_kernel<<<(count + 255) / 256, 256, 0, st>>>(dw.data<float>(), partial.data<float>(), blocks, count);
+  TG_LAUNCH_CHECK();
+}
+
+// Instantiated shape classes: (C_in, K / 8) in {(3, 3), (1, 3)}; conv3d_gn_mean_mma_applies
+// (conv3d_gn_mean.cu) admits exactly these.
+template <template <int, int, int> class Launch, class... Args>
+void dispatch_shape(const Conv3dGnMeanProblem& p, bool tf32, Args&&... args) {
+  const int64_t C = p.conv.C, K = p.conv.K;
+  TG_CHECK(K == 24 && (C == 3 || C == 1), "conv3d_gn_mean: no tensor-core kernel for C_in ", C, ", K ", K);
+  if (C == 3) {
+    if (tf32) Launch<3, 3, 1>::run(args...);
+    else Launch<3, 3, 3>::run(args...);
+  } else {
+    if (tf32) Launch<1, 3, 1>::run(args...);
+    else Launch<1, 3, 3>::run(args...);
+  }
+}
+
+template <int C, int NT, int TERMS>
+struct StatsLaunch {
+  template <class... Args>
+  static void run(Args&&... args) { launch_stats<C, NT, TERMS>(args...); }
+};
+
+template <int C, int NT, int TERMS>
+struct GradWeightLaunch {
+  template <class... Args>
+  static void run(Args&&... args) { launch_grad_weight<C, NT, TERMS>(args...); }
+};
+
+}  // namespace
+
+void conv3d_gn_mean_mma_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
+                              const Conv3dGnMeanProblem& p, bool tf32) {
+  const int dev = x.device().index;
+  set_device(dev);
+  if (p.conv.N == 0) return;
+  dispatch_shape<StatsLaunch>(p, tf32, S1, S2, x, w, b, p, stream(dev));
+}
+
+void conv3d_gn_mean_mma_grad_weight(const Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& b,
+                                    const Tensor& A, const Tensor& B, const Conv3dGnMeanProblem& p, bool tf32) {
+  const int dev = x.device().index;
+  set_device(dev);
+  cudaStream_t st = stream(dev);
+  if (p.conv.N == 0) {
+    TG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), st));
+    return;
+  }
+  dispatch_shape<GradWeightLaunch>(p, tf32, dw, x, w, b, A, B, p, dev, st);
+}
+
+}  // namespace tg::cuda
