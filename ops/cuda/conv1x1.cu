@@ -537,45 +537,50 @@ __device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTi
   }
 }
 
-// A full tile with 16-byte-aligned rows: a warp's kMT x 4 accumulator tiles, whose top-left
+// A full tile with 16-byte-aligned rows: a warp's kMT x kNT accumulator tiles, whose top-left
 // element is out[0] (rows row_stride apart), go through `scratch` (kScratchFloats of shared
 // memory that only this warp touches): each 16 x 32 block is written in fragment order, then
 // read back by rows, 8 lanes x 16 bytes per row, so every store instruction writes four whole
 // 128-byte lines. kBias: 0 none, 1 bias[row], 2 bias[column] (shared memory, from the warp's
 // first row / column); a template argument, because even a zero bias costs an add per value.
 enum BiasKind : int { kNoBias = 0, kBiasRows = 1, kBiasCols = 2 };
-template <int kMT, int kBias>
-__device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][4][4], float* scratch, float* out,
+template <int kMT, int kNT, int kBias>
+__device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], float* scratch, float* out,
                                                  int64_t row_stride, int lane, const float* bias) {
+  static_assert(kNT % 4 == 0, "blocks of 32 columns");
   const int g = lane >> 2, t = lane & 3;
   const int rr = lane >> 3, cc = 4 * (lane & 7);  // read-back: rows rr + 4i, columns cc..cc+3
   float* wr = scratch + g * kScratchStride + 2 * t;
   const float* rd = scratch + rr * kScratchStride + cc;
-  float* dst = out + rr * row_stride + cc;
   const int64_t step = 4 * row_stride;
-  float4 bc;
-  if constexpr (kBias == kBiasCols) bc = *reinterpret_cast<const float4*>(bias + cc);
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int cg = 0; cg < kNT / 4; ++cg) {  // 32-column blocks
+    float* dst = out + rr * row_stride + 32 * cg + cc;
+    float4 bc;
+    if constexpr (kBias == kBiasCols) bc = *reinterpret_cast<const float4*>(bias + 32 * cg + cc);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      *reinterpret_cast<float2*>(wr + nt * 8) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
-      *reinterpret_cast<float2*>(wr + 8 * kScratchStride + nt * 8) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
-    }
-    __syncwarp();
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * kScratchStride);
-      if constexpr (kBias == kBiasRows) {
-        const float b = bias[mt * 16 + 4 * i + rr];
-        v.x += b, v.y += b, v.z += b, v.w += b;
-      } else if constexpr (kBias == kBiasCols) {
-        v.x += bc.x, v.y += bc.y, v.z += bc.z, v.w += bc.w;
+      for (int nt = 0; nt < 4; ++nt) {
+        const float* c = acc[mt][4 * cg + nt];
+        *reinterpret_cast<float2*>(wr + nt * 8) = make_float2(c[0], c[1]);
+        *reinterpret_cast<float2*>(wr + 8 * kScratchStride + nt * 8) = make_float2(c[2], c[3]);
       }
-      __stcs(reinterpret_cast<float4*>(dst), v);
-      dst += step;
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * kScratchStride);
+        if constexpr (kBias == kBiasRows) {
+          const float b = bias[mt * 16 + 4 * i + rr];
+          v.x += b, v.y += b, v.z += b, v.w += b;
+        } else if constexpr (kBias == kBiasCols) {
+          v.x += bc.x, v.y += bc.y, v.z += bc.z, v.w += bc.w;
+        }
+        __stcs(reinterpret_cast<float4*>(dst), v);
+        dst += step;
+      }
+      __syncwarp();  // the next block overwrites what this one read
     }
-    __syncwarp();  // the next block overwrites what this one read
   }
 }
 
@@ -700,7 +705,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
   constexpr int kResTiles = kNHWC ? kChannels / 8 : kChannels / 16;
   static_assert(kWM * kWN == kThreads / 32, "one warp per warp tile");
   static_assert((kNHWC ? kRows : kCols) == kTilePixels, "a tile is 128 pixels");
-  static_assert(kNT == 4, "a warp's columns are 32 consecutive values (fragment offsets, staged stores)");
+  static_assert(kNHWC || kNT == 4, "NCHW: a warp's columns are 32 pixels (fragment offsets)");
+  static_assert(kNT % 4 == 0, "staged stores take blocks of 32 columns");
 
   extern __shared__ __align__(16) unsigned char smem[];
   const int KS = p.r_pad / 8;
@@ -756,17 +762,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
         uint32_t a_off[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) a_off[u] = smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane);
+        // The warp's A fragments first, then one (resident, cheap) B fragment at a time.
         auto kstep = [&](int ks, int u, int jj, auto first) {
-          FragB b[kNT];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
+          FragA a[kMT];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             uint32_t r[4];
             ldmatrix_x4(r, a_off[u] + mt * 16 * stride * 4 + jj * 128);
-            const FragA a = make_a<kSplit>(r);
+            a[mt] = make_a<kSplit>(r);
+          }
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
+          for (int nt = 0; nt < kNT; ++nt) {
+            const FragB b = res.b(wn * kNT + nt, ks, lane);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a[mt], b);
           }
         };
         kstep(0, 0, 0, First{});
@@ -788,14 +797,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
         for (int ks = 0; ks < KS; ++ks) {
-          FragB b[kNT];
+          FragA a[kMT];
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
+          for (int mt = 0; mt < kMT; ++mt) a[mt] = tile_a_rows_m<kSplit>(XT, row0 + mt * 16, ks * 8, g, t);
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            const FragA a = tile_a_rows_m<kSplit>(XT, row0 + mt * 16, ks * 8, g, t);
+          for (int nt = 0; nt < kNT; ++nt) {
+            const FragB b = res.b(wn * kNT + nt, ks, lane);
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mma<kSplit>(acc[mt][nt], a, b[nt]);
+            for (int mt = 0; mt < kMT; ++mt) mma<kSplit>(acc[mt][nt], a[mt], b);
           }
         }
       }
@@ -832,9 +841,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
       __syncthreads();  // every warp is done reading this stage: it becomes the warps' store scratch
       float* scratch = X + warp * kScratchFloats;
       float* out = o.base + row0 * o.row_stride + col0;
-      if (!has_bias) store_acc_staged<kMT, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
-      else if constexpr (kNHWC) store_acc_staged<kMT, kBiasCols>(acc, scratch, out, o.row_stride, lane, bias_s + col0);
-      else store_acc_staged<kMT, kBiasRows>(acc, scratch, out, o.row_stride, lane, bias_s + row0);
+      if (!has_bias) store_acc_staged<kMT, kNT, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
+      else if constexpr (kNHWC) store_acc_staged<kMT, kNT, kBiasCols>(acc, scratch, out, o.row_stride, lane, bias_s + col0);
+      else store_acc_staged<kMT, kNT, kBiasRows>(acc, scratch, out, o.row_stride, lane, bias_s + row0);
     } else {
       store_acc(acc, o, row0, col0, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr, p.accumulate);
     }
@@ -1290,7 +1299,7 @@ void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, co
     else launch_pointwise<false, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);       // 128 ch x 128 px
   } else {
     if (wide) launch_pointwise<true, 4, 2, 2, 4, kMode, 1>(p, s, smem, sms, st);   // 128 px x 64 ch
-    else launch_pointwise<true, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);        // 128 px x 128 ch
+    else launch_pointwise<true, 4, 2, 2, 8, kMode, 2>(p, s, smem, sms, st);        // 128 px x 128 ch
   }
 }
 
