@@ -694,6 +694,13 @@ __global__ void dx_reduce_kernel(float* __restrict__ dx, const float* __restrict
 
 // ---- host side --------------------------------------------------------------------------
 
+// Grid of a one-thread-per-item kernel (no grid-stride loop, unlike grid_for's capped grids).
+unsigned item_blocks(int64_t items, int threads) {
+  const int64_t blocks = std::max<int64_t>(1, (items + threads - 1) / threads);
+  TG_CHECK(blocks < (int64_t{1} << 31), "conv3d_gn_mean: ", items, " items exceed one grid");
+  return static_cast<unsigned>(blocks);
+}
+
 // Blocks of `kernel` that fit on the whole device at once.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, int smem_bytes, int device) {
@@ -745,7 +752,7 @@ void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Ten
   stats_kernel<CA, NT><<<static_cast<unsigned>(g.N * B), NT, smem, st>>>(partial.data<double>(), x.data<float>(),
                                                                           w.data<float>(), B, g);
   TG_LAUNCH_CHECK();
-  stats_reduce_kernel<<<grid_for(g.N * g.K, kThreads), kThreads, 0, st>>>(
+  stats_reduce_kernel<<<item_blocks(g.N * g.K, kThreads), kThreads, 0, st>>>(
       S1.data<double>(), S2.data<double>(), partial.data<double>(), ptr_or_null(b), g.N, g.K, g.Kpad, B, V);
   TG_LAUNCH_CHECK();
 }
@@ -770,7 +777,7 @@ void launch_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& x, const
       ptr_or_null(b), A.data<float>(), B.data<float>(), g);
   TG_LAUNCH_CHECK();
   if (dw.defined()) {
-    dw_reduce_kernel<<<grid_for(int64_t{g.K} * g.C * 27, kThreads), kThreads, 0, st>>>(
+    dw_reduce_kernel<<<item_blocks(int64_t{g.K} * g.C * 27, kThreads), kThreads, 0, st>>>(
         dw.data<float>(), dw_partial.data<float>(), blocks, g);
     TG_LAUNCH_CHECK();
   }
@@ -863,7 +870,7 @@ void conv3d_gn_mean_finish(const Tensor& out, const Tensor& mean, const Tensor& 
   if (p.conv.N == 0) return;
   dispatch_floating("conv3d_gn_mean_finish", out.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    finish_kernel<T><<<grid_for(p.conv.N, kThreads), kThreads, 0, stream(dev)>>>(
+    finish_kernel<T><<<item_blocks(p.conv.N, kThreads), kThreads, 0, stream(dev)>>>(
         out.data<T>(), mean.data<double>(), rstd.data<double>(), S1.data<double>(), S2.data<double>(),
         typed_or_null<T>(gamma), typed_or_null<T>(beta), small_geom(p));
     TG_LAUNCH_CHECK();
@@ -880,13 +887,13 @@ void conv3d_gn_mean_coefficients(const Tensor& A, const Tensor& B, const Tensor&
   dispatch_floating("conv3d_gn_mean_coefficients", gout.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (A.defined() && B.defined() && g.N > 0) {
-      coef_kernel<T><<<grid_for(g.N * g.G, kThreads), kThreads, 0, st>>>(
+      coef_kernel<T><<<item_blocks(g.N * g.G, kThreads), kThreads, 0, st>>>(
           A.data<T>(), B.data<T>(), gout.data<T>(), S1.data<double>(), mean.data<double>(), rstd.data<double>(),
           typed_or_null<T>(gamma), g);
       TG_LAUNCH_CHECK();
     }
     if (dgamma.defined() || dbeta.defined() || db.defined()) {
-      param_grads_kernel<T><<<grid_for(g.K, kThreads), kThreads, 0, st>>>(
+      param_grads_kernel<T><<<item_blocks(g.K, kThreads), kThreads, 0, st>>>(
           dgamma.defined() ? dgamma.data<T>() : nullptr, dbeta.defined() ? dbeta.data<T>() : nullptr,
           db.defined() ? db.data<T>() : nullptr, gout.data<T>(), S1.data<double>(), mean.data<double>(),
           rstd.data<double>(), typed_or_null<T>(gamma), g);

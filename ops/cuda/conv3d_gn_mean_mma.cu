@@ -527,6 +527,13 @@ __global__ void dw_blocks_reduce_kernel(float* __restrict__ dw, const float* __r
 
 // ==== END KERNELS
 
+// Grid of a one-thread-per-item kernel (no grid-stride loop, unlike grid_for's capped grids).
+unsigned item_blocks(int64_t items, int threads) {
+  const int64_t blocks = std::max<int64_t>(1, (items + threads - 1) / threads);
+  TG_CHECK(blocks < (int64_t{1} << 31), "conv3d_gn_mean: ", items, " items exceed one grid");
+  return static_cast<unsigned>(blocks);
+}
+
 // Shared-memory bytes of each kernel.
 template <int C, int NT>
 int forward_smem_bytes(const MmaGeom& g, int threads) {
@@ -576,7 +583,7 @@ void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Ten
   kernel<<<static_cast<unsigned>(g.tiles), threads, smem, st>>>(
       partial.data<double>(), x.data<float>(), reinterpret_cast<const float4*>(frags.data<float>()), g);
   TG_LAUNCH_CHECK();
-  tile_stats_reduce_kernel<<<grid_for(g.N * g.K, 256), 256, 0, st>>>(
+  tile_stats_reduce_kernel<<<item_blocks(g.N * g.K, 256), 256, 0, st>>>(
       S1.data<double>(), S2.data<double>(), partial.data<double>(), b.defined() ? b.data<float>() : nullptr, g.N,
       g.K, g.tiles_per_sample, static_cast<double>(p.volume()));
   TG_LAUNCH_CHECK();
