@@ -158,7 +158,8 @@ __device__ __forceinline__ void mma_terms(float (&d)[4], const uint32_t (&ah)[4]
 
 // w (K, C, 3, 3, 3) -> fragments, each operand split into TF32 hi + lo (lo = 0 when TERMS 1):
 //   fwd [kSteps][NT][32] float4 {hi b0, hi b1, lo b0, lo b1}: W (taps x channels), B operand;
-//   bwd [kSteps][MC][32][2] float4 {hi a0..a3}, {lo a0..a3}: W^T (channels x taps), A operand.
+//   bwd [kSteps][MC][2][32] float4 {hi a0..a3} / {lo a0..a3}: W^T (channels x taps), A operand.
+// Lanes 16 bytes apart: each LDS.128 of a warp is 4 conflict-free wavefronts.
 template <int C, int NT>
 __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __restrict__ bwd,
                                         const float* __restrict__ w, int terms) {
@@ -178,8 +179,8 @@ __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __rest
     const int mc = (i / 32) % MC, s = i / (32 * MC);
     const float a0 = W(8 * s + t, 16 * mc + g), a1 = W(8 * s + t, 16 * mc + g + 8);
     const float a2 = W(8 * s + t + 4, 16 * mc + g), a3 = W(8 * s + t + 4, 16 * mc + g + 8);
-    bwd[2 * i] = make_float4(hi(a0), hi(a1), hi(a2), hi(a3));
-    bwd[2 * i + 1] = make_float4(lo(a0), lo(a1), lo(a2), lo(a3));
+    bwd[(s * MC + mc) * 64 + lane] = make_float4(hi(a0), hi(a1), hi(a2), hi(a3));
+    bwd[(s * MC + mc) * 64 + 32 + lane] = make_float4(lo(a0), lo(a1), lo(a2), lo(a3));
   }
 }
 
@@ -377,7 +378,7 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
   using T = Taps<C>;
   constexpr int MC = (NT + 1) / 2, MT = T::kTapTiles, NSLOT = MT * NT * 4;
   extern __shared__ float4 smem_bwd[];
-  float4* wf = smem_bwd;                                            // [kSteps][MC][32][2]
+  float4* wf = smem_bwd;                                            // [kSteps][MC][2][32]
   int2* tab_k = reinterpret_cast<int2*>(wf + T::kSteps * MC * 64);  // [kSteps][4]
   int2* tab_m = tab_k + T::kSteps * 4;                              // [MT][8]
   float* xs = reinterpret_cast<float*>(tab_m + MT * 8);             // x tile
@@ -439,7 +440,7 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
         uint32_t ah[MC][4], al[MC][4];
 #pragma unroll
         for (int mc = 0; mc < MC; ++mc) {
-          const float4 vh = wf[((s * MC + mc) * 32 + lane) * 2], vl = wf[((s * MC + mc) * 32 + lane) * 2 + 1];
+          const float4 vh = wf[(s * MC + mc) * 64 + lane], vl = wf[(s * MC + mc) * 64 + 32 + lane];
           ah[mc][0] = __float_as_uint(vh.x), ah[mc][1] = __float_as_uint(vh.y);
           ah[mc][2] = __float_as_uint(vh.z), ah[mc][3] = __float_as_uint(vh.w);
           al[mc][0] = __float_as_uint(vl.x), al[mc][1] = __float_as_uint(vl.y);
