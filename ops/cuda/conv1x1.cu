@@ -448,7 +448,8 @@ __device__ int fill_resident_a(unsigned char* base, int KS, const WeightView& M)
       reinterpret_cast<uint4*>(base)[e] = make_uint4(h0, h1, h2, h3);
       if constexpr (kMode == kSplitPre)
         reinterpret_cast<uint2*>(base + entries * 16)[e] =
-            make_uint2(bf16_pair_rn(v0 - as_float(h0), v2 - as_float(h2)), bf16_pair_rn(v1 - as_float(h1), v3 - as_float(h3)));
+            make_uint2(bf16_pair_rn(v0 - as_float(h0), v2 - as_float(h2)),
+                       bf16_pair_rn(v1 - as_float(h1), v3 - as_float(h3)));
     }
   }
   return entries;
@@ -841,9 +842,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
       __syncthreads();  // every warp is done reading this stage: it becomes the warps' store scratch
       float* scratch = X + warp * kScratchFloats;
       float* out = o.base + row0 * o.row_stride + col0;
-      if (!has_bias) store_acc_staged<kMT, kNT, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
-      else if constexpr (kNHWC) store_acc_staged<kMT, kNT, kBiasCols>(acc, scratch, out, o.row_stride, lane, bias_s + col0);
-      else store_acc_staged<kMT, kNT, kBiasRows>(acc, scratch, out, o.row_stride, lane, bias_s + row0);
+      const int64_t rs = o.row_stride;
+      if (!has_bias) store_acc_staged<kMT, kNT, kNoBias>(acc, scratch, out, rs, lane, nullptr);
+      else if constexpr (kNHWC) store_acc_staged<kMT, kNT, kBiasCols>(acc, scratch, out, rs, lane, bias_s + col0);
+      else store_acc_staged<kMT, kNT, kBiasRows>(acc, scratch, out, rs, lane, bias_s + row0);
     } else {
       store_acc(acc, o, row0, col0, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr, p.accumulate);
     }
@@ -1099,7 +1101,8 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   int entries = 0;
   if constexpr (kWithDx) {
     const WeightView wt{p.w, 1, p.C, 0, Ct, 0, Kt};
-    entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS1, wt) : fill_resident_a<kMode, kResTiles>(smem, KS1, wt);
+    entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS1, wt)
+                    : fill_resident_a<kMode, kResTiles>(smem, KS1, wt);
   }
   const Resident<kMode, kResTiles> res{smem, entries};
 
@@ -1339,7 +1342,8 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
       p.accumulate = r0 > 0;
       const int fixed = resident_bytes(channels, p.r_pad, mode) + channels * 4;
       const int tile_bytes = (nhwc ? kTilePixels * pointwise_nhwc_stride(channels) : p.r_pad * kTilePixels) * 4;
-      const int stage_bytes = std::max(tile_bytes, kThreads / 32 * kScratchFloats * 4);  // a stage doubles as store scratch
+      // A stage doubles as the warps' store scratch.
+      const int stage_bytes = std::max(tile_bytes, kThreads / 32 * kScratchFloats * 4);
       // Narrow blocks run two per SM where two stages fit twice (always on H100 / H200).
       p.stages = stages_that_fit(lim.smem_for(wide ? 1 : 2), fixed, stage_bytes);
       if (p.stages < 2) p.stages = stages_that_fit(lim.smem_for(1), fixed, stage_bytes);
