@@ -38,4 +38,9 @@ inline unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(blocks);
 }
 
+// The loop every elementwise kernel runs over n elements with a grid from grid_for:
+// 64-bit indices, because tensors of 2^31 elements and more are in scope.
+#define TG_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
 }  // namespace tg::cuda

@@ -1,4 +1,5 @@
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "core/tensor_kernels.h"
 
 namespace tg::cuda {
@@ -8,25 +9,25 @@ constexpr int kThreads = 256;
 
 template <class T>
 __global__ void fill_kernel(T* out, int64_t n, T value) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  TG_GRID_STRIDE(i, n)
     out[i] = value;
 }
 
 template <class T>
 __global__ void uniform_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, double low, double high) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  TG_GRID_STRIDE(i, n)
     out[i] = static_cast<T>(low + (high - low) * uniform_at(seed, offset + i));
 }
 
 template <class T>
 __global__ void normal_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double stddev) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  TG_GRID_STRIDE(i, n)
     out[i] = static_cast<T>(mean + stddev * normal_at(seed, offset + i));
 }
 
 template <class S, class D>
 __global__ void cast_kernel(const S* in, D* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  TG_GRID_STRIDE(i, n)
     out[i] = static_cast<D>(in[i]);
 }
 
@@ -45,7 +46,7 @@ void fill(const Tensor& t, double value) {
   if (n == 0) return;
   set_device(t.device().index);
   dispatch(t.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     fill_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, static_cast<T>(value));
   });
@@ -57,7 +58,7 @@ void fill_uniform(const Tensor& t, RandomDraw draw, double low, double high) {
   if (n == 0) return;
   set_device(t.device().index);
   dispatch(t.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     uniform_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, draw.seed, draw.offset, low, high);
   });
@@ -69,7 +70,7 @@ void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev) {
   if (n == 0) return;
   set_device(t.device().index);
   dispatch(t.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     normal_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, draw.seed, draw.offset, mean, stddev);
   });
@@ -81,9 +82,9 @@ void cast(const Tensor& src, const Tensor& dst) {
   if (n == 0) return;
   set_device(src.device().index);
   dispatch(src.dtype(), [&](auto* stag) {
-    using S = std::remove_pointer_t<decltype(stag)>;
+    using S = TG_ELEMENT_TYPE(stag);
     dispatch(dst.dtype(), [&](auto* dtag) {
-      using D = std::remove_pointer_t<decltype(dtag)>;
+      using D = TG_ELEMENT_TYPE(dtag);
       cast_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, stream(src.device().index)>>>(
           src.data<S>(), dst.data<D>(), n);
     });

@@ -2,6 +2,7 @@
 // written back in a single pass (grid-stride, 64-bit indices). Arithmetic is in the
 // parameter's type with the same expression order as the CPU loops.
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "nn/optim/cuda_updates.h"
 
 namespace tg::cuda {
@@ -13,7 +14,7 @@ template <class T>
 __global__ void sgd_kernel(T* __restrict__ param, T* __restrict__ buf, const T* __restrict__ grad, int64_t n,
                            T lr, T momentum, T one_minus_dampening, T weight_decay, bool use_momentum,
                            bool nesterov, bool first_step) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, n) {
     T p = param[i];
     T d = grad[i];
     if (weight_decay != T(0)) d = d + weight_decay * p;
@@ -31,7 +32,7 @@ __global__ void adam_kernel(T* __restrict__ param, T* __restrict__ exp_avg, T* _
                             const T* __restrict__ grad, int64_t n, T one_minus_beta1, T beta2,
                             T one_minus_beta2, T eps, T weight_decay, T decay_factor, bool decoupled,
                             T step_size, T bias_correction2_sqrt) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, n) {
     T p = param[i];
     T g = grad[i];
     if (decoupled) p = p * decay_factor;
@@ -46,13 +47,6 @@ __global__ void adam_kernel(T* __restrict__ param, T* __restrict__ exp_avg, T* _
   }
 }
 
-template <class F>
-void dispatch_floating(const Tensor& t, F&& f) {
-  if (t.dtype() == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t.dtype() == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL("optimizer update: dtype ", dtype_name(t.dtype()), " is not supported");
-}
-
 }  // namespace
 
 void sgd_update(const Tensor& param, const Tensor& momentum_buffer, const Tensor& grad, const nn::SGDUpdate& u) {
@@ -61,8 +55,8 @@ void sgd_update(const Tensor& param, const Tensor& momentum_buffer, const Tensor
   int dev = param.device().index;
   set_device(dev);
   bool use_momentum = u.momentum != 0;
-  dispatch_floating(param, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("optimizer update", param.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     T* buf = use_momentum ? momentum_buffer.data<T>() : nullptr;
     sgd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
         param.data<T>(), buf, grad.data<T>(), n, T(u.lr), T(u.momentum), T(1.0 - u.dampening),
@@ -77,8 +71,8 @@ void adam_update(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_a
   if (n == 0) return;
   int dev = param.device().index;
   set_device(dev);
-  dispatch_floating(param, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("optimizer update", param.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     adam_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
         param.data<T>(), exp_avg.data<T>(), exp_avg_sq.data<T>(), grad.data<T>(), n, T(1.0 - u.beta1),
         T(u.beta2), T(1.0 - u.beta2), T(u.eps), T(u.weight_decay), T(1.0 - u.lr * u.weight_decay),

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "ops/broadcast.h"
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 #include "ops/cpu/kernels.h"
 #include "ops/reduce_index.h"
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 
 namespace tg::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ops/cpu/conv.h"
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 #include "ops/fused.h"
 
 namespace tg::cpu {

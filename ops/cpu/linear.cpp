@@ -2,7 +2,7 @@
 #include <Eigen/Dense>
 #include <vector>
 
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 

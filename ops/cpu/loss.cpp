@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 #include "ops/loss.h"
 
 namespace tg::cpu {

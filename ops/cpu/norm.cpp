@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/dtype_dispatch.h"
+#include "core/dtype_dispatch.h"
 #include "ops/norm.h"
 
 namespace tg::cpu {

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "ops/broadcast.h"
 #include "ops/cuda/kernels.h"
 #include "ops/reduce_index.h"
@@ -12,17 +13,6 @@ namespace tg::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-#define TG_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
-template <class F>
-void dispatch_floating(const char* op, DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL(op, ": dtype ", dtype_name(t), " is not supported on CUDA");
-}
-#define TG_ELEMENT_TYPE(tag) std::remove_pointer_t<decltype(tag)>
 
 template <class T>
 __device__ __forceinline__ T apply(BinaryOp op, T x, T y) {
@@ -127,7 +117,7 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   if (n == 0) return;
   set_device(out.device().index);
   cudaStream_t st = stream(out.device().index);
-  dispatch_floating("binary", a.dtype(), [&](auto* tag) {
+  dispatch_floating("binary (CUDA)", a.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     if (a.shape() == out.shape() && b.shape() == out.shape()) {
       binary_same_shape<T><<<grid_for(n, kThreads), kThreads, 0, st>>>(op, out.data<T>(), a.data<T>(), b.data<T>(), n);
@@ -143,7 +133,7 @@ void affine(const Tensor& out, const Tensor& a, double scale, double shift) {
   const int64_t n = a.numel();
   if (n == 0) return;
   set_device(a.device().index);
-  dispatch_floating("affine", a.dtype(), [&](auto* tag) {
+  dispatch_floating("affine (CUDA)", a.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     affine_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(a.device().index)>>>(
         out.data<T>(), a.data<T>(), n, static_cast<T>(scale), static_cast<T>(shift));
@@ -155,7 +145,7 @@ void relu(const Tensor& out, const Tensor& x) {
   const int64_t n = x.numel();
   if (n == 0) return;
   set_device(x.device().index);
-  dispatch_floating("relu", x.dtype(), [&](auto* tag) {
+  dispatch_floating("relu (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     relu_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(x.device().index)>>>(out.data<T>(), x.data<T>(), n);
   });
@@ -166,7 +156,7 @@ void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const int64_t n = x.numel();
   if (n == 0) return;
   set_device(x.device().index);
-  dispatch_floating("relu_backward", x.dtype(), [&](auto* tag) {
+  dispatch_floating("relu_backward (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     relu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(x.device().index)>>>(
         dx.data<T>(), dy.data<T>(), x.data<T>(), n);
@@ -177,7 +167,7 @@ void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
 void sum(const Tensor& out, const Tensor& x, const ReduceIndex& ix) {
   set_device(x.device().index);
   cudaStream_t st = stream(x.device().index);
-  dispatch_floating("sum", x.dtype(), [&](auto* tag) {
+  dispatch_floating("sum (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     if (ix.red_count == 0) {  // empty reduction: zeros
       TG_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), st));

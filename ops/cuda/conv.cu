@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv1x1.h"
 #include "ops/cuda/conv3x3.h"
@@ -18,13 +19,6 @@ namespace {
 constexpr int kThreads = 256;        // elementwise kernels (forward, grad-input)
 constexpr int kReduceThreads = 256;  // block reductions (grad-weight, grad-bias); multiple of 32
 constexpr int64_t kMaxReduceBlocks = 65536;
-
-template <class F>
-void dispatch_floating(const char* op, DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL(op, ": dtype ", dtype_name(t), " is not supported");
-}
 
 // Offset of element (n, channel c, spatial position q) of x (channels = C, volume = in)
 // or y (channels = K, volume = out), in either layout.
@@ -85,7 +79,7 @@ __global__ void forward_kernel(T* __restrict__ y,        // (N, K, out) or (N, o
                                ConvShape s) {
   const int64_t total = s.N * s.K * s.out_volume();
   const int64_t kvol = s.kernel_volume();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, total) {
     int64_t n, k, p, o[3];
     split_index(i, s.K, s.out_volume(), s.channels_last(), n, k, p);
     unravel3(p, s.out, o);
@@ -128,7 +122,7 @@ __global__ void grad_input_kernel(T* __restrict__ dx,        // (N, C, in) or (N
                                   ConvShape s) {
   const int64_t total = s.N * s.C * s.in_volume();
   const int64_t kvol = s.kernel_volume();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, total) {
     int64_t n, c, q, pos[3], o[3];
     split_index(i, s.C, s.in_volume(), s.channels_last(), n, c, q);
     unravel3(q, s.in, pos);
@@ -210,7 +204,7 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   const int dev = y.device().index;
   set_device(dev);
   dispatch_floating("conv_forward", y.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     // Kernel choice: the general direct kernel serves every geometry.
     forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream(dev)>>>(
         y.data<T>(), x.data<T>(), w.data<T>(), b.defined() ? b.data<T>() : nullptr, s);
@@ -226,7 +220,7 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   const int dev = dx.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_input", dx.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     grad_input_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream(dev)>>>(
         dx.data<T>(), dy.data<T>(), w.data<T>(), s);
   });
@@ -241,7 +235,7 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
   const int dev = dw.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_weight", dw.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     grad_weight_kernel<T><<<reduce_blocks(count), kReduceThreads, 0, stream(dev)>>>(
         dw.data<T>(), dy.data<T>(), x.data<T>(), s);
   });
@@ -262,7 +256,7 @@ void conv_grad_bias(const Tensor& db, const Tensor& dy, const ConvShape& s) {
   const int dev = db.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_bias", db.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+    using T = TG_ELEMENT_TYPE(tag);
     grad_bias_kernel<T><<<reduce_blocks(count), kReduceThreads, 0, stream(dev)>>>(db.data<T>(), dy.data<T>(), s);
   });
   TG_LAUNCH_CHECK();

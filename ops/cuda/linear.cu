@@ -1,6 +1,7 @@
 // CUDA kernels of the linear family: a tiled shared-memory GEMM for every transpose
 // combination (template flags), and the deterministic column sum used for the bias gradient.
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/skinny_gemm.h"
 #include "ops/elementwise.h"
@@ -110,13 +111,6 @@ __global__ void sum_rows_kernel(T* __restrict__ out, const T* __restrict__ g, in
   }
 }
 
-template <class F>
-void dispatch_floating(DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL("linear (CUDA): dtype ", dtype_name(t), " is not supported");
-}
-
 template <class T, bool TA, bool TB>
 void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem& p, cudaStream_t s) {
   const int64_t tiles_n = (p.N + BN - 1) / BN, tiles_m = (p.M + BM - 1) / BM;
@@ -139,8 +133,8 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
   const int dev = c.device().index;
   set_device(dev);
   cudaStream_t s = stream(dev);
-  dispatch_floating(c.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("linear (CUDA)", c.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     T* pc = c.data<T>();
     const T *pa = a.data<T>(), *pb = b.data<T>();
     const T* pbias = bias.defined() ? bias.data<T>() : nullptr;
@@ -160,8 +154,8 @@ void sum_rows(const Tensor& db, const Tensor& dy) {
   if (cols == 0) return;
   const int dev = db.device().index;
   set_device(dev);
-  dispatch_floating(dy.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("linear (CUDA)", dy.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     const int64_t blocks = (cols + SUM_COLS - 1) / SUM_COLS;
     sum_rows_kernel<T><<<static_cast<unsigned>(blocks), dim3(SUM_COLS, SUM_ROWS), 0, stream(dev)>>>(
         db.data<T>(), dy.data<T>(), rows, cols);

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "ops/cuda/loss.h"
 
 namespace tg::cuda {
@@ -54,7 +55,7 @@ template <class T>
 __global__ void mse_partials_kernel(double* __restrict__ partials, const T* __restrict__ p,
                                     const T* __restrict__ t, int64_t n) {
   double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, n) {
     const double d = double(p[i]) - double(t[i]);
     acc += d * d;
   }
@@ -75,7 +76,7 @@ template <class T>
 __global__ void mse_backward_kernel(T* __restrict__ dp, T* __restrict__ dt, const T* __restrict__ grad_out,
                                     const T* __restrict__ p, const T* __restrict__ t, int64_t n) {
   const T k = static_cast<T>(2.0 * double(grad_out[0]) / double(n));
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  TG_GRID_STRIDE(i, n) {
     const T g = k * (p[i] - t[i]);
     if (dp) dp[i] = g;
     if (dt) dt[i] = -g;
@@ -119,13 +120,6 @@ __global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ gra
   }
 }
 
-template <class F>
-void dispatch_floating(DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL("loss (CUDA): dtype ", dtype_name(t), " is not supported");
-}
-
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>(N < kMaxRowBlocks ? N : kMaxRowBlocks); }
 
 }  // namespace
@@ -140,8 +134,8 @@ void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& targe
   int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks > kMaxPartials) blocks = kMaxPartials;
   Tensor partials = Tensor::empty({blocks}, {.dtype = DType::f64, .device = pred.device()});
-  dispatch_floating(pred.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("loss (CUDA)", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     mse_partials_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
         partials.data<double>(), pred.data<T>(), target.data<T>(), n);
     TG_LAUNCH_CHECK();
@@ -160,8 +154,8 @@ void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor&
   if (n == 0 || (!dpred.defined() && !dtarget.defined())) return;
   const int dev = pred.device().index;
   set_device(dev);
-  dispatch_floating(pred.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("loss (CUDA)", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     mse_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
         dpred.defined() ? dpred.data<T>() : nullptr, dtarget.defined() ? dtarget.data<T>() : nullptr,
         grad_out.data<T>(), pred.data<T>(), target.data<T>(), n);
@@ -177,8 +171,8 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
   set_device(dev);
   cudaStream_t s = stream(dev);
   Tensor row_loss = Tensor::empty({N}, {.dtype = DType::f64, .device = logits.device()});
-  dispatch_floating(logits.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("loss (CUDA)", logits.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     ce_rows_kernel<T><<<row_blocks(N), threads_for(K), 0, s>>>(row_loss.data<double>(), lse.data<double>(),
                                                                  logits.data<T>(), targets.data<int64_t>(), N, K);
     TG_LAUNCH_CHECK();
@@ -197,8 +191,8 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const
   if (N == 0 || K == 0) return;
   const int dev = logits.device().index;
   set_device(dev);
-  dispatch_floating(logits.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("loss (CUDA)", logits.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     ce_backward_kernel<T><<<row_blocks(N), threads_for(K), 0, stream(dev)>>>(
         dlogits.data<T>(), grad_out.data<T>(), logits.data<T>(), targets.data<int64_t>(), lse.data<double>(), N, K);
   });

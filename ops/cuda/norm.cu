@@ -8,6 +8,7 @@
 //           (3) one block per (n, g): the group's two coefficients from (1), then dx.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp).
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "ops/cuda/norm.h"
 
 namespace tg::cuda {
@@ -171,13 +172,6 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   }
 }
 
-template <class F>
-void dispatch_floating(DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL("group_norm (CUDA): dtype ", dtype_name(t), " is not supported");
-}
-
 template <class T>
 const T* data_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 template <class T>
@@ -199,8 +193,8 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
   const int dev = x.device().index;
   set_device(dev);
   const int64_t G = p.groups, D = p.channels_per_group();
-  dispatch_floating(x.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(p.group_size()), 0, stream(dev)>>>(
         y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
         G, D, p.HW, p.eps);
@@ -228,8 +222,8 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
   Tensor sums = Tensor::empty({2, p.N * p.C}, {.dtype = DType::f64, .device = x.device()});
   double* db = sums.data<double>();
   double* ds = db + p.N * p.C;
-  dispatch_floating(x.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
     if (p.N > 0) {
       channel_sums_kernel<T><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
           db, ds, dy.data<T>(), x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);

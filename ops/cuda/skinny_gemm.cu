@@ -79,8 +79,6 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(float* __restrict__ p
     for (int s = 0; s < S; ++s) part[(r * splits + split) * S + s] = acc[s];
 }
 
-#define TG_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 // out(i, j) = sum over splits of part[(split-major or row-major)], in split order, + bias.
 // part holds splits consecutive blocks of `count` values (i * cols + j) each.
