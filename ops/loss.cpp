@@ -30,6 +30,22 @@ void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Ten
   TG_CHECK(scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
 }
 
+void check_mse_backward_buffers(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                                const Tensor& pred, const Tensor& target) {
+  check_mse_buffers("mse_loss_backward", pred, target, grad_out);
+  for (const Tensor* d : {&dpred, &dtarget})
+    TG_CHECK(!d->defined() || (d->shape() == pred.shape() && d->dtype() == pred.dtype() && d->device() == pred.device()),
+             "mse_loss_backward: gradient buffer ", describe(*d), " does not match ", describe(pred));
+}
+
+void check_cross_entropy_backward_buffers(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                                          const Tensor& targets, const Tensor& lse) {
+  check_cross_entropy_buffers("cross_entropy_backward", logits, targets, lse, grad_out);
+  TG_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+               dlogits.device() == logits.device(),
+           "cross_entropy_backward: dlogits ", describe(dlogits), " does not match logits ", describe(logits));
+}
+
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   check_same_device_dtype("mse_loss", pred, target);
   TG_CHECK(pred.shape() == target.shape(), "mse_loss: prediction ", pred.shape(), " and target ",

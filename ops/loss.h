@@ -15,6 +15,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 void check_mse_buffers(const char* op, const Tensor& pred, const Tensor& target, const Tensor& scalar);
 void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Tensor& targets,
                                  const Tensor& lse, const Tensor& scalar);
+// The full checks of the backward kernels' arguments (same order as the kernel entry points).
+void check_mse_backward_buffers(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                                const Tensor& pred, const Tensor& target);
+void check_cross_entropy_backward_buffers(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
+                                          const Tensor& targets, const Tensor& lse);
 
 }  // namespace tg
 

@@ -26,6 +26,26 @@ void check_group_norm_buffers(const char* op, const Tensor& x, const Tensor& mea
   }
 }
 
+void check_group_norm_forward_buffers(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                      const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
+  TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
+           "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+}
+
+void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                       const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p) {
+  check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
+  TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
+           "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  TG_CHECK(!dx.defined() || (dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.device() == x.device()),
+           "group_norm_backward: dx ", describe(dx), " does not match input ", describe(x));
+  for (const Tensor* t : {&dgamma, &dbeta})
+    TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
+             "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+}
+
 Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
   check_floating("group_norm", x);
   TG_CHECK(x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));

@@ -26,6 +26,13 @@ struct GroupNormProblem {
 // (N*groups), gamma and beta (C) where defined; one floating dtype and one device.
 void check_group_norm_buffers(const char* op, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
+// The full checks of the forward and backward kernels' arguments (same order as the kernel
+// entry points below), called first by both backends.
+void check_group_norm_forward_buffers(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                      const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
+void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                       const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p);
 
 }  // namespace tg
 

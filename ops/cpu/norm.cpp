@@ -15,9 +15,7 @@ namespace tg::cpu {
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                         const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
-  TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
-           "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
   dispatch_floating("group_norm", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();  // (N, C, HW)
@@ -50,14 +48,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                          const GroupNormProblem& p) {
-  check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
-  TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
-           "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
-  TG_CHECK(!dx.defined() || (dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.device() == x.device()),
-           "group_norm_backward: dx ", describe(dx), " does not match input ", describe(x));
-  for (const Tensor* t : {&dgamma, &dbeta})
-    TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
-             "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p);
   dispatch_floating("group_norm_backward", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();    // (N, C, HW)

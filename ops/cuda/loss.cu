@@ -146,10 +146,7 @@ void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& targe
 
 void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
                        const Tensor& pred, const Tensor& target) {
-  check_mse_buffers("mse_loss_backward", pred, target, grad_out);
-  for (const Tensor* d : {&dpred, &dtarget})
-    TG_CHECK(!d->defined() || (d->shape() == pred.shape() && d->dtype() == pred.dtype() && d->device() == pred.device()),
-             "mse_loss_backward: gradient buffer ", describe(*d), " does not match ", describe(pred));
+  check_mse_backward_buffers(dpred, dtarget, grad_out, pred, target);
   const int64_t n = pred.numel();
   if (n == 0 || (!dpred.defined() && !dtarget.defined())) return;
   const int dev = pred.device().index;
@@ -183,10 +180,7 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
 
 void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
                             const Tensor& targets, const Tensor& lse) {
-  check_cross_entropy_buffers("cross_entropy_backward", logits, targets, lse, grad_out);
-  TG_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
-               dlogits.device() == logits.device(),
-           "cross_entropy_backward: dlogits ", describe(dlogits), " does not match logits ", describe(logits));
+  check_cross_entropy_backward_buffers(dlogits, grad_out, logits, targets, lse);
   const int64_t N = logits.size(0), K = logits.size(1);
   if (N == 0 || K == 0) return;
   const int dev = logits.device().index;

@@ -186,9 +186,7 @@ unsigned blocks_checked(int64_t n, const char* what) {
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                         const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
-  TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
-           "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
   if (p.N == 0) return;
   const int dev = x.device().index;
   set_device(dev);
@@ -205,14 +203,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                          const GroupNormProblem& p) {
-  check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
-  TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
-           "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
-  TG_CHECK(!dx.defined() || (dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.device() == x.device()),
-           "group_norm_backward: dx ", describe(dx), " does not match input ", describe(x));
-  for (const Tensor* t : {&dgamma, &dbeta})
-    TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
-             "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p);
   if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
   const int dev = x.device().index;
   set_device(dev);
