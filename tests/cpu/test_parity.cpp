@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/fixtures.h"
 #include "common/parity.h"
 
 using namespace tg;
@@ -19,24 +20,6 @@ namespace {
 
 constexpr double kF32Tolerance = 1e-5;
 constexpr double kF64Tolerance = 1e-10;
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("tapegrad_parity_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 void run(const std::string& id, DType dtype, double tol) {
   for (const ModelSpec& spec : model_specs())

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "autograd/anomaly.h"
+#include "common/fixtures.h"
 #include "common/parity.h"
 
 using namespace tg;
@@ -18,47 +19,9 @@ namespace {
 
 constexpr double kF32Tolerance = 1e-5;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("tapegrad_parity_cuda_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 void run(const std::string& id) {
   for (const ModelSpec& spec : model_specs())
     if (spec.id == id) check_model(spec, Device::cuda(), f32, kF32Tolerance);
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  if (a.nbytes() == 0) return true;  // empty buffers may be null: nothing to compare
-  Tensor ha = a.cpu(), hb = b.cpu();
-  return std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
-}
-
-std::shared_ptr<nn::Sequential> small_cnn(uint64_t seed) {
-  manual_seed(seed);
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 3, .out_channels = 6, .padding = {1}}));
-  auto gn = m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6}));
-  m->add(std::make_shared<nn::ReLU>());
-  m->add(std::make_shared<nn::MeanPool>());
-  m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 6, .out_features = 5}));
-  gn->weight.copy_(uniform({6}, 0.5, 1.5));
-  gn->bias.copy_(uniform({6}, -0.5, 0.5));
-  return m;
 }
 
 }  // namespace
