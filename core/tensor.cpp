@@ -24,6 +24,16 @@ void dispatch_cpu(DType t, F&& f) {
   else f(static_cast<int64_t*>(nullptr));
 }
 
+// The CPU side of the random fills: element i of t gets value_of(i) (a double) in t's type.
+template <class ValueOf>
+void fill_elementwise_cpu(Tensor& t, ValueOf value_of) {
+  dispatch_cpu(t.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* p = t.data<T>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(value_of(i));
+  });
+}
+
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
   if (dd.is_cpu() && sd.is_cpu()) {
     if (bytes) std::memcpy(dst, src, bytes);
@@ -103,12 +113,7 @@ void fill_uniform_(Tensor& t, double low, double high) {
   TG_CHECK(is_floating(t.dtype()), "uniform: needs a floating dtype, got ", describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
-    dispatch_cpu(t.dtype(), [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      T* p = t.data<T>();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i)
-        p[i] = static_cast<T>(low + (high - low) * uniform_at(draw.seed, draw.offset + i));
-    });
+    fill_elementwise_cpu(t, [&](int64_t i) { return low + (high - low) * uniform_at(draw.seed, draw.offset + i); });
   } else {
 #if TG_CUDA
     cuda::fill_uniform(t, draw, low, high);
@@ -123,12 +128,7 @@ void fill_normal_(Tensor& t, double mean, double stddev) {
   TG_CHECK(is_floating(t.dtype()), "randn: needs a floating dtype, got ", describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
-    dispatch_cpu(t.dtype(), [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      T* p = t.data<T>();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i)
-        p[i] = static_cast<T>(mean + stddev * normal_at(draw.seed, draw.offset + i));
-    });
+    fill_elementwise_cpu(t, [&](int64_t i) { return mean + stddev * normal_at(draw.seed, draw.offset + i); });
   } else {
 #if TG_CUDA
     cuda::fill_normal(t, draw, mean, stddev);
