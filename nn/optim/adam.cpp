@@ -7,25 +7,11 @@
 namespace tg::nn {
 namespace {
 
-// The CPU form of the fused update; same expression order as the CUDA kernel.
+// The CPU form of the fused update (the CUDA kernel runs the same adam_step).
 template <class T>
 void adam_cpu(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, const AdamUpdate& u) {  // all (n)
-  const T one_minus_beta1 = T(1.0 - u.beta1), beta2 = T(u.beta2), one_minus_beta2 = T(1.0 - u.beta2);
-  const T eps = T(u.eps), weight_decay = T(u.weight_decay), decay_factor = T(1.0 - u.lr * u.weight_decay);
-  const T step_size = T(u.step_size), bias_correction2_sqrt = T(u.bias_correction2_sqrt);
-  for (int64_t i = 0; i < n; ++i) {
-    T p = param[i];
-    T g = grad[i];
-    if (u.decoupled_weight_decay) p = p * decay_factor;
-    else if (weight_decay != T(0)) g = g + weight_decay * p;
-    T m = exp_avg[i];
-    m = m + one_minus_beta1 * (g - m);
-    T v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    T denom = std::sqrt(v) / bias_correction2_sqrt + eps;
-    param[i] = p - step_size * (m / denom);
-  }
+  const AdamCoefficients<T> c(u);
+  for (int64_t i = 0; i < n; ++i) adam_step(param, exp_avg, exp_avg_sq, grad, i, c);
 }
 
 }  // namespace

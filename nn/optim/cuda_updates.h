@@ -3,6 +3,9 @@
 // is contiguous, on one GPU, of one dtype (f32 or f64), all of the parameter's shape; the
 // caller (Optimizer::step) has checked that.
 #pragma once
+#include <cmath>
+
+#include "core/random.h"  // TG_HOST_DEVICE
 #include "core/tensor.h"
 
 namespace tg::nn {
@@ -35,6 +38,62 @@ struct AdamUpdate {
   double step_size = 0;                 // lr / (1 - beta1^t)
   double bias_correction2_sqrt = 1;     // sqrt(1 - beta2^t)
 };
+
+// The per-element steps, compiled into both the CPU loops and the CUDA kernels so the two run
+// the same expressions in the same order; the settings are rounded to T once per step, on the host.
+template <class T>
+struct SGDCoefficients {
+  T lr, momentum, one_minus_dampening, weight_decay;
+  bool use_momentum, nesterov, first_step;
+  explicit SGDCoefficients(const SGDUpdate& u)
+      : lr(T(u.lr)), momentum(T(u.momentum)), one_minus_dampening(T(1.0 - u.dampening)),
+        weight_decay(T(u.weight_decay)), use_momentum(u.momentum != 0), nesterov(u.nesterov),
+        first_step(u.first_step) {}
+};
+
+// buf is read and written only when c.use_momentum (it may be null otherwise).
+template <class T>
+TG_HOST_DEVICE void sgd_step(T* param, T* buf, const T* grad, int64_t i, const SGDCoefficients<T>& c) {
+  T p = param[i];
+  T d = grad[i];
+  if (c.weight_decay != T(0)) d = d + c.weight_decay * p;
+  if (c.use_momentum) {
+    T b = c.first_step ? d : c.momentum * buf[i] + c.one_minus_dampening * d;
+    buf[i] = b;
+    d = c.nesterov ? d + c.momentum * b : b;
+  }
+  param[i] = p - c.lr * d;
+}
+
+template <class T>
+struct AdamCoefficients {
+  T one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, step_size, bias_correction2_sqrt;
+  bool decoupled;
+  explicit AdamCoefficients(const AdamUpdate& u)
+      : one_minus_beta1(T(1.0 - u.beta1)), beta2(T(u.beta2)), one_minus_beta2(T(1.0 - u.beta2)), eps(T(u.eps)),
+        weight_decay(T(u.weight_decay)), decay_factor(T(1.0 - u.lr * u.weight_decay)), step_size(T(u.step_size)),
+        bias_correction2_sqrt(T(u.bias_correction2_sqrt)), decoupled(u.decoupled_weight_decay) {}
+};
+
+template <class T>
+TG_HOST_DEVICE void adam_step(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t i,
+                                     const AdamCoefficients<T>& c) {
+  T p = param[i];
+  T g = grad[i];
+  if (c.decoupled) p = p * c.decay_factor;
+  else if (c.weight_decay != T(0)) g = g + c.weight_decay * p;
+  T m = exp_avg[i];
+  m = m + c.one_minus_beta1 * (g - m);
+  T v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * g * g;
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+#ifdef __CUDA_ARCH__
+  T denom = sqrt(v) / c.bias_correction2_sqrt + c.eps;
+#else
+  T denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+#endif
+  param[i] = p - c.step_size * (m / denom);
+}
 
 }  // namespace tg::nn
 

@@ -5,23 +5,11 @@
 namespace tg::nn {
 namespace {
 
-// The CPU form of the fused update; same expression order as the CUDA kernel.
+// The CPU form of the fused update (the CUDA kernel runs the same sgd_step).
 template <class T>
 void sgd_cpu(T* param, T* buf, const T* grad, int64_t n, const SGDUpdate& u) {  // all (n)
-  const T lr = T(u.lr), momentum = T(u.momentum), one_minus_dampening = T(1.0 - u.dampening);
-  const T weight_decay = T(u.weight_decay);
-  const bool use_momentum = u.momentum != 0;
-  for (int64_t i = 0; i < n; ++i) {
-    T p = param[i];
-    T d = grad[i];
-    if (weight_decay != T(0)) d = d + weight_decay * p;
-    if (use_momentum) {
-      T b = u.first_step ? d : momentum * buf[i] + one_minus_dampening * d;
-      buf[i] = b;
-      d = u.nesterov ? d + momentum * b : b;
-    }
-    param[i] = p - lr * d;
-  }
+  const SGDCoefficients<T> c(u);
+  for (int64_t i = 0; i < n; ++i) sgd_step(param, buf, grad, i, c);
 }
 
 void check_options(const SGDOptions& o) {
