@@ -54,6 +54,14 @@ Shape conv_weight_shape(int64_t out, int64_t in, const std::vector<int64_t>& ker
   return Shape(s);
 }
 
+// A convolution's weight (out, in, k...) and optional bias (out), allocated and initialized.
+template <class Options>
+void make_conv_parameters(const Options& o, size_t dims, TensorOptions t, Tensor& weight, Tensor& bias) {
+  weight = Tensor::empty(conv_weight_shape(o.out_channels, o.in_channels, o.kernel_size, dims), t);
+  if (o.bias) bias = Tensor::empty({o.out_channels}, t);
+  default_init(weight, bias);
+}
+
 }  // namespace
 
 // ---- Linear -----------------------------------------------------------------------------
@@ -76,9 +84,7 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 Conv2d::Conv2d(Conv2dOptions o, TensorOptions t) : options_(std::move(o)) {
   check_conv_options("Conv2d", options_, 2);
   check_tensor_options("Conv2d", t);
-  weight = Tensor::empty(conv_weight_shape(options_.out_channels, options_.in_channels, options_.kernel_size, 2), t);
-  if (options_.bias) bias = Tensor::empty({options_.out_channels}, t);
-  default_init(weight, bias);
+  make_conv_parameters(options_, 2, t, weight, bias);
   register_parameter("weight", &weight);
   register_parameter("bias", &bias);
 }
@@ -95,9 +101,7 @@ Conv3d::Conv3d(Conv3dOptions o, TensorOptions t) : options_(std::move(o)) {
   TG_CHECK(options_.layout == Layout::NCHW, "Conv3d: only the channels-first layout (N, C, D, H, W) is "
            "supported; leave layout at Layout::NCHW");
   check_tensor_options("Conv3d", t);
-  weight = Tensor::empty(conv_weight_shape(options_.out_channels, options_.in_channels, options_.kernel_size, 3), t);
-  if (options_.bias) bias = Tensor::empty({options_.out_channels}, t);
-  default_init(weight, bias);
+  make_conv_parameters(options_, 3, t, weight, bias);
   register_parameter("weight", &weight);
   register_parameter("bias", &bias);
 }
