@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "core/cuda_context.h"
@@ -154,7 +155,8 @@ __device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x
 // outside [j_begin, j_end), are zero-filled. Consecutive lanes take consecutive vectors of a
 // row (coalesced); kLanes lanes (a power of two covering kPerRow, at most 32) share a row and
 // each pass moves every thread to a row a fixed distance away, so all trip counts are
-// compile-time constants and a copy costs a few integer adds.
+// compile-time constants and a copy costs a few integer adds (when neither fixed-stride
+// schedule fits the thread count, rows are located by a constant division per pass).
 constexpr int lanes_for(int per_row) {
   int lanes = 1;
   while (lanes < per_row && lanes < 32) lanes *= 2;
@@ -173,7 +175,29 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   // Either each slot keeps its inner row and steps over outer rows, or (when the slots do not
   // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones.
   constexpr bool kInnerFixed = kSlots % kInner == 0;
-  static_assert(kInnerFixed || kOuter % kSlots == 0, "no fixed-stride row schedule");
+  if constexpr (!kInnerFixed && kOuter % kSlots != 0) {
+    constexpr int kColPassesAll = (kPerRow + kLanes - 1) / kLanes;
+    const int lane_j_all = threadIdx.x % kLanes, slot_all = threadIdx.x / kLanes;
+    // Neither schedule has a fixed stride: rows slot, slot + kSlots, ... of the flattened
+    // (outer, inner) grid, each located with a division by the constant kInner (a few passes).
+    constexpr int kRowsAll = kOuter * kInner, kPassesAll = (kRowsAll + kSlots - 1) / kSlots;
+#pragma unroll
+    for (int i = 0; i < kPassesAll; ++i) {
+      const int r = slot_all + i * kSlots;
+      if (kRowsAll % kSlots != 0 && r >= kRowsAll) break;
+      const int outer = r / kInner, inner = r % kInner;
+      const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+      const int64_t row_src = g.src_base + outer * g.src_outer + inner * g.src_inner + lane_j_all * kVec;
+      float* row_dst = dst + outer * g.dst_outer + inner * g.dst_inner + lane_j_all * kVec;
+#pragma unroll
+      for (int jj = 0; jj < kColPassesAll; ++jj) {
+        const int j = lane_j_all + jj * kLanes;
+        if (kPerRow % kLanes != 0 && j >= kPerRow) break;
+        const bool ok = row_ok && j >= g.j_begin && j < g.j_end;
+        cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+      }
+    }
+  } else {  // fixed-stride schedules
   constexpr int kPasses = kInnerFixed ? (kOuter * kInner + kSlots - 1) / kSlots : kInner * (kOuter / kSlots);
   constexpr int kColPasses = (kPerRow + kLanes - 1) / kLanes;
   const int lane_j = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
@@ -211,16 +235,19 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
       row_dst += kSlots * g.dst_outer - (kInner - 1) * g.dst_inner;
     }
   }
+  }
 }
 
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
-// output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 x 64.
-template <int kRows_, int kCols_, int kWarpsM_, int kWarpsN_>
+// output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 pixels x
+// kWarpN (8 kNTiles) channels.
+template <int kRows_, int kCols_, int kWarpsM_, int kWarpsN_, int kNTiles_ = 8>
 struct FwdTile {
   static constexpr int kRows = kRows_, kCols = kCols_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kMTiles = 4, kNTiles = 8;  // per warp: 4 x m16 (pixels), 8 x n8 (channels)
-  static constexpr int kBN = 8 * kNTiles * kWarpsN;
+  static constexpr int kMTiles = 4, kNTiles = kNTiles_;  // per warp: 4 x m16 (pixels), kNTiles x n8 (channels)
+  static constexpr int kWarpN = 8 * kNTiles;             // output channels per warp
+  static constexpr int kBN = kWarpN * kWarpsN;
   static_assert(kRows * kCols == 16 * kMTiles * kWarpsM, "the warps must cover the pixel tile");
   static constexpr int kTilesPerRow = kCols / 16;  // m16 tiles in one output row of the tile
   static_assert(kTilesPerRow % kMTiles == 0 || kMTiles % kTilesPerRow == 0, "warp tiles must not straddle");
@@ -242,8 +269,14 @@ struct FwdTile {
   }
 };
 // More than 64 output channels: 2 x 128 pixels x 128 channels. At most 64: 4 x 128 x 64.
+// WideTile: 8 warps of 64 x 64 (128 accumulators, 1 block of 8 warps per SM).
+// WideTile16 (TF32): the same block tile over 16 warps of 64 x 32 (64 accumulators, <= 128
+// registers): twice the warps per scheduler to hide mma.sync / LDS latency, for 1.5 LDS per
+// mma instead of 1 (A fragments are reused over 4 n8 tiles instead of 8).
 using WideTile = FwdTile<2, 128, 4, 2>;
+using WideTile16 = FwdTile<2, 128, 4, 4, 4>;
 using NarrowTile = FwdTile<4, 128, 8, 1>;
+using NarrowTile16 = FwdTile<4, 128, 8, 2, 4>;  // TF32, at most 64 output channels (A's grad-input)
 
 // One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
 // with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
@@ -330,7 +363,7 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
 // The 9 k8 steps of one stage. xa: this thread's A base (channel t, first pixel of the warp
 // + g, plus the alignment shift); wb: its B base (channel t, tap 0, output channel g of the warp).
 template <class T, bool kSplit>
-__device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa, const float* wb) {
+__device__ __forceinline__ void mma_stage(float (&acc)[4][T::kNTiles][4], const float* xa, const float* wb) {
 #pragma unroll(kSplit ? 3 : 9)
   for (int tap = 0; tap < 9; ++tap) {
     const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
@@ -353,7 +386,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa
     }
     const float* wt = wb + tap * T::kWLd;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < T::kNTiles; ++nt) {
       const float b0 = wt[8 * nt], b1 = wt[8 * nt + 36 * T::kWLd];  // channels t and t + 4
       if constexpr (kSplit) {
         const uint32_t b0_hi = tf32_hi(b0), b1_hi = tf32_hi(b1);
@@ -374,13 +407,13 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][8][4], const float* xa
 
 // Writes a finished tile (+ bias) and zeroes the accumulators. This thread holds pixels
 // (mt, half) -> (row warp_row + row_off(mt), column warp_col + col_off(mt) + g + 8 half) of the
-// tile and channels (nt, j) -> wn * 64 + 8 nt + 2 t + j. Pixel offsets inside the tile are
+// tile and channels (nt, j) -> wn * kWarpN + 8 nt + 2 t + j. Pixel offsets inside the tile are
 // 32-bit and computed once; the channel pointer steps by whole planes (64-bit), so a store is
 // an address add, a predicate and the store (addresses past the tensor are formed for
 // channels >= Kout or pixels outside the output, and never stored to).
 template <class T>
 __device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
-                                           const GemmParams& p, const TileCoord& tc, float (&acc)[4][8][4],
+                                           const GemmParams& p, const TileCoord& tc, float (&acc)[4][T::kNTiles][4],
                                            int warp_row, int warp_col, int wn, int g, int t) {
   const int64_t plane = p.Hout * p.Wout;
   int pix[4][2];
@@ -395,11 +428,11 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
       if (tc.oh0 + row < p.Hout && tc.ow0 + col < p.Wout) pix_ok |= 1u << (2 * mt + half);
     }
   }
-  const int64_t k_first = tc.k0 + wn * 64 + 2 * t;
+  const int64_t k_first = tc.k0 + wn * T::kWarpN + 2 * t;
   // Channel k_first at the tile origin; past the tensor only when k_first >= Kout (unused then).
   float* channel = out + ((tc.n * p.Kout + k_first) * p.Hout + tc.oh0) * p.Wout + tc.ow0;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < T::kNTiles; ++nt) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int64_t k = k_first + 8 * nt + j;
@@ -436,16 +469,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // Every tile has the same alignment shift: ow0 is a multiple of kCols, hence of vec.
   const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec));
   const int a_base = t * T::kXChan + warp_row * T::kRowLen + warp_col + xoff + g;
-  const int b_base = T::kXStage + t * 9 * T::kWLd + wn * 64 + g;
+  const int b_base = T::kXStage + t * 9 * T::kWLd + wn * T::kWarpN + g;
 
   const int64_t my_tiles = blockIdx.x < p.tiles ? ceil_div(p.tiles - blockIdx.x, gridDim.x) : 0;
   const int64_t steps = my_tiles * p.chunks;
 
-  float acc[4][8][4];
+  float acc[4][T::kNTiles][4];
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < T::kNTiles; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
@@ -502,13 +535,19 @@ __global__ void prepare_weights_kernel(float* __restrict__ wp, const float* __re
 
 // ---- grad-weight ----
 
-// dw tile 128 output channels x 32 input channels x 9 taps; 8 warps = 2 (k) x 4 (c), each
-// 64 x (8 channels x 9 taps). One stage = one strip of 2 x 32 output pixels: dy for the 128
-// channels and the x halo (4 x 40) for the 32.
+// dw tile kBK output channels x 32 input channels x 9 taps; warps kWarpsK (k) x 4 (c), each
+// (16 kMTiles) x (8 channels x 9 taps). One stage = one strip of 2 x 32 output pixels: dy for
+// the kBK channels and the x halo (4 x 40) for the 32.
+// TF32: 16 warps (4 x 4) of 32 x 72 -> kBK = 128, 72 accumulators, <= 128 registers: 4 warps
+//   per scheduler to hide mma.sync / LDS latency (the 8-warp 64 x 72 version ran at 12.5%
+//   occupancy, latency-bound).
+// FP32: 8 warps (2 x 4) of 32 x 72 -> kBK = 64: 72 tensor-core accumulators plus 72 fp32 side
+//   sums (see conv3x3_wgrad_kernel for why).
+template <int kMTiles_, int kWarpsK_>
 struct WgradTile {
-  static constexpr int kThreads = 256, kWarpsK = 2, kWarpsC = 4;
-  static constexpr int kMTiles = 4;
-  static constexpr int kBK = 16 * kMTiles * kWarpsK;  // 128
+  static constexpr int kWarpsK = kWarpsK_, kWarpsC = 4, kThreads = 32 * kWarpsK * kWarpsC;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kBK = 16 * kMTiles * kWarpsK;  // 128 or 64
   static constexpr int kBC = 8 * kWarpsC;             // 32
   static constexpr int kRows = 2, kCols = 32, kPos = kRows * kCols;
   static constexpr int kDyLd = stride_for_rows_of_8(kPos);  // A: lanes g -> output channels
@@ -518,6 +557,8 @@ struct WgradTile {
   static constexpr int kStageFloats = kDyStage + kXStage;
   static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
 };
+template <bool kSplit>
+using WgradTileFor = std::conditional_t<kSplit, WgradTile<2, 2>, WgradTile<2, 4>>;
 
 struct WgradParams {
   int64_t N, C, H, W;  // x
@@ -528,10 +569,9 @@ struct WgradParams {
   int vec_x, vec_dy;  // floats per copy of x rows and of dy rows
 };
 
-template <int kVec>
+template <class T, int kVec>
 __device__ __forceinline__ void load_dy_strip(float* dys, const float* __restrict__ dy, const WgradParams& p,
                                               int64_t n, int64_t k0, int64_t oh0, int64_t ow0) {
-  using T = WgradTile;
   constexpr int kPerRow = T::kCols / kVec;
   // Outside dy (channels, rows, columns past the end) the strip is 0, so it adds nothing.
   const RowGrid g{dy,
@@ -548,10 +588,9 @@ __device__ __forceinline__ void load_dy_strip(float* dys, const float* __restric
   copy_grid<T::kThreads, T::kBK, T::kRows, kPerRow, kVec>(dys, g);
 }
 
-template <int kVec>
+template <class T, int kVec>
 __device__ __forceinline__ void load_x_halo(float* xs, const float* __restrict__ x, const WgradParams& p, int64_t n,
                                             int64_t c0, int64_t ih0, int64_t iw0) {
-  using T = WgradTile;
   constexpr int kHalo = T::kRows + 2, kPerRow = T::kRowLen / kVec;
   const RowGrid g{x,
                   (n * p.C + c0) * p.H * p.W + ih0 * p.W + iw0,
@@ -582,33 +621,33 @@ __device__ __forceinline__ void advance(StripCursor& c, const WgradParams& p) {
   ++c.n;
 }
 
+template <class T>
 __device__ __forceinline__ void load_strip(float* stage, const float* __restrict__ dy, const float* __restrict__ x,
                                            const WgradParams& p, const StripCursor& c, int64_t k0, int64_t c0,
                                            int xoff) {
-  using T = WgradTile;
   const int64_t ow0 = c.ct * T::kCols, oh0 = c.rt * T::kRows;
-  if (p.vec_dy == 4) load_dy_strip<4>(stage, dy, p, c.n, k0, oh0, ow0);
-  else if (p.vec_dy == 2) load_dy_strip<2>(stage, dy, p, c.n, k0, oh0, ow0);
-  else load_dy_strip<1>(stage, dy, p, c.n, k0, oh0, ow0);
+  if (p.vec_dy == 4) load_dy_strip<T, 4>(stage, dy, p, c.n, k0, oh0, ow0);
+  else if (p.vec_dy == 2) load_dy_strip<T, 2>(stage, dy, p, c.n, k0, oh0, ow0);
+  else load_dy_strip<T, 1>(stage, dy, p, c.n, k0, oh0, ow0);
   const int64_t iw0 = ow0 - p.pad_w - xoff;  // aligned to the copy width
   float* xs = stage + T::kDyStage;
-  if (p.vec_x == 4) load_x_halo<4>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
-  else if (p.vec_x == 2) load_x_halo<2>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
-  else load_x_halo<1>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
+  if (p.vec_x == 4) load_x_halo<T, 4>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
+  else if (p.vec_x == 2) load_x_halo<T, 2>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
+  else load_x_halo<T, 1>(xs, x, p, c.n, c0, oh0 - p.pad_h, iw0);
 }
 
 // The 8 k8 steps (8 pixels each) of one strip. dya: this thread's A base (output channel g of
 // the warp, pixel t); xb: its B base (input channel g of the warp, pixel t, plus the shift).
-template <bool kSplit>
-__device__ __forceinline__ void wgrad_stage(float (&acc)[4][9][4], const float* dya, const float* xb) {
-  using T = WgradTile;
+template <class T, bool kSplit>
+__device__ __forceinline__ void wgrad_stage(float (&acc)[T::kMTiles][9][4], const float* dya, const float* xb) {
+  constexpr int kM = T::kMTiles;
 #pragma unroll(kSplit ? 1 : 2)
   for (int q = 0; q < T::kPos / 8; ++q) {
     const int pr = q / (T::kCols / 8), pc0 = q % (T::kCols / 8) * 8;
     const float* a = dya + pr * T::kCols + pc0;
-    uint32_t a_hi[4][4], a_pair[4][4];
+    uint32_t a_hi[kM][4], a_pair[kM][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < kM; ++mt) {
       const float* r = a + 16 * mt * T::kDyLd;
       const float v[4] = {r[0], r[8 * T::kDyLd], r[4], r[8 * T::kDyLd + 4]};
 #pragma unroll
@@ -632,26 +671,39 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[4][9][4], const float* 
         const float h0 = __uint_as_float(b0_hi), h1 = __uint_as_float(b1_hi);
         const uint32_t b0_pair = bf16_pair(b0 - h0, h0), b1_pair = bf16_pair(b1 - h1, h1);  // (lo', hi')
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_bf16(acc[mt][tap], a_pair[mt], b0_pair, b1_pair);
+        for (int mt = 0; mt < kM; ++mt) mma_bf16(acc[mt][tap], a_pair[mt], b0_pair, b1_pair);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_hi, b1_hi);
+        for (int mt = 0; mt < kM; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_hi, b1_hi);
       } else {
         const uint32_t b0_t = tf32_operand(b0), b1_t = tf32_operand(b1);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_t, b1_t);
+        for (int mt = 0; mt < kM; ++mt) mma_tf32(acc[mt][tap], a_hi[mt], b0_t, b1_t);
       }
     }
   }
 }
 
 // Block (tile, split) sums its slice of strips into part[split] (K, C, 3, 3) over its tile.
+//
+// FP32 accuracy of long reductions: mma.sync adds its products to the fp32 accumulator with
+// truncation (measured on H200: a slice of ~8k pixels = ~2000 accumulating mma per element,
+// TF32 + bf16 per k8 step, gave rel. L2 3.75e-5 against f64, while the same split products
+// with round-to-nearest adds give ~6e-7 in emulation). Truncation is biased (always toward
+// zero), so its error grows linearly with the chain: ~2^-23 |acc| per accumulating mma. In
+// FP32 mode the tensor-core chain is therefore restarted every strip: each strip's 16
+// accumulating mma (8 k8 steps x 2) start from 0 and the strip's sum is added to an fp32 side
+// sum with FADD (round to nearest, unbiased). Chain error <= 16 x 2^-23 ~ 2e-6 of a strip's
+// sum (typically far less), side-sum error ~sqrt(strips) x 2^-24; the f64 sum over slices
+// adds none. The side sums take another 72 registers: 8 warps in FP32 mode.
 template <bool kSplit>
-__global__ void __launch_bounds__(WgradTile::kThreads, 1)
+__global__ void __launch_bounds__(WgradTileFor<kSplit>::kThreads, 1)
     conv3x3_wgrad_kernel(float* __restrict__ part,      // (splits, K, C, 3, 3)
                          const float* __restrict__ dy,  // (N, K, Ho, Wo)
                          const float* __restrict__ x,   // (N, C, H, W)
                          WgradParams p) {
-  using T = WgradTile;
+  using T = WgradTileFor<kSplit>;
+  constexpr int kM = T::kMTiles;
+  constexpr int kSideM = kSplit ? kM : 1;  // fp32 side sums (FP32 mode only)
   float* smem = dynamic_smem();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -662,22 +714,28 @@ __global__ void __launch_bounds__(WgradTile::kThreads, 1)
   const int64_t first = split * p.strips_per_split;
   const int64_t count = (p.strips - first < p.strips_per_split ? p.strips - first : p.strips_per_split);
   const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec_x));  // ow0 is a multiple of kCols
-  const int a_base = (wk * 64 + g) * T::kDyLd + t;
+  const int a_base = (wk * 16 * kM + g) * T::kDyLd + t;
   const int b_base = T::kDyStage + (wc * 8 + g) * T::kXChan + xoff + t;
 
-  float acc[4][9][4];
+  float acc[kM][9][4], side[kSideM][9][4];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
     for (int tap = 0; tap < 9; ++tap)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][tap][i] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < kSideM; ++mt)
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) side[mt][tap][i] = 0.f;
 
   StripCursor cur = strip_cursor(first, p);
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < count) {
-      load_strip(smem + s * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
+      load_strip<T>(smem + s * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
       advance(cur, p);
     }
     cp_async_commit();
@@ -688,26 +746,38 @@ __global__ void __launch_bounds__(WgradTile::kThreads, 1)
     cp_async_wait<kStages - 2>();
     __syncthreads();
     if (i + kStages - 1 < count) {
-      load_strip(smem + load_stage * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
+      load_strip<T>(smem + load_stage * T::kStageFloats, dy, x, p, cur, k0, c0, xoff);
       advance(cur, p);
     }
     cp_async_commit();
     load_stage = load_stage == kStages - 1 ? 0 : load_stage + 1;
     const float* stage = smem + compute_stage * T::kStageFloats;
     compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
-    wgrad_stage<kSplit>(acc, stage + a_base, stage + b_base);
+    wgrad_stage<T, kSplit>(acc, stage + a_base, stage + b_base);
+    if constexpr (kSplit) {  // end of the strip's tensor-core chain: into the side sums
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            side[mt][tap][e] += acc[mt][tap][e];
+            acc[mt][tap][e] = 0.f;
+          }
+    }
   }
 
   float* dst = part + split * p.K * p.C * 9;
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
     for (int tap = 0; tap < 9; ++tap)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t k = k0 + wk * 64 + mt * 16 + g + (i >= 2 ? 8 : 0);
+        const int64_t k = k0 + wk * 16 * kM + mt * 16 + g + (i >= 2 ? 8 : 0);
         const int64_t c = c0 + wc * 8 + 2 * t + (i & 1);
-        if (k < p.K && c < p.C) dst[(k * p.C + c) * 9 + tap] = acc[mt][tap][i];
+        const float v = kSplit ? side[kSplit ? mt : 0][tap][i] : acc[mt][tap][i];
+        if (k < p.K && c < p.C) dst[(k * p.C + c) * 9 + tap] = v;
       }
 }
 
@@ -757,15 +827,15 @@ GemmParams plan_gemm(GemmParams p, int vec) {
   return p;
 }
 
-// Grad-weight: at most this many output pixels per slice, so each accumulator sums a bounded
-// number of terms (FP32 accuracy), and at most this many bytes of partials.
+// Grad-weight: at most this many output pixels per slice, so each (side) accumulator sums a
+// bounded number of terms (FP32 accuracy), and at most this many bytes of partials.
 constexpr int64_t kMaxPixelsPerSplit = 8192;
 constexpr int64_t kMaxPartialBytes = int64_t(512) << 20;
 
 // Returns the plan and the number of slices (splits) of the reduction.
-inline WgradParams plan_wgrad(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+template <class T>
+WgradParams plan_wgrad(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
                               int64_t pad_h, int64_t pad_w, int vec_x, int vec_dy, int64_t sms, int64_t& splits) {
-  using T = WgradTile;
   WgradParams p{};
   p.N = N, p.C = C, p.H = H, p.W = W;
   p.K = K, p.Ho = Ho, p.Wo = Wo;
@@ -832,28 +902,60 @@ void launch_gemm(float* out, const float* in, const float* wp, const float* bias
 }
 
 // out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
-template <class T>
+template <class T, bool kSplit>
 void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, GemmParams p,
               bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  const bool split = precision() == Precision::FP32;
   p = plan_gemm<T>(p, vector_width(in.data<float>(), p.Win));
 
   Tensor wp = Tensor::empty({p.chunks * T::kChunk, 9, p.kout_pad}, {.dtype = DType::f32, .device = out.device()});
   prepare_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
       wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks * T::kChunk, p.kout_pad, for_grad_input,
-      !split);
+      !kSplit);
   TG_LAUNCH_CHECK();
-  if (split) launch_gemm<T, true>(out.data<float>(), in.data<float>(), wp.data<float>(), bias, p, dev);
-  else launch_gemm<T, false>(out.data<float>(), in.data<float>(), wp.data<float>(), bias, p, dev);
+  launch_gemm<T, kSplit>(out.data<float>(), in.data<float>(), wp.data<float>(), bias, p, dev);
   // wp is freed stream-ordered, after the kernel that reads it.
 }
 
 void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const GemmParams& p,
               bool for_grad_input) {
-  if (use_narrow_tile(p)) run_gemm<NarrowTile>(out, in, w, bias, p, for_grad_input);
-  else run_gemm<WideTile>(out, in, w, bias, p, for_grad_input);
+  const bool split = precision() == Precision::FP32;
+  if (use_narrow_tile(p)) {
+    if (split) run_gemm<NarrowTile, true>(out, in, w, bias, p, for_grad_input);
+    else run_gemm<NarrowTile16, false>(out, in, w, bias, p, for_grad_input);
+  } else {
+    if (split) run_gemm<WideTile, true>(out, in, w, bias, p, for_grad_input);
+    else run_gemm<WideTile16, false>(out, in, w, bias, p, for_grad_input);
+  }
+}
+
+template <bool kSplit>
+void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+  using T = WgradTileFor<kSplit>;
+  const int dev = dw.device().index;
+  set_device(dev);
+  int64_t splits = 1;
+  const WgradParams p = plan_wgrad<T>(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2],
+                                      vector_width(x.data<float>(), s.in[2]),
+                                      vector_width(dy.data<float>(), s.out[2]), sm_count(dev), splits);
+  const int64_t count = dw.numel();
+  Tensor part;
+  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
+  if (splits > 1) {
+    part = Tensor::empty({splits, count}, {.dtype = DType::f32, .device = dw.device()});
+    part_ptr = part.data<float>();
+  }
+  const auto kernel = conv3x3_wgrad_kernel<kSplit>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  kernel<<<static_cast<unsigned>(p.k_tiles * p.c_tiles * splits), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      part_ptr, dy.data<float>(), x.data<float>(), p);
+  TG_LAUNCH_CHECK();
+  if (splits > 1) {
+    sum_partials_kernel<<<grid_for(count, kPrepThreads), kPrepThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
+                                                                                         count, splits);
+    TG_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace
@@ -885,31 +987,8 @@ void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, con
 
 void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   check_tensors("conv3x3_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
-  using T = WgradTile;
-  const int dev = dw.device().index;
-  set_device(dev);
-  int64_t splits = 1;
-  const WgradParams p = plan_wgrad(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2],
-                                   vector_width(x.data<float>(), s.in[2]), vector_width(dy.data<float>(), s.out[2]),
-                                   sm_count(dev), splits);
-  const int64_t count = dw.numel();
-  Tensor part;
-  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
-  if (splits > 1) {
-    part = Tensor::empty({splits, count}, {.dtype = DType::f32, .device = dw.device()});
-    part_ptr = part.data<float>();
-  }
-  const bool split = precision() == Precision::FP32;
-  const auto kernel = split ? conv3x3_wgrad_kernel<true> : conv3x3_wgrad_kernel<false>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
-  kernel<<<static_cast<unsigned>(p.k_tiles * p.c_tiles * splits), T::kThreads, T::kSmemBytes, stream(dev)>>>(
-      part_ptr, dy.data<float>(), x.data<float>(), p);
-  TG_LAUNCH_CHECK();
-  if (splits > 1) {
-    sum_partials_kernel<<<grid_for(count, kPrepThreads), kPrepThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
-                                                                                         count, splits);
-    TG_LAUNCH_CHECK();
-  }
+  if (precision() == Precision::FP32) run_wgrad<true>(dw, dy, x, s);
+  else run_wgrad<false>(dw, dy, x, s);
 }
 
 }  // namespace tg::cuda

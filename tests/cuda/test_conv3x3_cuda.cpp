@@ -90,7 +90,7 @@ void check_grad_weight(const Case& c, Precision precision) {
 
 // Shapes chosen against the tiles: forward/grad-input blocks are 2x128 pixels x 128 channels
 // (more than 64 output channels) or 4x128 x 64, 8 input channels per stage; grad-weight
-// tiles are 128 x 32 channels over strips of 2x32 pixels. Odd W means 4-byte copies, W = 2
+// tiles are 128 (TF32) or 64 (FP32) x 32 channels over strips of 2x32 pixels. Odd W means 4-byte copies, W = 2
 // (mod 4) 8-byte ones, W = 0 (mod 4) 16-byte ones.
 const std::vector<Case> kCases = {
     {1, 13, 7, 21, 9, 1, 1},     // two channel chunks, the last partial; odd W
@@ -146,8 +146,10 @@ TEST(CudaConv3x3, GradWeightLongReductionIsAccurateAndDeterministic) {
 
 TEST(CudaConv3x3, GradWeightFullLengthSlicesStayFp32Accurate) {
   TG_REQUIRE_GPU();
-  // 1.06M output pixels: on a 132-SM GPU each slice sums ~8k pixels in one accumulator chain,
-  // the longest the planner allows (workload A's slices are as long).
+  // 1.06M output pixels: on a 132-SM GPU each slice sums ~8k pixels, the longest the planner
+  // allows (workload A's slices are as long). The tensor cores accumulate with truncation, so
+  // one mma chain over a whole slice was 3.75e-5 off on an H200: FP32 mode restarts the chain
+  // every strip and keeps round-to-nearest fp32 side sums.
   const Case c{2, 3, 730, 730, 5, 0, 0};
   check_grad_weight(c, Precision::FP32);
   check_grad_weight(c, Precision::TF32);
