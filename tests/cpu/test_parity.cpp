@@ -4,9 +4,7 @@
 // from tests/data/make_parity.py; without them these tests skip, naming the script.
 // One test needs no PyTorch: it checks that our f32 results are within the f32 tolerance
 // of our own f64 results on the same models, so the tolerance itself is attainable.
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 
 #include "common/fixtures.h"

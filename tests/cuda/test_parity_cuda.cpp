@@ -1,10 +1,7 @@
 // Parity with PyTorch on the GPU (f32, relative L2 <= 1e-5 against PyTorch's float64
 // results), with the weights loaded by tg::load straight into GPU parameters; and the
 // checkpoint and anomaly features on GPU tensors.
-#include <unistd.h>
 
-#include <atomic>
-#include <cstring>
 #include <limits>
 
 #include "autograd/anomaly.h"
