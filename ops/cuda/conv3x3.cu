@@ -270,13 +270,14 @@ struct FwdTile {
 };
 // More than 64 output channels: 2 x 128 pixels x 128 channels. At most 64: 4 x 128 x 64.
 // WideTile: 8 warps of 64 x 64 (128 accumulators, 1 block of 8 warps per SM).
-// WideTile16 (TF32): the same block tile over 16 warps of 64 x 32 (64 accumulators, <= 128
-// registers): twice the warps per scheduler to hide mma.sync / LDS latency, for 1.5 LDS per
-// mma instead of 1 (A fragments are reused over 4 n8 tiles instead of 8).
+// WideTile16 (both precisions): the same block tile over 16 warps of 64 x 32 (64
+// accumulators, <= 128 registers): twice the warps per scheduler to hide mma.sync / LDS
+// latency, for 1.5 LDS per mma instead of 1 in TF32 (A fragments are reused over 4 n8 tiles
+// instead of 8). NarrowTile16 (TF32 only: in FP32 the split fragments spill at 128 registers).
 using WideTile = FwdTile<2, 128, 4, 2>;
 using WideTile16 = FwdTile<2, 128, 4, 4, 4>;
 using NarrowTile = FwdTile<4, 128, 8, 1>;
-using NarrowTile16 = FwdTile<4, 128, 8, 2, 4>;  // TF32, at most 64 output channels (A's grad-input)
+using NarrowTile16 = FwdTile<4, 128, 8, 2, 4>;
 
 // One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
 // with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
@@ -925,7 +926,7 @@ void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float*
     if (split) run_gemm<NarrowTile, true>(out, in, w, bias, p, for_grad_input);
     else run_gemm<NarrowTile16, false>(out, in, w, bias, p, for_grad_input);
   } else {
-    if (split) run_gemm<WideTile, true>(out, in, w, bias, p, for_grad_input);
+    if (split) run_gemm<WideTile16, true>(out, in, w, bias, p, for_grad_input);
     else run_gemm<WideTile16, false>(out, in, w, bias, p, for_grad_input);
   }
 }
@@ -960,7 +961,14 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
 
 }  // namespace
 
+// FP32 mode: the forward / grad-input tensor-core chains run over all input channels (2
+// accumulating mma per 8 channels and tap; truncating adds, ~1.9e-8 rel. error each as
+// measured on an H200, see conv3x3_wgrad_kernel): 128 channels -> 288 adds, ~5e-6. More
+// channels would exceed 1e-5, so those go to the general (FFMA) kernels.
+constexpr int64_t kMaxFp32Channels = 128;
+
 bool conv3x3_applies(const ConvShape& s) {
+  if (precision() == Precision::FP32 && (s.C > kMaxFp32Channels || s.K > kMaxFp32Channels)) return false;
   return s.spatial_dims == 2 && s.layout == Layout::NCHW && s.kernel[0] == 1 && s.kernel[1] == 3 &&
          s.kernel[2] == 3 && s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1 && s.dilation[0] == 1 &&
          s.dilation[1] == 1 && s.dilation[2] == 1 && s.in[0] == 1 && s.out[0] == 1 && s.pad[0] == 0 &&

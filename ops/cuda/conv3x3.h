@@ -6,8 +6,9 @@
 // Precision follows tg::precision(): TF32 -> one TF32 product per term (rel. L2 error
 // ~3e-4); FP32 (default) -> FP32-accurate split products (x = hi + lo: a TF32 mma for hi*hi'
 // and one bf16 mma for both cross terms; error ~1e-6).
-// Every result is the same bits on every run (no atomics). Any padding, batch, channel counts
-// and spatial sizes; f32 tensors (the caller checks the dtype before asking conv3x3_applies).
+// Every result is the same bits on every run (no atomics). Any padding, batch and spatial
+// sizes, channel counts as conv3x3_applies says; f32 tensors (the caller checks the dtype
+// before asking conv3x3_applies).
 //
 // The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true.
 #pragma once
@@ -17,8 +18,10 @@
 namespace tg::cuda {
 
 // True for a 2-D NCHW convolution with a 3x3 kernel, stride 1 and dilation 1 (any padding,
-// batch, channel counts and spatial sizes, rows up to 2^28 wide). The dtype (f32) is the
-// caller's to check.
+// batch and spatial sizes, rows up to 2^28 wide), any channel counts under
+// Precision::TF32 and at most 128 input and output channels under Precision::FP32 (longer
+// tensor-core accumulation chains would exceed FP32 accuracy). Reads tg::precision(): ask
+// and launch under the same precision. The dtype (f32) is the caller's to check.
 bool conv3x3_applies(const ConvShape& s);
 
 // y (N, K, Ho, Wo) = conv(x (N, C, H, W), w (K, C, 3, 3)) + b (K) or no bias (undefined b).

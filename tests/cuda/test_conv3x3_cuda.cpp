@@ -33,6 +33,14 @@ ConvShape shape_of(const Case& c) {
 
 double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
 
+// FP32 mode takes at most 128 input and output channels (conv3x3_applies); wider cases run in
+// TF32 only, and FP32 must decline them.
+bool fp32_declines(const Case& c, Precision p) {
+  if (p != Precision::FP32 || (c.C <= 128 && c.K <= 128)) return false;
+  EXPECT_FALSE(cuda::conv3x3_applies(shape_of(c)));
+  return true;
+}
+
 Tensor poisoned(const Shape& s) {
   Tensor t = Tensor::empty(s, {.dtype = f32, .device = kGpu});
   poison(t);
@@ -53,6 +61,7 @@ Tensor run_twice(const Shape& s, Launch&& launch) {
 void check_forward(const Case& c, Precision precision, bool with_bias) {
   SCOPED_TRACE(name(c) + (with_bias ? " bias" : " no bias"));
   PrecisionGuard guard(precision);
+  if (fp32_declines(c, precision)) return;
   const ConvShape s = shape_of(c);
   ASSERT_TRUE(cuda::conv3x3_applies(s));
   Tensor x = random(s.x_shape(), f32), w = random(s.w_shape(), f32);
@@ -67,6 +76,7 @@ void check_forward(const Case& c, Precision precision, bool with_bias) {
 void check_grad_input(const Case& c, Precision precision) {
   SCOPED_TRACE(name(c));
   PrecisionGuard guard(precision);
+  if (fp32_declines(c, precision)) return;
   const ConvShape s = shape_of(c);
   Tensor dy = random(s.y_shape(), f32), w = random(s.w_shape(), f32);
   Tensor want = Tensor::empty(s.x_shape(), {.dtype = f64});
@@ -79,6 +89,7 @@ void check_grad_input(const Case& c, Precision precision) {
 void check_grad_weight(const Case& c, Precision precision) {
   SCOPED_TRACE(name(c));
   PrecisionGuard guard(precision);
+  if (fp32_declines(c, precision)) return;
   const ConvShape s = shape_of(c);
   Tensor dy = random(s.y_shape(), f32), x = random(s.x_shape(), f32);
   Tensor want = Tensor::empty(s.w_shape(), {.dtype = f64});
@@ -94,7 +105,7 @@ void check_grad_weight(const Case& c, Precision precision) {
 // (mod 4) 8-byte ones, W = 0 (mod 4) 16-byte ones.
 const std::vector<Case> kCases = {
     {1, 13, 7, 21, 9, 1, 1},     // two channel chunks, the last partial; odd W
-    {2, 3, 6, 18, 130, 0, 2},    // two output-channel tiles, the last with 2; asymmetric pad
+    {2, 3, 6, 18, 130, 0, 2},    // two output-channel tiles, the last with 2; asymmetric pad (TF32 only)
     {1, 9, 5, 136, 70, 2, 0},    // the wide tile just past 64 channels; two column tiles
     {1, 1, 4, 8, 1, 0, 0},       // C = 1, K = 1
     {1, 16, 9, 12, 64, 1, 1},    // exactly 64 output channels and two full chunks
@@ -171,6 +182,22 @@ TEST(CudaConv3x3, AppliesOnlyToThreeByThreeStrideOneNchw2d) {
   // Rows wider than 2^28 (32-bit in-tile offsets) go to the general kernels.
   EXPECT_TRUE(cuda::conv3x3_applies(shape({1, 1, 3, int64_t{1} << 27}, {1, 1, 3, 3}, {})));
   EXPECT_FALSE(cuda::conv3x3_applies(shape({1, 1, 3, (int64_t{1} << 28) + 1}, {1, 1, 3, 3}, {})));
+}
+
+TEST(CudaConv3x3, AppliesToWideChannelCountsOnlyInTf32) {
+  // FP32 mode keeps every tensor-core accumulation chain within 128 input channels (the
+  // hardware's truncating adds would exceed 1e-5 beyond); TF32 takes any channel count.
+  const auto shape = [](int64_t c, int64_t k) { return make_conv_shape("test", {1, c, 9, 9}, {k, c, 3, 3}, {}); };
+  {
+    PrecisionGuard guard(Precision::FP32);
+    EXPECT_TRUE(cuda::conv3x3_applies(shape(128, 128)));
+    EXPECT_FALSE(cuda::conv3x3_applies(shape(129, 64)));
+    EXPECT_FALSE(cuda::conv3x3_applies(shape(64, 129)));
+    EXPECT_FALSE(cuda::conv3x3_applies(shape(512, 512)));
+  }
+  PrecisionGuard guard(Precision::TF32);
+  EXPECT_TRUE(cuda::conv3x3_applies(shape(512, 512)));
+  EXPECT_TRUE(cuda::conv3x3_applies(shape(129, 64)));
 }
 
 TEST(CudaConv3x3, RejectsTensorsThatDoNotMatchTheProblem) {
