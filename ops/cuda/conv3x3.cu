@@ -5,22 +5,28 @@
 //   bytes per pass: x 1.07 GB, y (or dy) 2.13 GB -> ~3.2 GB = 0.75 ms at 4.3 TB/s (H200), 1.07 ms at 3.0 (H100)
 //   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split products (2 tensor ops per
 //   term here, see tf32_hi): ~3 ms per pass at that rate; as FFMA at ~51 TFLOP/s: 12 ms. So every
-//   pass is compute-bound and the design goal is to keep the tensor cores fed. mma.sync is
-//   reported at roughly 50-65% of the wgmma peak on Hopper, so ~2.4-3.1 ms TF32 and ~5-6 ms
-//   FP32-accurate per pass is what this kernel family can reach (bench/notes_conv3x3.md).
+//   pass is compute-bound and the design goal is to keep the tensor cores fed. On an H200 the
+//   mma.sync m16n8k8 TF32 ceiling is ~320-330 TFLOP/s (ncu: tensor pipe 45% at 146), i.e.
+//   ~1.9 ms TF32 and ~3.8 ms FP32-accurate per pass at best with this instruction
+//   (bench/notes_conv3x3.md). The 8-warp kernels were latency-bound (2 warps per scheduler,
+//   255 registers); the TF32 ones and the FP32 wide forward now run 16 warps of half the
+//   warp tile (<= 128 registers).
 //
 // Forward (and grad-input, which is the same kernel on re-laid-out weights):
 //   GEMM view M = output pixels, N = output channels, reduction = input channels x 9 taps.
 //   A block owns a strip of output rows x columns of one image (2x128 or 4x128 pixels) and
-//   128 or 64 output channels; 8 warps, each 64 pixels x 64 channels (4x8 mma tiles). Per
+//   128 or 64 output channels; 8 warps of 64 pixels x 64 channels (4x8 mma tiles) or 16 of
+//   64 x 32 (4x4). Per
 //   pipeline stage it stages 8 input channels of the input halo ((rows+2) x (cols+2), read
 //   straight from NCHW) and the weights of those channels for all 9 taps; each tap is then one
 //   k8 step that reads the halo shifted by (r, s): the input tile is loaded once and used 9
 //   times. cp.async, 3 stages; the block loops over tiles (persistent) so the next tile's
 //   loads overlap this tile's epilogue.
 // Grad-weight: GEMM view M = output channels, N = input channels x 9 taps, reduction over
-//   every (image, output pixel). Blocks own a dw tile (128 x 32 x 9) and a contiguous slice of
-//   2x32-pixel strips; partials are written per slice and summed in a fixed order (in f64).
+//   every (image, output pixel). Blocks own a dw tile (128 or, FP32, 64 x 32 x 9) and a
+//   contiguous slice of 2x32-pixel strips; partials are written per slice and summed in a
+//   fixed order (in f64). FP32 restarts the tensor-core chain every strip into fp32 side sums
+//   (mma.sync accumulates with truncation, see conv3x3_wgrad_kernel).
 //
 // Shared-memory strides are chosen so that every fragment load of a warp hits 32 distinct banks.
 #include <algorithm>
