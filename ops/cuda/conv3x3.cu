@@ -161,8 +161,7 @@ __device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x
 // outside [j_begin, j_end), are zero-filled. Consecutive lanes take consecutive vectors of a
 // row (coalesced); kLanes lanes (a power of two covering kPerRow, at most 32) share a row and
 // each pass moves every thread to a row a fixed distance away, so all trip counts are
-// compile-time constants and a copy costs a few integer adds (when neither fixed-stride
-// schedule fits the thread count, rows are located by a constant division per pass).
+// compile-time constants and a copy costs a few integer adds.
 constexpr int lanes_for(int per_row) {
   int lanes = 1;
   while (lanes < per_row && lanes < 32) lanes *= 2;
@@ -179,22 +178,23 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   constexpr int kLanes = lanes_for(kPerRow), kSlots = kThreads / kLanes;  // rows per pass
   static_assert(kThreads % kLanes == 0, "rows must not straddle threads");
   // Either each slot keeps its inner row and steps over outer rows, or (when the slots do not
-  // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones.
+  // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones
+  // (all of them, or with more slots than outer rows every (kSlots / kOuter)-th one).
   constexpr bool kInnerFixed = kSlots % kInner == 0;
-  if constexpr (!kInnerFixed && kOuter % kSlots != 0) {
+  if constexpr (!kInnerFixed && kOuter % kSlots != 0 && kSlots % kOuter == 0 &&
+                kInner % (kSlots / kOuter) == 0) {
+    // More slots than outer rows (512 threads over 8 channels of a 6-row halo): each slot keeps
+    // an outer row and steps through every (kSlots / kOuter)-th inner row.
+    constexpr int kStep = kSlots / kOuter, kPassesAll = kInner / kStep;
     constexpr int kColPassesAll = (kPerRow + kLanes - 1) / kLanes;
     const int lane_j_all = threadIdx.x % kLanes, slot_all = threadIdx.x / kLanes;
-    // Neither schedule has a fixed stride: rows slot, slot + kSlots, ... of the flattened
-    // (outer, inner) grid, each located with a division by the constant kInner (a few passes).
-    constexpr int kRowsAll = kOuter * kInner, kPassesAll = (kRowsAll + kSlots - 1) / kSlots;
+    const int outer = slot_all % kOuter, inner0 = slot_all / kOuter;
+    int64_t row_src = g.src_base + outer * g.src_outer + inner0 * g.src_inner + lane_j_all * kVec;
+    float* row_dst = dst + outer * g.dst_outer + inner0 * g.dst_inner + lane_j_all * kVec;
 #pragma unroll
     for (int i = 0; i < kPassesAll; ++i) {
-      const int r = slot_all + i * kSlots;
-      if (kRowsAll % kSlots != 0 && r >= kRowsAll) break;
-      const int outer = r / kInner, inner = r % kInner;
+      const int inner = inner0 + i * kStep;
       const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
-      const int64_t row_src = g.src_base + outer * g.src_outer + inner * g.src_inner + lane_j_all * kVec;
-      float* row_dst = dst + outer * g.dst_outer + inner * g.dst_inner + lane_j_all * kVec;
 #pragma unroll
       for (int jj = 0; jj < kColPassesAll; ++jj) {
         const int j = lane_j_all + jj * kLanes;
@@ -202,8 +202,11 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
         const bool ok = row_ok && j >= g.j_begin && j < g.j_end;
         cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
       }
+      row_src += kStep * g.src_inner;
+      row_dst += kStep * g.dst_inner;
     }
-  } else {  // fixed-stride schedules
+  } else {  // fixed inner row per slot, or fixed outer row per slot
+  static_assert(kInnerFixed || kOuter % kSlots == 0, "no fixed-stride row schedule");
   constexpr int kPasses = kInnerFixed ? (kOuter * kInner + kSlots - 1) / kSlots : kInner * (kOuter / kSlots);
   constexpr int kColPasses = (kPerRow + kLanes - 1) / kLanes;
   const int lane_j = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
@@ -275,11 +278,11 @@ struct FwdTile {
   }
 };
 // More than 64 output channels: 2 x 128 pixels x 128 channels. At most 64: 4 x 128 x 64.
-// WideTile: 8 warps of 64 x 64 (128 accumulators, 1 block of 8 warps per SM).
-// WideTile16 (both precisions): the same block tile over 16 warps of 64 x 32 (64
-// accumulators, <= 128 registers): twice the warps per scheduler to hide mma.sync / LDS
-// latency, for 1.5 LDS per mma instead of 1 in TF32 (A fragments are reused over 4 n8 tiles
-// instead of 8). NarrowTile16 (TF32 only: in FP32 the split fragments spill at 128 registers).
+// Both run 16 warps of 64 x 32 (64 accumulators, <= 128 registers, no spills): 4 warps per
+// scheduler to hide mma.sync / LDS latency, at 1.5 LDS per mma instead of 1 in TF32 (A
+// fragments are reused over 4 n8 tiles instead of 8). WideTile / NarrowTile are the 8-warp
+// 64 x 64 versions (255 registers, 2 warps per scheduler), measured latency-bound on an H200;
+// kept so the choice in run_gemm can be switched back with one line.
 using WideTile = FwdTile<2, 128, 4, 2>;
 using WideTile16 = FwdTile<2, 128, 4, 4, 4>;
 using NarrowTile = FwdTile<4, 128, 8, 1>;
@@ -819,8 +822,8 @@ inline GemmParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, 
   p.pad_h = 2 - pad_h, p.pad_w = 2 - pad_w;
   return p;
 }
-// The tile a pass uses: at most 64 output channels -> NarrowTile.
-inline bool use_narrow_tile(const GemmParams& p) { return p.Kout <= NarrowTile::kBN; }
+// The tile a pass uses: at most 64 output channels -> NarrowTile16.
+inline bool use_narrow_tile(const GemmParams& p) { return p.Kout <= NarrowTile16::kBN; }
 
 template <class T>
 GemmParams plan_gemm(GemmParams p, int vec) {
@@ -929,7 +932,7 @@ void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float*
               bool for_grad_input) {
   const bool split = precision() == Precision::FP32;
   if (use_narrow_tile(p)) {
-    if (split) run_gemm<NarrowTile, true>(out, in, w, bias, p, for_grad_input);
+    if (split) run_gemm<NarrowTile16, true>(out, in, w, bias, p, for_grad_input);
     else run_gemm<NarrowTile16, false>(out, in, w, bias, p, for_grad_input);
   } else {
     if (split) run_gemm<WideTile16, true>(out, in, w, bias, p, for_grad_input);
