@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <mutex>
 
+#include "core/dtype_dispatch.h"
 #include "core/random.h"
 #include "core/tensor_kernels.h"
 
@@ -17,17 +18,10 @@ namespace {
 }
 #endif
 
-template <class F>
-void dispatch_cpu(DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else f(static_cast<int64_t*>(nullptr));
-}
-
 // The CPU side of the random fills: element i of t gets value_of(i) (a double) in t's type.
 template <class ValueOf>
 void fill_elementwise_cpu(Tensor& t, ValueOf value_of) {
-  dispatch_cpu(t.dtype(), [&](auto* tag) {
+  dispatch_any(t.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* p = t.data<T>();
     for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(value_of(i));
@@ -84,7 +78,7 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions opts) {
 
 Tensor& Tensor::fill_(double value) {
   if (device().is_cpu()) {
-    dispatch_cpu(dtype(), [&](auto* tag) {
+    dispatch_any(dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* p = data<T>();
       T v = static_cast<T>(value);
@@ -161,7 +155,7 @@ Tensor randn(const Shape& shape, TensorOptions opts) {
 Tensor arange(int64_t n, TensorOptions opts) {
   TG_CHECK(n >= 0, "arange: negative length ", n);
   Tensor host = Tensor::empty(Shape{n}, {.dtype = opts.dtype});
-  dispatch_cpu(opts.dtype, [&](auto* tag) {
+  dispatch_any(opts.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* p = host.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(i);
@@ -240,7 +234,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (shown > 0) {
     // Copy only the first few elements: printing must not move a whole GPU tensor.
     std::vector<double> v(static_cast<size_t>(shown));
-    dispatch_cpu(t.dtype(), [&](auto* tag) {
+    dispatch_any(t.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       std::vector<T> head(static_cast<size_t>(shown));
       copy_bytes(head.data(), Device::cpu(), t.raw_data(), t.device(), head.size() * sizeof(T));

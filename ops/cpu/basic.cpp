@@ -102,21 +102,15 @@ void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dim
 }
 
 void cast(const Tensor& out, const Tensor& x) {
-  auto convert = [&](auto* stag) {
+  dispatch_any(x.dtype(), [&](auto* stag) {
     using S = TG_ELEMENT_TYPE(stag);
     const S* ps = static_cast<const S*>(x.raw_data());
-    auto write = [&](auto* dtag) {
+    dispatch_any(out.dtype(), [&](auto* dtag) {
       using D = TG_ELEMENT_TYPE(dtag);
       D* pd = static_cast<D*>(out.raw_data());
       for (int64_t i = 0, n = x.numel(); i < n; ++i) pd[i] = static_cast<D>(ps[i]);
-    };
-    if (out.dtype() == DType::f32) write(static_cast<float*>(nullptr));
-    else if (out.dtype() == DType::f64) write(static_cast<double*>(nullptr));
-    else write(static_cast<int64_t*>(nullptr));
-  };
-  if (x.dtype() == DType::f32) convert(static_cast<float*>(nullptr));
-  else if (x.dtype() == DType::f64) convert(static_cast<double*>(nullptr));
-  else convert(static_cast<int64_t*>(nullptr));
+    });
+  });
 }
 
 }  // namespace tg::cpu
