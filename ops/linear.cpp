@@ -90,10 +90,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];  // (B, out)
       Tensor dx, dw, db;
-      // dx (B, in) = dy (B, out) * w (out, in)
-      if (args.needs_grad[0]) dx = run_gemm(dy, args.saved[1], Tensor(), {.M = B, .N = in, .K = out});
-      // dw (out, in) = dy^T * x, with dy stored (B, out): transA
-      if (args.needs_grad[1]) dw = run_gemm(dy, args.saved[0], Tensor(), {.M = out, .N = in, .K = B, .transA = true});
+      if (args.needs_grad[0] && args.needs_grad[1]) {  // both at once: one pass over dy on the GPU
+        dx = Tensor::empty({B, in}, {.dtype = dy.dtype(), .device = dy.device()});
+        dw = Tensor::empty({out, in}, {.dtype = dy.dtype(), .device = dy.device()});
+        TG_DISPATCH(dy.device(), linear_grad_input_weight(dx, dw, dy, args.saved[0], args.saved[1]));
+      } else {
+        // dx (B, in) = dy (B, out) * w (out, in)
+        if (args.needs_grad[0]) dx = run_gemm(dy, args.saved[1], Tensor(), {.M = B, .N = in, .K = out});
+        // dw (out, in) = dy^T * x, with dy stored (B, out): transA
+        if (args.needs_grad[1]) dw = run_gemm(dy, args.saved[0], Tensor(), {.M = out, .N = in, .K = B, .transA = true});
+      }
       if (args.needs_grad[2]) db = run_sum_rows(dy);
       return std::vector<Tensor>{dx, dw, db};
     });

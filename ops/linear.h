@@ -39,4 +39,8 @@ namespace tg::cpu {
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p);
 // db (cols) = sum over rows of dy (rows, cols): the bias gradient.
 void sum_rows(const Tensor& db, const Tensor& dy);
+// Both gradients of y (B, out) = x (B, in) w^T: dx (B, in) = dy w and dw (out, in) = dy^T x.
+// (On the GPU, shapes of a 1x1 convolution read dy once for both.)
+void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                              const Tensor& w);
 }  // namespace tg::cpu

@@ -39,6 +39,13 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
   });
 }
 
+void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                              const Tensor& w) {
+  const int64_t B = dy.size(0), out = dy.size(1), in = x.size(1);
+  gemm(dx, dy, w, Tensor(), {.M = B, .N = in, .K = out});
+  gemm(dw, dy, x, Tensor(), {.M = out, .N = in, .K = B, .transA = true});
+}
+
 void sum_rows(const Tensor& db, const Tensor& dy) {
   check_same_device_dtype("sum_rows", db, dy);
   TG_CHECK(dy.dim() == 2 && db.shape() == Shape({dy.size(1)}), "sum_rows: output ", db.shape(),

@@ -31,4 +31,16 @@ void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, co
 void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const ConvShape& s);
 
+// The same product for plain matrices: a batched linear layer y (rows, K) = x (rows, C) w^T + b
+// is a channels-last 1x1 convolution whose pixels are the rows (ops/cuda/linear.cu routes
+// matrix products of these shapes here). 2-D f32 tensors on one CUDA device; b may be undefined.
+// y (rows, K) = x (rows, C) * w (K, C)^T + b (K)
+void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+// dx (rows, C) = dy (rows, K) * w (K, C)
+void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w);
+// dw (K, C) = dy (rows, K)^T * x (rows, C)
+void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x);
+// Both, reading dy once where conv1x1_backward can (K <= 128, C <= 64).
+void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w);
+
 }  // namespace tg::cuda

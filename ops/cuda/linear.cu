@@ -2,6 +2,7 @@
 // combination (template flags), and the deterministic column sum used for the bias gradient.
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
+#include "ops/cuda/conv1x1.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/skinny_gemm.h"
 #include "ops/elementwise.h"
@@ -119,6 +120,28 @@ void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem&
   gemm_kernel<T, TA, TB><<<grid, dim3(TX, TY), 0, s>>>(c, a, b, bias, p.M, p.N, p.K);
 }
 
+// A batched linear layer is a channels-last 1x1 convolution whose pixels are the rows:
+// forward y = x w^T (NT), input gradient dx = dy w (NN), weight gradient dw = dy^T x (TN).
+// Those forms run on conv1x1.cu's tensor-core kernels (one pass over the rows at memory speed,
+// FP32-accurate or TF32 as tg::precision() says) when the reduction of the NT / NN forms is
+// short and the output has few columns: the kernels keep the weight block resident and
+// re-read the rows once per 64-128 output columns and the output once per 128 reduction
+// channels, so longer reductions and wider outputs stay on the general kernel.
+constexpr int64_t kPointwiseMaxReduction = 128, kPointwiseMaxColumns = 512;
+
+bool pointwise_applies(const Tensor& c, const Tensor& bias, const GemmProblem& p) {
+  if (c.dtype() != DType::f32 || (p.transA && p.transB)) return false;
+  if (p.transA) return !bias.defined() && p.M <= kPointwiseMaxColumns && p.N <= kPointwiseMaxColumns;
+  if (!p.transB && bias.defined()) return false;
+  return p.K >= 1 && p.K <= kPointwiseMaxReduction && p.N <= kPointwiseMaxColumns;
+}
+
+void pointwise_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
+  if (p.transA) pointwise_matmul_grad_weight(c, a, b);    // c (M, N) = a (K, M)^T b (K, N)
+  else if (p.transB) pointwise_matmul_forward(c, a, b, bias);  // c (M, N) = a (M, K) b (N, K)^T + bias
+  else pointwise_matmul_grad_input(c, a, b);              // c (M, N) = a (M, K) b (K, N)
+}
+
 }  // namespace
 
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
@@ -128,6 +151,10 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
   // they take the streaming kernels of skinny_gemm.cu (workload D).
   if (skinny_gemm_applies(c, p)) {
     skinny_gemm(c, a, b, bias, p);
+    return;
+  }
+  if (pointwise_applies(c, bias, p)) {
+    pointwise_gemm(c, a, b, bias, p);
     return;
   }
   const int dev = c.device().index;
@@ -144,6 +171,20 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
     else launch_gemm<T, true, true>(pc, pa, pb, pbias, p, s);
   });
   TG_LAUNCH_CHECK();
+}
+
+void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                              const Tensor& w) {
+  const int64_t B = dy.size(0), out = dy.size(1), in = x.size(1);
+  const GemmProblem for_dx{.M = B, .N = in, .K = out}, for_dw{.M = out, .N = in, .K = B, .transA = true};
+  check_gemm_operands(dx, dy, w, Tensor(), for_dx);
+  check_gemm_operands(dw, dy, x, Tensor(), for_dw);
+  if (pointwise_applies(dx, Tensor(), for_dx) && pointwise_applies(dw, Tensor(), for_dw)) {
+    pointwise_matmul_backward(dx, dw, dy, x, w);
+    return;
+  }
+  gemm(dx, dy, w, Tensor(), for_dx);
+  gemm(dw, dy, x, Tensor(), for_dw);
 }
 
 void sum_rows(const Tensor& db, const Tensor& dy) {

@@ -9,4 +9,7 @@ namespace tg::cuda {
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p);
 // db (cols) = sum over rows of dy (rows, cols), in a fixed order (deterministic).
 void sum_rows(const Tensor& db, const Tensor& dy);
+// dx (B, in) = dy w and dw (out, in) = dy^T x; one pass over dy for 1x1-convolution shapes.
+void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                              const Tensor& w);
 }  // namespace tg::cuda
