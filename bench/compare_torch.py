@@ -62,6 +62,16 @@ def run_tg_bench(args):
     return json.loads(proc.stdout)
 
 
+def run_stream_probe(args):
+    """tg_stream_probe's table (B's bytes moved with no arithmetic), when it was built beside tg_bench."""
+    probe = os.path.join(os.path.dirname(args.tg_bench), "tg_stream_probe")
+    if not os.path.exists(probe):
+        return ""
+    proc = subprocess.run([probe], stdout=subprocess.PIPE, text=True)
+    print(proc.stdout, file=sys.stderr)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 # ---- the same workloads in PyTorch -----------------------------------------------------------
 
 class TorchWorkload:
@@ -162,7 +172,38 @@ def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
 
 
 # The issue's targets, as tapegrad / PyTorch time ratios: workload C's fused layer.
-TARGETS = {("C", "forward"): 0.20, ("C", "step"): 0.25}
+# The issues' targets, as ratios tapegrad / PyTorch: (workload, layout or None, pass,
+# precision or None). "fwd+bwd" rows are derived: forward + backward on each side.
+TARGETS = {
+    ("A", None, "forward", "tf32"): 0.55, ("A", None, "fwd+bwd", "tf32"): 0.45,
+    ("A", None, "forward", "fp32"): 0.50, ("A", None, "fwd+bwd", "fp32"): 0.50,
+    ("B", "nchw", "fwd+bwd", "tf32"): 0.50, ("B", "nhwc", "fwd+bwd", "tf32"): 0.90,
+    ("B", "nchw", "fwd+bwd", "fp32"): 0.35,
+    ("C", None, "forward", None): 0.20, ("C", None, "step", None): 0.25,
+}
+
+
+def target_of(r):
+    for key in ((r["workload"], r["layout"], r["pass"], r["precision"]), (r["workload"], None, r["pass"], r["precision"]),
+                (r["workload"], None, r["pass"], None)):
+        if key in TARGETS:
+            return TARGETS[key]
+    return None
+
+
+def with_fwd_bwd_rows(results):
+    """Adds a derived "fwd+bwd" row after each (workload, layout, precision)'s backward row."""
+    out, seen = [], {}
+    for r, ms in results:
+        out.append((r, ms))
+        key = (r["workload"], r["layout"], r["precision"])
+        seen.setdefault(key, {})[r["pass"]] = (r, ms)
+        both = seen[key]
+        if r["pass"] == "backward" and "forward" in both:
+            (f, f_ms), (b, b_ms) = both["forward"], both["backward"]
+            ok = f.get("ok") and b.get("ok")
+            out.append((dict(f, **{"pass": "fwd+bwd", "ms": f["ms"] + b["ms"], "ok": ok}), f_ms + b_ms))
+    return out
 
 
 def set_tf32(torch, on):
@@ -203,9 +244,9 @@ def main():
 
     lines = ["| workload | pass | precision | PyTorch ms | tapegrad ms | ratio (tapegrad/PyTorch) | target |",
              "|---|---|---|---:|---:|---:|---|"]
-    for r, ms in results:
+    for r, ms in with_fwd_bwd_rows(results):
         name = r["workload"] + (f' ({r["layout"]})' if r["workload"] == "B" else "")
-        target = TARGETS.get((r["workload"], r["pass"]))
+        target = target_of(r)
         if r.get("ok"):
             ratio = r["ms"] / ms
             verdict = "" if target is None else f'<= {target:.2f}: {"met" if ratio <= target else "missed"}'
@@ -216,6 +257,7 @@ def main():
             lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | check failed | - | {verdict} |')
     table = "\n".join(lines)
     print(table)
+    probe = run_stream_probe(args)
 
     if args.out:
         c = tg["ceilings"]
@@ -230,6 +272,9 @@ def main():
             f.write(f"- ceilings measured by tg_bench: copy {c['copy_gbps']:.0f} GB/s, "
                     f"FP32 GEMM {c['fp32_tflops']:.1f} TFLOP/s, TF32 GEMM {c['tf32_tflops']:.1f} TFLOP/s\n\n")
             f.write(table + "\n")
+            if probe:
+                f.write("\n## The memory system's ceiling for workload B's traffic (tg_stream_probe, same run)\n\n")
+                f.write("```\n" + probe + "```\n")
         print(f"wrote {args.out}", file=sys.stderr)
 
 
