@@ -1532,64 +1532,53 @@ ConvShape rows_as_pixels(int64_t rows, int64_t C, int64_t K) {
   return s;
 }
 
-void check_matrix(const char* op, const Tensor& t, int64_t rows, int64_t cols, const Tensor& first) {
-  TG_CHECK(t.dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(t));
-  TG_CHECK(t.device().is_cuda() && t.device() == first.device(), op, ": expected tensors on one CUDA device, got ",
-           describe(t), " and ", describe(first));
-  TG_CHECK(t.shape() == Shape({rows, cols}), op, ": tensor ", describe(t), " does not match the expected shape ",
-           Shape({rows, cols}));
+// The three matrices of a pointwise product -- (rows, K): y or dy; (rows, C): x or dx;
+// (K, C): w or dw -- checked together: 2-D, f32, one CUDA device, sizes that agree.
+struct MatrixSizes {
+  int64_t rows, C, K;
+};
+MatrixSizes check_matrices(const char* op, const Tensor& rows_k, const Tensor& rows_c, const Tensor& k_c) {
+  for (const Tensor* t : {&rows_k, &rows_c, &k_c}) {
+    TG_CHECK(t->dtype() == DType::f32 && t->dim() == 2, op, ": expected 2-D f32 matrices, got ", describe(*t));
+    TG_CHECK(t->device().is_cuda() && t->device() == k_c.device(), op, ": expected tensors on one CUDA device, got ",
+             describe(*t), " and ", describe(k_c));
+  }
+  const MatrixSizes m{rows_c.size(0), rows_c.size(1), k_c.size(0)};
+  TG_CHECK(k_c.size(1) == m.C && rows_k.shape() == Shape({m.rows, m.K}), op, ": shapes ", rows_k.shape(), " (rows, K), ",
+           rows_c.shape(), " (rows, C) and ", k_c.shape(), " (K, C) do not agree");
+  return m;
 }
 
 }  // namespace
 
 void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
-  TG_CHECK(x.dim() == 2 && w.dim() == 2, "pointwise_matmul_forward: expected 2-D x and w, got ", describe(x), " and ",
-           describe(w));
-  const int64_t rows = x.size(0), C = x.size(1), K = w.size(0);
-  check_matrix("pointwise_matmul_forward", w, K, C, y);
-  check_matrix("pointwise_matmul_forward", x, rows, C, y);
-  check_matrix("pointwise_matmul_forward", y, rows, K, y);
-  TG_CHECK(!b.defined() || (b.dtype() == DType::f32 && b.device() == y.device() && b.shape() == Shape({K})),
-           "pointwise_matmul_forward: bias ", describe(b), " does not match ", K, " f32 outputs on ", y.device().str());
-  TG_CHECK(C >= 1, "pointwise_matmul_forward: x ", x.shape(), " has no columns to reduce over");
+  const MatrixSizes m = check_matrices("pointwise_matmul_forward", y, x, w);
+  TG_CHECK(!b.defined() || (b.dtype() == DType::f32 && b.device() == y.device() && b.shape() == Shape({m.K})),
+           "pointwise_matmul_forward: bias ", describe(b), " does not match ", m.K, " f32 outputs on ", y.device().str());
+  TG_CHECK(m.C >= 1, "pointwise_matmul_forward: x ", x.shape(), " has no columns to reduce over");
   if (y.numel() == 0) return;
-  run_pointwise(y, x, w, b, /*M=*/K, /*R=*/C, /*w_stride_m=*/C, /*w_stride_r=*/1, rows_as_pixels(rows, C, K));
+  run_pointwise(y, x, w, b, /*M=*/m.K, /*R=*/m.C, /*w_stride_m=*/m.C, /*w_stride_r=*/1, rows_as_pixels(m.rows, m.C, m.K));
 }
 
 void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w) {
-  TG_CHECK(dy.dim() == 2 && w.dim() == 2, "pointwise_matmul_grad_input: expected 2-D dy and w, got ", describe(dy),
-           " and ", describe(w));
-  const int64_t rows = dy.size(0), K = w.size(0), C = w.size(1);
-  check_matrix("pointwise_matmul_grad_input", dy, rows, K, dx);
-  check_matrix("pointwise_matmul_grad_input", dx, rows, C, dx);
-  check_matrix("pointwise_matmul_grad_input", w, K, C, dx);
-  TG_CHECK(K >= 1, "pointwise_matmul_grad_input: dy ", dy.shape(), " has no columns to reduce over");
+  const MatrixSizes m = check_matrices("pointwise_matmul_grad_input", dy, dx, w);
+  TG_CHECK(m.K >= 1, "pointwise_matmul_grad_input: dy ", dy.shape(), " has no columns to reduce over");
   if (dx.numel() == 0) return;
-  run_pointwise(dx, dy, w, Tensor(), /*M=*/C, /*R=*/K, /*w_stride_m=*/1, /*w_stride_r=*/C, rows_as_pixels(rows, C, K));
+  run_pointwise(dx, dy, w, Tensor(), /*M=*/m.C, /*R=*/m.K, /*w_stride_m=*/1, /*w_stride_r=*/m.C,
+                rows_as_pixels(m.rows, m.C, m.K));
 }
 
 void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) {
-  TG_CHECK(dy.dim() == 2 && x.dim() == 2, "pointwise_matmul_grad_weight: expected 2-D dy and x, got ", describe(dy),
-           " and ", describe(x));
-  const int64_t rows = dy.size(0), K = dy.size(1), C = x.size(1);
-  check_matrix("pointwise_matmul_grad_weight", dw, K, C, dw);
-  check_matrix("pointwise_matmul_grad_weight", dy, rows, K, dw);
-  check_matrix("pointwise_matmul_grad_weight", x, rows, C, dw);
+  const MatrixSizes m = check_matrices("pointwise_matmul_grad_weight", dy, x, dw);
   if (dw.numel() == 0) return;
-  run_backward(Tensor(), dw, dy, x, Tensor(), rows_as_pixels(rows, C, K), false);
+  run_backward(Tensor(), dw, dy, x, Tensor(), rows_as_pixels(m.rows, m.C, m.K), false);
 }
 
 void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
-  TG_CHECK(dy.dim() == 2 && x.dim() == 2, "pointwise_matmul_backward: expected 2-D dy and x, got ", describe(dy),
-           " and ", describe(x));
-  const int64_t rows = dy.size(0), K = dy.size(1), C = x.size(1);
-  check_matrix("pointwise_matmul_backward", dx, rows, C, dw);
-  check_matrix("pointwise_matmul_backward", dw, K, C, dw);
-  check_matrix("pointwise_matmul_backward", dy, rows, K, dw);
-  check_matrix("pointwise_matmul_backward", x, rows, C, dw);
-  check_matrix("pointwise_matmul_backward", w, K, C, dw);
-  TG_CHECK(K >= 1, "pointwise_matmul_backward: dy ", dy.shape(), " has no columns to reduce over");
-  const ConvShape s = rows_as_pixels(rows, C, K);
+  const MatrixSizes m = check_matrices("pointwise_matmul_backward", dy, x, w);
+  check_matrices("pointwise_matmul_backward", dy, dx, dw);
+  TG_CHECK(m.K >= 1, "pointwise_matmul_backward: dy ", dy.shape(), " has no columns to reduce over");
+  const ConvShape s = rows_as_pixels(m.rows, m.C, m.K);
   // conv1x1_backward's own tensors are the 4-D NHWC views of the same storage (detached: a
   // kernel call records nothing on the tape).
   auto as = [](const Tensor& t, const Shape& shape) { return t.detach().reshape(shape); };
