@@ -31,21 +31,13 @@ __global__ void cast_kernel(const S* in, D* out, int64_t n) {
     out[i] = static_cast<D>(in[i]);
 }
 
-// Calls f with a null pointer of the tensor's element type.
-template <class F>
-void dispatch(DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else f(static_cast<int64_t*>(nullptr));
-}
-
 }  // namespace
 
 void fill(const Tensor& t, double value) {
   int64_t n = t.numel();
   if (n == 0) return;
   set_device(t.device().index);
-  dispatch(t.dtype(), [&](auto* tag) {
+  dispatch_any(t.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     fill_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, static_cast<T>(value));
@@ -57,7 +49,7 @@ void fill_uniform(const Tensor& t, RandomDraw draw, double low, double high) {
   int64_t n = t.numel();
   if (n == 0) return;
   set_device(t.device().index);
-  dispatch(t.dtype(), [&](auto* tag) {
+  dispatch_any(t.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     uniform_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, draw.seed, draw.offset, low, high);
@@ -69,7 +61,7 @@ void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev) {
   int64_t n = t.numel();
   if (n == 0) return;
   set_device(t.device().index);
-  dispatch(t.dtype(), [&](auto* tag) {
+  dispatch_any(t.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     normal_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(t.device().index)>>>(
         t.data<T>(), n, draw.seed, draw.offset, mean, stddev);
@@ -77,16 +69,16 @@ void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev) {
   TG_LAUNCH_CHECK();
 }
 
-void cast(const Tensor& src, const Tensor& dst) {
-  int64_t n = src.numel();
+void cast(const Tensor& out, const Tensor& x) {
+  int64_t n = x.numel();
   if (n == 0) return;
-  set_device(src.device().index);
-  dispatch(src.dtype(), [&](auto* stag) {
+  set_device(x.device().index);
+  dispatch_any(x.dtype(), [&](auto* stag) {
     using S = TG_ELEMENT_TYPE(stag);
-    dispatch(dst.dtype(), [&](auto* dtag) {
+    dispatch_any(out.dtype(), [&](auto* dtag) {
       using D = TG_ELEMENT_TYPE(dtag);
-      cast_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, stream(src.device().index)>>>(
-          src.data<S>(), dst.data<D>(), n);
+      cast_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, stream(x.device().index)>>>(
+          x.data<S>(), out.data<D>(), n);
     });
   });
   TG_LAUNCH_CHECK();

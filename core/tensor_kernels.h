@@ -11,7 +11,7 @@ namespace tg::cuda {
 void fill(const Tensor& t, double value);
 void fill_uniform(const Tensor& t, RandomDraw draw, double low, double high);
 void fill_normal(const Tensor& t, RandomDraw draw, double mean, double stddev);
-void cast(const Tensor& src, const Tensor& dst);  // same numel, any two dtypes
+void cast(const Tensor& out, const Tensor& x);  // out = x converted; same numel, any two dtypes (as cpu::cast)
 // Copies bytes between any two devices, ordered on the framework's streams; returns once
 // the host side may be reused or read.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);

@@ -97,7 +97,7 @@ Tensor Tensor::to(DType target) const {
     cpu::cast(out, *this);
   } else {
 #if TG_CUDA
-    cuda::cast(*this, out);
+    cuda::cast(out, *this);
 #endif
   }
   if (is_floating(target) && should_record({*this})) {
