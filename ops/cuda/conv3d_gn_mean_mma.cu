@@ -4,30 +4,37 @@
 // Floors for workload C (x 128x3x24x32x32, K 24, y 128x24x22x30x30, V = 19800):
 //   conv = GEMM [2.53M positions] x [81 taps] x [24 channels] = 9.85 GFLOP.
 //   Tensor cores: TF32 dense peak ~495 TFLOP/s (H100/H200 SXM); mma.sync gets roughly 50-65%
-//   of it, i.e. one m16n8k8 per ~6-8 cycles per SM sub-partition. FP32-accurate = split-TF32:
-//   x = hi + lo, three tensor ops per product (hi*hi' + hi*lo' + lo*hi'), error ~1e-7.
-//   forward  (1 conv, 6.7% column padding)          16.7M mma (FP32) -> ~0.07-0.11 ms
+//   of it, i.e. one m16n8k8 TF32 (or m16n8k16 bf16) per ~6-8 cycles per SM sub-partition.
+//   FP32-accurate forward: x = hi + lo, hi*hi' as one TF32 op plus both cross terms in one
+//   bf16 m16n8k16 (2 ops per product, error ~1e-7 relative in the sums); the backward keeps
+//   three TF32 ops (hi*hi' + hi*lo' + lo*hi').
+//   forward  (1 conv, 6.7% column padding)          11.2M mma (FP32) -> ~0.06-0.09 ms
 //   backward (recompute + dW GEMM, padding 24->32
 //            channels and 81->96 taps)              40.5M mma (FP32) -> ~0.17-0.27 ms
-//   TF32 (one op per product) divides the mma count by 3; loads and rounding then dominate.
+//   TF32 (one op per product) divides the mma count by 2 (forward) / 3 (backward).
 //   Bytes: x is 38 MB (~10 us at 4.3 TB/s), read through a halo'd tile from L2; y is never stored.
 //
 // Shapes: the kernels take C_in in {1, 3} and K = 8 NT (instantiated: K = 24), any N, D, H, W.
 // Tiles are TD depths x TH rows (even) x kTW = 32 columns of one sample; a block stages the
-// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory (zeros past the input).
+// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory (zeros past the input) with
+// cp.async, double-buffered: the next tile's footprint lands while the current one computes.
 // Taps k = ci*27 + kd*9 + kh*3 + kw (w's own layout), padded with zero-weight taps to k8 / m16.
 // The x tile's row, plane and channel strides are 11, 3 and 7 mod 32: every fragment gather
 // below then touches 32 distinct banks (checked offline for C = 3).
 //
-//  weight_fragments  w -> per-lane fragments, split into TF32 hi/lo once: W (taps x channels)
-//                    as the forward's B operand, W^T (channels x taps) as the backward's A.
-//  stats_mma         one block per tile; a warp computes 2 rows x 32 columns (4 m16 tiles)
-//                    x K channels: M = positions (16 consecutive w), N = channels, K = taps,
-//                    A gathered from the x tile through a per-lane tap-offset table; then
-//                    per-lane sums of z and z^2 (z = y - bias) straight from the accumulator
-//                    fragments, one fixed-order f64 block sum -> partial (tile, 2, K).
+//  weight_fragments  w -> per-lane fragments, split once: W (taps x channels) as the forward's
+//                    B operand (TF32 hi + the bf16 pair (lo', hi')), W^T (channels x taps) as
+//                    the backward's A (TF32 hi + lo).
+//  stats_mma         persistent blocks (3 per SM for C), each looping over tiles t, t + grid,
+//                    ...; weights staged once per block; one barrier per tile. A warp computes
+//                    2 rows x 32 columns (4 m16 tiles) x K channels: M = positions (16
+//                    consecutive w), N = channels, K = taps, A gathered from the x tile through
+//                    a per-lane tap-offset table; then per-lane sums of z and z^2 (z = y - bias)
+//                    straight from the accumulator fragments, a shuffle butterfly per warp, and
+//                    the warps' sums added in order (f64) -> partial (tile, 2, K).
 //  tile_stats_reduce tiles of a sample in order -> S1, S2 (bias folded back in).
-//  grad_w_mma        persistent blocks; a warp takes one row (32 positions) at a time:
+//  grad_w_mma        persistent blocks over consecutive tiles (x double-buffered as above); a
+//                    warp takes one row (32 positions) at a time:
 //                    (1) y^T = W^T . patch^T (M = channels padded to 16 MC, N = positions);
 //                    (2) dy = A' + B z in place; its accumulator fragment is exactly the B
 //                    fragment of (3) once the positions of each 8-chunk are ordered 2t -> t,
@@ -56,6 +63,43 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A B: one m16n8k16 bf16 tensor op, FP32 accumulation. Fragments (PTX ISA): a0 (g, k 2t,
+// 2t+1), a1 (g+8, 2t, 2t+1), a2 (g, 2t+8, 2t+9), a3 (g+8, 2t+8, 2t+9); b0 (k 2t, 2t+1; n g),
+// b1 (k 2t+8, 2t+9; n g); the lower k in the low half. So register i of an m16n8k8 TF32
+// fragment (element k) and register i of a bf16 one (elements 2k, 2k+1) share lane, row and
+// column: a TF32 fragment's element can carry a bf16 pair in the same register slot.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 (round to nearest) in one register, `low` in the low half (the lower k index).
+__device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(high), "f"(low));
+  return r;
+}
+
+// 4 bytes global -> shared behind the thread's back (cp.async); valid = false zero-fills
+// without reading (src must still be a mapped address).
+__device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_16(float4* dst, const float4* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+// Closes the thread's current group of copies / waits until all of its groups have landed
+// (visible to the other threads after the next barrier).
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
 // ==== BEGIN KERNELS (plain C++ and CUDA built-ins only: the host emulator compiles this part)
 
 constexpr int kTW = 32;        // output columns per tile: two m16 tiles along w
@@ -73,10 +117,31 @@ struct Taps {
   static constexpr int kTapTiles = (kTaps + 15) / 16;  // m16 tiles of the dW GEMM
 };
 
+// n / d for 0 <= n < 2^31 as one wide multiply and a shift: m = ceil(2^(31 + l) / d) with
+// l = ceil(log2 d) is below 2^32, and floor(n m / 2^(31 + l)) = floor(n / d) for every 31-bit
+// n (Granlund & Montgomery, 1994). Tile indices are below 2^31 (checked by the launchers).
+struct FastDiv {
+  uint32_t d, m;
+  int shift;
+};
+
+inline FastDiv make_fast_div(int64_t d) {
+  int l = 0;
+  while ((int64_t{1} << l) < d) ++l;
+  const uint64_t p = uint64_t{1} << (31 + l);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>((p + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d)),
+          31 + l};
+}
+
+__device__ __forceinline__ uint32_t fast_div(uint32_t n, const FastDiv& f) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(n) * f.m) >> f.shift);
+}
+
 struct MmaGeom {
   int64_t N, D, H, W, OD, OH, OW;
   int K, TD, TH, FD, FH;  // tile: TD x TH x kTW outputs; footprint FD x FH x kFW inputs
   int64_t NDT, NHT, NWT, tiles_per_sample, tiles;
+  FastDiv div_wt, div_ht, div_dt;  // by NWT, NHT, NDT
   int PS, CS, xs_floats;  // x tile: plane and channel strides, size (rows are kRS apart)
 };
 
@@ -113,27 +178,40 @@ inline MmaGeom make_mma_geom(int64_t N, int C, int K, const int64_t in[3], const
   g.NDT = ceil_div(g.OD, g.TD), g.NHT = ceil_div(g.OH, g.TH), g.NWT = ceil_div(g.OW, kTW);
   g.tiles_per_sample = g.NDT * g.NHT * g.NWT;
   g.tiles = g.N * g.tiles_per_sample;
+  g.div_wt = make_fast_div(g.NWT), g.div_ht = make_fast_div(g.NHT), g.div_dt = make_fast_div(g.NDT);
   return g;
 }
 
-// Forward warps per block: all of the tile's row pairs with the fewest idle warp slots.
+// Forward warps per block: all of the tile's row pairs with the fewest idle warp slots. At most
+// 5: three blocks of 5 warps (15 of the SM's 16 warp slots at 128+ registers) may use 136
+// registers each, which the FP32 kernel needs to stay clear of spills.
+constexpr int kMaxForwardWarps = 5;
 inline int forward_warps(int units) {
   int best = 1, best_idle = 1 << 30;
-  for (int w = std::min(4, units); w <= 8; ++w) {
+  for (int w = std::min(4, units); w <= kMaxForwardWarps; ++w) {
     const int idle = static_cast<int>(ceil_div(units, w)) * w - units;
     if (idle < best_idle) best = w, best_idle = idle;
   }
   return best;
 }
 
-// TERMS 3: x = hi + lo with hi = x truncated to TF32 (exact) and lo = x - hi (exact in FP32;
-// the tensor core keeps its top 11 bits). TERMS 1: x plus half a TF32 ulp, so that the tensor
-// core's truncation rounds to nearest.
+// Operands of x for TERMS tensor ops per product:
+// TERMS 3: hi = x truncated to TF32 (exact), lo = x - hi (exact in FP32; the tensor core keeps
+//          its top 11 bits): lo*hi' + hi*lo' + hi*hi', three m16n8k8 TF32 ops.
+// TERMS 2: hi as for 3; lo = the bf16 pair (hi, x - hi) that meets the weight's pair (lo', hi')
+//          in ONE m16n8k16 bf16 op: hi*lo' + (x - hi)*hi', each cross term kept to bf16's 8
+//          bits (the cross terms are <= 2^-10 of the product: ~2^-18 error per product), then
+//          hi*hi' as one TF32 op. Two tensor ops instead of three.
+// TERMS 1: x plus half a TF32 ulp, so that the tensor core's truncation rounds to nearest.
 template <int TERMS>
 __device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
   if constexpr (TERMS == 1) {
     hi = __float_as_uint(x) + 0x1000u;
     lo = 0u;
+  } else if constexpr (TERMS == 2) {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    const float h = __uint_as_float(hi);
+    lo = bf16_pair(h, x - h);
   } else {
     hi = __float_as_uint(x) & 0xffffe000u;
     lo = __float_as_uint(x - __uint_as_float(hi));
@@ -145,6 +223,12 @@ __device__ __forceinline__ float round_tf32(float v) {
   return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
 }
 
+// bf16 bits of v rounded to nearest even (finite inputs); plain integer arithmetic.
+__device__ __forceinline__ uint32_t bf16_bits(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 // d += a b with TERMS tensor ops: the small cross terms first, then hi * hi.
 template <int TERMS>
 __device__ __forceinline__ void mma_terms(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
@@ -152,13 +236,18 @@ __device__ __forceinline__ void mma_terms(float (&d)[4], const uint32_t (&ah)[4]
   if constexpr (TERMS == 3) {
     mma_tf32(d, al, bh[0], bh[1]);
     mma_tf32(d, ah, bl[0], bl[1]);
+  } else if constexpr (TERMS == 2) {
+    mma_bf16(d, al, bl[0], bl[1]);
   }
   mma_tf32(d, ah, bh[0], bh[1]);
 }
 
-// w (K, C, 3, 3, 3) -> fragments, each operand split into TF32 hi + lo (lo = 0 when TERMS 1):
+// w (K, C, 3, 3, 3) -> fragments, each operand split into TF32 hi = round(v) and lo:
 //   fwd [kSteps][NT][32] float4 {hi b0, hi b1, lo b0, lo b1}: W (taps x channels), B operand;
-//   bwd [kSteps][MC][2][32] float4 {hi a0..a3} / {lo a0..a3}: W^T (channels x taps), A operand.
+//       lo = tf32(v - hi) for terms 3, the bf16 pair (lo' = v - hi, hi) for terms 2 (the
+//       k16 partner of split<2>'s (hi, lo)), 0 for terms 1;
+//   bwd [kSteps][MC][2][32] float4 {hi a0..a3} / {lo a0..a3}: W^T (channels x taps), A operand
+//       (terms 2 or 3: lo = tf32(v - hi); terms 1: 0).
 // Lanes 16 bytes apart: each LDS.128 of a warp is 4 conflict-free wavefronts.
 template <int C, int NT>
 __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __restrict__ bwd,
@@ -169,11 +258,16 @@ __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __rest
   const int lane = i % 32, g = lane / 4, t = lane % 4;
   auto W = [&](int tap, int c) { return tap < T::kTaps && c < 8 * NT ? w[c * T::kTaps + tap] : 0.f; };
   auto hi = [&](float v) { return round_tf32(v); };
-  auto lo = [&](float v) { return terms == 3 ? round_tf32(v - round_tf32(v)) : 0.f; };
+  auto lo = [&](float v) { return terms != 1 ? round_tf32(v - round_tf32(v)) : 0.f; };
+  auto fwd_lo = [&](float v) {
+    if (terms != 2) return lo(v);
+    const float h = round_tf32(v);
+    return __uint_as_float(bf16_bits(v - h) | bf16_bits(h) << 16);
+  };
   if (i < T::kSteps * NT * 32) {
     const int n = (i / 32) % NT, s = i / (32 * NT);
     const float b0 = W(8 * s + t, 8 * n + g), b1 = W(8 * s + t + 4, 8 * n + g);
-    fwd[i] = make_float4(hi(b0), hi(b1), lo(b0), lo(b1));
+    fwd[i] = make_float4(hi(b0), hi(b1), fwd_lo(b0), fwd_lo(b1));
   }
   if (i < T::kSteps * MC * 32) {
     const int mc = (i / 32) % MC, s = i / (32 * MC);
@@ -188,10 +282,12 @@ struct TileAt {
   int64_t n, d0, h0, w0;
 };
 
-// Tile t = ((n * NDT + dt) * NHT + ht) * NWT + wt.
+// Tile t = ((n * NDT + dt) * NHT + ht) * NWT + wt, t < 2^31.
 __device__ __forceinline__ TileAt tile_at(int64_t t, const MmaGeom& g) {
-  const int64_t wt = t % g.NWT, ht = (t / g.NWT) % g.NHT, dt = (t / (g.NWT * g.NHT)) % g.NDT;
-  return {t / g.tiles_per_sample, dt * g.TD, ht * g.TH, wt * kTW};
+  const uint32_t q0 = static_cast<uint32_t>(t), q1 = fast_div(q0, g.div_wt), q2 = fast_div(q1, g.div_ht),
+                 n = fast_div(q2, g.div_dt);
+  const uint32_t wt = q0 - q1 * g.div_wt.d, ht = q1 - q2 * g.div_ht.d, dt = q2 - n * g.div_dt.d;
+  return {int64_t{n}, int64_t{dt} * g.TD, int64_t{ht} * g.TH, int64_t{wt} * kTW};
 }
 
 // Offset of tap k in the x tile; a padding tap reads any finite x (its weight is 0).
@@ -215,12 +311,14 @@ __device__ void stage_tap_tables(int2* by_t, int2* by_g, const MmaGeom& g) {
 }
 
 // The tile's input footprint into xs [C][FD][FH][kFW] (strides CS, PS, kRS), zeros past the
-// input. A warp copies one (ci, fd, fh) row at a time (coalesced); the row counters advance
-// by the warp count without divisions.
+// input, by cp.async: the copies land while the block computes another tile (committing and
+// waiting is the caller's). A warp copies one (ci, fd, fh) row at a time (coalesced); the row
+// counters advance by the warp count without divisions.
 template <int C>
-__device__ void stage_x(float* xs, const float* __restrict__ x, const TileAt& o, const MmaGeom& g) {
+__device__ void stage_x_async(float* xs, const float* __restrict__ x, const TileAt& o, const MmaGeom& g) {
   const int lane = threadIdx.x & 31, nwarps = static_cast<int>(blockDim.x >> 5);
-  const float* xn = x + o.n * C * g.D * g.H * g.W;  // (C, D, H, W)
+  const int64_t plane = g.H * g.W;
+  const float* xn = x + o.n * C * g.D * plane + o.w0;  // (C, D, H, W) at column w0
   const bool col0 = o.w0 + lane < g.W, col1 = lane < kFW - 32 && o.w0 + 32 + lane < g.W;
   int fh = static_cast<int>(threadIdx.x >> 5), fd = 0, ci = 0;
   auto carry = [&] {
@@ -232,118 +330,149 @@ __device__ void stage_x(float* xs, const float* __restrict__ x, const TileAt& o,
   for (carry(); ci < C; fh += nwarps, carry()) {
     const int64_t gd = o.d0 + fd, gh = o.h0 + fh;
     const bool row_in = gd < g.D && gh < g.H;
-    const int64_t src = ((ci * g.D + gd) * g.H + gh) * g.W + o.w0;
+    const float* src = row_in ? xn + (ci * g.D + gd) * plane + gh * g.W : x;
     float* dst = xs + ci * g.CS + fd * g.PS + fh * kRS;
-    dst[lane] = row_in && col0 ? __ldg(xn + src + lane) : 0.f;
-    if (lane < kFW - 32) dst[32 + lane] = row_in && col1 ? __ldg(xn + src + 32 + lane) : 0.f;
+    copy_async_4(dst + lane, row_in && col0 ? src + lane : x, row_in && col0);
+    if (lane < kFW - 32) copy_async_4(dst + 32 + lane, row_in && col1 ? src + 32 + lane : x, row_in && col1);
   }
 }
 
 // ---- forward: statistics ------------------------------------------------------------------
 
-// One block per tile; partial (tiles, 2, K) f64: the tile's sums of z and z^2 per channel.
+// Persistent blocks: block b computes tiles b, b + grid, ...; partial (tiles, 2, K) f64: a
+// tile's sums of z and z^2 per channel, independent of the grid.
+//
+// Pipeline, one barrier per tile: [wait for my copies of tile t; barrier] -> the previous
+// tile's cross-warp sums (warps in order, from red[buf ^ 1]) -> cp.async of the next tile's
+// footprint into xs[buf ^ 1] (every warp has passed the barrier, so none still reads it) ->
+// the units of tile t from xs[buf] -> warp sums by shuffles into red[buf]. The weights are
+// staged once per block (in the first copy group).
 template <int C, int NT, int TERMS>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(kMaxForwardWarps * 32, 3)
 stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, const float4* __restrict__ wfrag,
                  MmaGeom g) {
   using T = Taps<C>;
+  constexpr int K = 8 * NT;
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
   extern __shared__ float4 smem_fwd[];
   float4* wf = smem_fwd;                                          // [kSteps][NT][32]
   int2* tab = reinterpret_cast<int2*>(wf + T::kSteps * NT * 32);  // [kSteps][4]
-  float* xs = reinterpret_cast<float*>(tab + T::kSteps * 4);      // x tile
-  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
-  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
+  double* red = reinterpret_cast<double*>(tab + T::kSteps * 4);   // [2][nwarps][2][K] warp sums
+  float* xs0 = reinterpret_cast<float*>(red + 2 * nwarps * 2 * K);  // [2][xs_floats] x tiles
 
-  for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) wf[i] = wfrag[i];
+  for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) copy_async_16(wf + i, wfrag + i);
   stage_tap_tables<C>(tab, nullptr, g);
-  const TileAt o = tile_at(blockIdx.x, g);
-  stage_x<C>(xs, x, o, g);
-  __syncthreads();
+  int64_t t = blockIdx.x;
+  stage_x_async<C>(xs0, x, tile_at(t, g), g);  // the grid never exceeds the tile count
+  async_commit();
 
-  // 1 where this lane's output row g (r = 0) or g + 8 (r = 1) of m16 tile h of a row exists.
-  float colmask[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) colmask[h][r] = o.w0 + 16 * h + 8 * r + gq < g.OW ? 1.f : 0.f;
-  float s1[NT][2], s2[NT][2];  // channels 8n + 2t + e
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) s1[n][e] = s2[n][e] = 0.f;
-
-  const int pairs = g.TH / 2;
-  for (int u = warp; u < g.TD * pairs; u += nwarps) {
-    const int d = u / pairs, h = 2 * (u % pairs);
-    if (o.d0 + d >= g.OD || o.h0 + h >= g.OH) continue;  // warp-uniform
-    const bool row1 = o.h0 + h + 1 < g.OH;
-    const float* base = xs + d * g.PS + h * kRS + gq;  // position (row h, column g)
-    float acc[4][NT][4];  // m16 tile m: row h + m / 2, columns 16 (m % 2) + 0..15
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[m][n][k] = 0.f;
-#pragma unroll
-    for (int s = 0; s < T::kSteps; ++s) {
-      const int2 off = tab[s * 4 + tq];
-      const float* p0 = base + off.x;  // tap 8s + t
-      const float* p1 = base + off.y;  // tap 8s + t + 4
-      uint32_t bh[NT][2], bl[NT][2];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float4 v = wf[(s * NT + n) * 32 + lane];
-        bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
-        bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
+  int buf = 0;
+  for (; t < g.tiles; t += gridDim.x, buf ^= 1) {
+    async_wait_all();
+    __syncthreads();
+    if (t != blockIdx.x)
+      for (int i = tid; i < 2 * K; i += nthreads) {
+        double sum = 0;
+        for (int w = 0; w < nwarps; ++w) sum += red[((buf ^ 1) * nwarps + w) * 2 * K + i];
+        partial[(t - gridDim.x) * 2 * K + i] = sum;
       }
+    if (t + gridDim.x < g.tiles) stage_x_async<C>(xs0 + (buf ^ 1) * g.xs_floats, x, tile_at(t + gridDim.x, g), g);
+    async_commit();
+
+    // The tile's valid output depths, rows and columns (all its own at the interior).
+    const TileAt o = tile_at(t, g);
+    const int depths = static_cast<int>(g.OD - o.d0 < g.TD ? g.OD - o.d0 : g.TD);
+    const int rows = static_cast<int>(g.OH - o.h0 < g.TH ? g.OH - o.h0 : g.TH);
+    const int cols = static_cast<int>(g.OW - o.w0 < kTW ? g.OW - o.w0 : kTW);
+    const float* xs = xs0 + buf * g.xs_floats;
+    float s1[NT][2], s2[NT][2];  // channels 8n + 2t + e
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s1[n][e] = s2[n][e] = 0.f;
+
+    const int pairs = g.TH / 2;
+    for (int u = warp; u < g.TD * pairs; u += nwarps) {
+      const int d = u / pairs, h = 2 * (u % pairs);
+      if (d >= depths || h >= rows) continue;  // warp-uniform
+      const bool row1 = h + 1 < rows;
+      const float* base = xs + d * g.PS + h * kRS + gq;  // position (row h, column g)
+      float acc[4][NT][4];  // m16 tile m: row h + m / 2, columns 16 (m % 2) + 0..15
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[m][n][k] = 0.f;
+#pragma unroll
+      for (int s = 0; s < T::kSteps; ++s) {
+        const int2 off = tab[s * 4 + tq];
+        const float* p0 = base + off.x;  // tap 8s + t
+        const float* p1 = base + off.y;  // tap 8s + t + 4
+        uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const float4 v = wf[(s * NT + n) * 32 + lane];
+          bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
+          bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int mo = (m >> 1) * kRS + (m & 1) * 16;
+          uint32_t ah[4], al[4];
+          split<TERMS>(p0[mo], ah[0], al[0]);      // (position g,     tap t)
+          split<TERMS>(p0[mo + 8], ah[1], al[1]);  // (position g + 8, tap t)
+          split<TERMS>(p1[mo], ah[2], al[2]);      // (position g,     tap t + 4)
+          split<TERMS>(p1[mo + 8], ah[3], al[3]);  // (position g + 8, tap t + 4)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+        }
+      }
+      // acc[m][n] = z at (positions g, g + 8 of m16 tile m) x (channels 8n + 2t, 8n + 2t + 1);
+      // columns past OW masked.
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        const int mo = (m >> 1) * kRS + (m & 1) * 16;
-        uint32_t ah[4], al[4];
-        split<TERMS>(p0[mo], ah[0], al[0]);      // (position g,     tap t)
-        split<TERMS>(p0[mo + 8], ah[1], al[1]);  // (position g + 8, tap t)
-        split<TERMS>(p1[mo], ah[2], al[2]);      // (position g,     tap t + 4)
-        split<TERMS>(p1[mo + 8], ah[3], al[3]);  // (position g + 8, tap t + 4)
+        if (m >= 2 && !row1) break;
+        const float mlo = 16 * (m & 1) + gq < cols ? 1.f : 0.f, mhi = 16 * (m & 1) + 8 + gq < cols ? 1.f : 0.f;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float z0 = acc[m][n][e] * mlo, z1 = acc[m][n][2 + e] * mhi;
+            s1[n][e] += z0 + z1;
+            s2[n][e] = fmaf(z0, z0, fmaf(z1, z1, s2[n][e]));
+          }
       }
     }
-    // acc[m][n] = z at (positions g, g + 8) x (channels 8n + 2t, 8n + 2t + 1).
+
+    // Channel c's sums are spread over the 8 lanes g of t = (c % 8) / 2: a fixed butterfly
+    // (every lane ends with the same bits), then lane g = 0 keeps the warp's sum.
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      if (m >= 2 && !row1) break;
-      const float mlo = colmask[m & 1][0], mhi = colmask[m & 1][1];
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int mask = 4; mask < 32; mask *= 2) {
+          s1[n][e] += shfl_xor(s1[n][e], mask);
+          s2[n][e] += shfl_xor(s2[n][e], mask);
+        }
+    if (gq == 0) {
+      double* r = red + (buf * nwarps + warp) * 2 * K;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float z0 = acc[m][n][e] * mlo, z1 = acc[m][n][2 + e] * mhi;
-          s1[n][e] += z0 + z1;
-          s2[n][e] = fmaf(z0, z0, fmaf(z1, z1, s2[n][e]));
+          r[8 * n + 2 * tq + e] = s1[n][e];
+          r[K + 8 * n + 2 * tq + e] = s2[n][e];
         }
     }
   }
-
-  // Channel c's sums are in the lanes with t = (c % 8) / 2 of every warp: add them in order.
-  __syncthreads();  // done with xs: it holds the per-lane sums now, [2][NT][2][nthreads]
-  float* red = xs;
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      red[((0 * NT + n) * 2 + e) * nthreads + tid] = s1[n][e];
-      red[((1 * NT + n) * 2 + e) * nthreads + tid] = s2[n][e];
-    }
   __syncthreads();
-  constexpr int K = 8 * NT;
   for (int i = tid; i < 2 * K; i += nthreads) {
-    const int stat = i / K, c = i % K;
-    const float* src = red + ((stat * NT + c / 8) * 2 + c % 2) * nthreads + (c % 8) / 2;
     double sum = 0;
-    for (int w = 0; w < nwarps; ++w)
-      for (int gg = 0; gg < 8; ++gg) sum += src[32 * w + 4 * gg];
-    partial[static_cast<int64_t>(blockIdx.x) * 2 * K + i] = sum;
+    for (int w = 0; w < nwarps; ++w) sum += red[((buf ^ 1) * nwarps + w) * 2 * K + i];
+    partial[(t - gridDim.x) * 2 * K + i] = sum;
   }
 }
 
@@ -381,20 +510,23 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
   float4* wf = smem_bwd;                                            // [kSteps][MC][2][32]
   int2* tab_k = reinterpret_cast<int2*>(wf + T::kSteps * MC * 64);  // [kSteps][4]
   int2* tab_m = tab_k + T::kSteps * 4;                              // [MT][8]
-  float* xs = reinterpret_cast<float*>(tab_m + MT * 8);             // x tile
-  float* slots = xs + g.xs_floats;                                  // [NSLOT][nthreads]
+  float* xs0 = reinterpret_cast<float*>(tab_m + MT * 8);            // [2][xs_floats] x tiles
+  float* slots = xs0 + 2 * g.xs_floats;                             // [NSLOT][nthreads]
   const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
   const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
 
-  for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) wf[i] = wfrag[i];
+  for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) copy_async_16(wf + i, wfrag + i);
   stage_tap_tables<C>(tab_k, tab_m, g);
   for (int i = 0; i < NSLOT; ++i) slots[i * nthreads + tid] = 0.f;
 
+  // As in the forward: the next tile's footprint is copied (cp.async) into the other buffer
+  // while this one computes; one barrier per tile.
   const int64_t t_begin = blockIdx.x * g.tiles / gridDim.x, t_end = (blockIdx.x + 1) * g.tiles / gridDim.x;
+  if (t_begin < t_end) stage_x_async<C>(xs0, x, tile_at(t_begin, g), g);
+  async_commit();
   for (int64_t t = t_begin; t < t_end; ++t) {
+    const int buf = static_cast<int>((t - t_begin) & 1);
     const TileAt o = tile_at(t, g);
-    __syncthreads();  // everyone is done with the previous tile's xs
-    stage_x<C>(xs, x, o, g);
     // dy = ca + cb z for this lane's channels 16 mc + 8 r + g.
     float ca[MC][2], cb[MC][2];
 #pragma unroll
@@ -409,7 +541,11 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
           ca[mc][r] = fmaf(bg, bias ? bias[c] : 0.f, A[o.n * g.K + c]);
         }
       }
-    __syncthreads();
+    async_wait_all();
+    __syncthreads();  // tile t's footprint is visible; every warp is done with tile t - 1's buffer
+    if (t + 1 < t_end) stage_x_async<C>(xs0 + (buf ^ 1) * g.xs_floats, x, tile_at(t + 1, g), g);
+    async_commit();
+    const float* xs = xs0 + buf * g.xs_floats;
 
     float accw[MT][NT][4];  // dW (taps 16 mt + g (+8), channels 8 nt + 2t (+1))
 #pragma unroll
@@ -539,15 +675,15 @@ unsigned item_blocks(int64_t items, int threads) {
 template <int C, int NT>
 int forward_smem_bytes(const MmaGeom& g, int threads) {
   using T = Taps<C>;
-  const int xs = std::max(g.xs_floats, 4 * NT * threads);  // the tile, later the block sums
-  return T::kSteps * NT * 32 * 16 + T::kSteps * 4 * 8 + xs * 4;
+  const int warps = threads / 32;
+  return T::kSteps * NT * 32 * 16 + T::kSteps * 4 * 8 + 2 * warps * 2 * 8 * NT * 8 + 2 * g.xs_floats * 4;
 }
 
 template <int C, int NT>
 int backward_smem_bytes(const MmaGeom& g, int threads) {
   using T = Taps<C>;
   constexpr int MC = (NT + 1) / 2;
-  return T::kSteps * MC * 64 * 16 + (T::kSteps * 4 + T::kTapTiles * 8) * 8 + g.xs_floats * 4 +
+  return T::kSteps * MC * 64 * 16 + (T::kSteps * 4 + T::kTapTiles * 8) * 8 + 2 * g.xs_floats * 4 +
          T::kTapTiles * NT * 4 * threads * 4;
 }
 
@@ -570,18 +706,31 @@ Tensor weight_fragments(const Tensor& w, int terms, cudaStream_t st) {
   return frags;
 }
 
+// Persistent grid: as many blocks as fit on the device, trimmed to the fewest that keep the
+// same number of tiles per block (same makespan, fewer weight copies).
+template <class Kernel>
+int64_t persistent_blocks(Kernel kernel, int threads, int smem, int64_t tiles, int dev) {
+  int per_sm = 0, sms = 0;
+  TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  TG_CHECK(per_sm > 0, "conv3d_gn_mean: a ", threads, "-thread block with ", smem, " bytes of shared memory does not fit");
+  const int64_t slots = std::clamp<int64_t>(int64_t{per_sm} * sms, 1, tiles);
+  return ceil_div(tiles, ceil_div(tiles, slots));
+}
+
 template <int C, int NT, int TERMS>
 void launch_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, const Tensor& w, const Tensor& b,
-                  const Conv3dGnMeanProblem& p, cudaStream_t st) {
+                  const Conv3dGnMeanProblem& p, int dev, cudaStream_t st) {
   const MmaGeom g = geom_of(p);
   TG_CHECK(g.tiles < (int64_t{1} << 31), "conv3d_gn_mean: ", g.tiles, " tiles exceed one grid");
   const int threads = 32 * forward_warps(g.TD * g.TH / 2);
   const int smem = forward_smem_bytes<C, NT>(g, threads);
-  Tensor frags = weight_fragments<C, NT>(w, TERMS, st);
-  Tensor partial = Tensor::empty({g.tiles * 2 * g.K}, {.dtype = DType::f64, .device = x.device()});
   auto kernel = stats_mma_kernel<C, NT, TERMS>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<static_cast<unsigned>(g.tiles), threads, smem, st>>>(
+  const int64_t blocks = persistent_blocks(kernel, threads, smem, g.tiles, dev);
+  Tensor frags = weight_fragments<C, NT>(w, TERMS, st);
+  Tensor partial = Tensor::empty({g.tiles * 2 * g.K}, {.dtype = DType::f64, .device = x.device()});
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, st>>>(
       partial.data<double>(), x.data<float>(), reinterpret_cast<const float4*>(frags.data<float>()), g);
   TG_LAUNCH_CHECK();
   tile_stats_reduce_kernel<<<item_blocks(g.N * g.K, 256), 256, 0, st>>>(
@@ -617,17 +766,18 @@ void launch_grad_weight(const Tensor& dw, const Tensor& x, const Tensor& w, cons
 }
 
 // Instantiated shape classes: (C_in, K / 8) in {(3, 3), (1, 3)}; conv3d_gn_mean_mma_applies
-// (conv3d_gn_mean.cu) admits exactly these.
-template <template <int, int, int> class Launch, class... Args>
+// (conv3d_gn_mean.cu) admits exactly these. TERMS: 1 in TF32 mode, else fp32_terms (2 for the
+// forward, 3 for the backward).
+template <template <int, int, int> class Launch, int kFp32Terms, class... Args>
 void dispatch_shape(const Conv3dGnMeanProblem& p, bool tf32, Args&&... args) {
   const int64_t C = p.conv.C, K = p.conv.K;
   TG_CHECK(K == 24 && (C == 3 || C == 1), "conv3d_gn_mean: no tensor-core kernel for C_in ", C, ", K ", K);
   if (C == 3) {
     if (tf32) Launch<3, 3, 1>::run(args...);
-    else Launch<3, 3, 3>::run(args...);
+    else Launch<3, 3, kFp32Terms>::run(args...);
   } else {
     if (tf32) Launch<1, 3, 1>::run(args...);
-    else Launch<1, 3, 3>::run(args...);
+    else Launch<1, 3, kFp32Terms>::run(args...);
   }
 }
 
@@ -650,7 +800,7 @@ void conv3d_gn_mean_mma_stats(const Tensor& S1, const Tensor& S2, const Tensor& 
   const int dev = x.device().index;
   set_device(dev);
   if (p.conv.N == 0) return;
-  dispatch_shape<StatsLaunch>(p, tf32, S1, S2, x, w, b, p, stream(dev));
+  dispatch_shape<StatsLaunch, 2>(p, tf32, S1, S2, x, w, b, p, dev, stream(dev));
 }
 
 void conv3d_gn_mean_mma_grad_weight(const Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -662,7 +812,7 @@ void conv3d_gn_mean_mma_grad_weight(const Tensor& dw, const Tensor& x, const Ten
     TG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), st));
     return;
   }
-  dispatch_shape<GradWeightLaunch>(p, tf32, dw, x, w, b, A, B, p, dev, st);
+  dispatch_shape<GradWeightLaunch, 3>(p, tf32, dw, x, w, b, A, B, p, dev, st);
 }
 
 }  // namespace tg::cuda

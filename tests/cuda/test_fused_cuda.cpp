@@ -2,7 +2,8 @@
 // values): each launcher called directly on NaN-poisoned outputs at odd shapes that break
 // the tiles, for every kernel family (tensor-core, FFMA fused, materialized) and both
 // precisions, the public op's forward and every gradient with and without x requiring grad,
-// determinism, and the shape classes.
+// determinism, and the shape classes; the persistent tensor-core forward at tile counts above
+// and below the resident grid.
 // gamma is random and non-uniform throughout: with uniform gamma the output does not depend
 // on the conv at all.
 #include <cmath>
@@ -218,6 +219,50 @@ const std::vector<Case> kTensorCoreCases = {
     {.N = 2, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8},
 };
 
+// The forward statistics alone against the CPU in f64, and the same bits on a second run: for
+// the persistent, prefetching tensor-core stats kernel at tile counts above and below the
+// number of resident blocks.
+void check_stats(const Case& c, Kernels kernels, double tol) {
+  SCOPED_TRACE(::testing::Message() << c << " kernels=" << name_of(kernels) << " tol=" << tol);
+  const Inputs in = make_inputs(c);
+  const Conv3dGnMeanProblem p = problem_of(in, c.groups);
+  const int64_t N = c.N, K = c.K, G = c.groups;
+  const TensorOptions d64{.dtype = f64};
+  Tensor rS1 = Tensor::empty({N, K}, d64), rS2 = Tensor::empty({N, K}, d64);
+  cpu::conv3d_gn_mean_stats(rS1, rS2, f64_of(in.x), f64_of(in.w), f64_of(in.b), p);
+  Tensor rout = Tensor::empty({N}, d64), rmean = Tensor::empty({N, G}, d64), rrstd = Tensor::empty({N, G}, d64);
+  cpu::conv3d_gn_mean_finish(rout, rmean, rrstd, rS1, rS2, f64_of(in.gamma), f64_of(in.beta), p);
+
+  const Tensor x = gpu(in.x), w = gpu(in.w), b = gpu(in.b);
+  Tensor S1 = poisoned({N, K}, f64), S2 = poisoned({N, K}, f64);
+  cuda::conv3d_gn_mean_stats(S1, S2, x, w, b, p, kernels);
+  EXPECT_LE(rel_l2(S1, rS1), tol) << "S1";
+  EXPECT_LE(rel_l2(S2, rS2), tol) << "S2";
+  Tensor out = poisoned({N}), mean = poisoned({N, G}, f64), rstd = poisoned({N, G}, f64);
+  cuda::conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gpu(in.gamma), gpu(in.beta), p);
+  EXPECT_LE(rel_l2(mean, rmean), tol) << "mean";
+  EXPECT_LE(rel_l2(rstd, rrstd), tol) << "rstd";
+  if (tol <= 1e-5) EXPECT_LE(rel_l2(out, rout), tol) << "out";
+
+  Tensor S1b = poisoned({N, K}, f64), S2b = poisoned({N, K}, f64);
+  cuda::conv3d_gn_mean_stats(S1b, S2b, x, w, b, p, kernels);
+  EXPECT_EQ(S1b.to_vector<double>(), S1.to_vector<double>()) << "S1 not deterministic";
+  EXPECT_EQ(S2b.to_vector<double>(), S2.to_vector<double>()) << "S2 not deterministic";
+}
+
+// Tile counts against the persistent grid (workload C's sample is 33 tiles of 2 x 10 x 32
+// outputs, 5 warps; three blocks per SM, so 396 resident blocks on 132 SMs): N = 13 -> 429
+// tiles, 2 per block on 215 blocks, the last block with one (the count is not a multiple of
+// the grid); N = 30 -> 990 tiles, 3 per block; N = 1 -> 33 tiles, fewer than the SMs. Then a
+// C_in 1 sample with a partial third column tile, and a single output.
+const std::vector<Case> kPersistentCases = {
+    {.N = 13, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8},
+    {.N = 30, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8},
+    {.N = 1, .C = 3, .D = 24, .H = 32, .W = 32, .K = 24, .groups = 8},
+    {.N = 1, .C = 1, .D = 9, .H = 40, .W = 75, .K = 24, .groups = 6},
+    {.N = 1, .C = 3, .D = 3, .H = 3, .W = 3, .K = 24, .groups = 2},
+};
+
 }  // namespace
 
 TEST(CudaConv3dGroupNormMean, FusedShapeClass) {
@@ -259,6 +304,13 @@ TEST(CudaConv3dGroupNormMean, TensorCoreLaunchersTf32MatchCpu) {
   PrecisionGuard tf32(Precision::TF32);  // one TF32 tensor op per product: TF32 tolerance
   for (const Case& c : {kTensorCoreCases[0], kTensorCoreCases[1], kTensorCoreCases[5], kTensorCoreCases[6]})
     check_launchers(c, Kernels::tensor_core, 1e-3);
+}
+
+TEST(CudaConv3dGroupNormMean, TensorCoreStatsOnPersistentGridMatchCpu) {
+  TG_REQUIRE_GPU();
+  for (const Case& c : kPersistentCases) check_stats(c, Kernels::tensor_core, 1e-5);
+  PrecisionGuard tf32(Precision::TF32);
+  for (const Case& c : kPersistentCases) check_stats(c, Kernels::tensor_core, 1e-3);
 }
 
 TEST(CudaConv3dGroupNormMean, AutomaticLaunchersMatchCpu) {
