@@ -1,0 +1,773 @@
+// TF32 3x3 stride-1 convolutions in NCHW on Hopper's asynchronous warpgroup MMA (wgmma, sm_90a):
+// the forward pass and the input gradient (the same kernel on flipped, transposed weights).
+// Dispatched from ops/cuda/conv3x3.cu in Precision::TF32 on compute capability 9.0 devices when
+// this build carries the sm_90a code (conv3x3_wgmma_applies); everything else (FP32 mode, other
+// GPUs, grad-weight) stays on the mma.sync kernels of conv3x3.cu.
+//
+// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0), per pass:
+//   2 * 4.17M pixels * 128 * 576 = 615 GFLOP; x 1.07 GB + y 2.13 GB = 0.75 ms at 4.3 TB/s (H200).
+//   TF32 dense wgmma peak ~495 TFLOP/s (1024 FMA/clk/SM): 1.24 ms; cuBLAS TF32 GEMM reaches 444
+//   (1.39 ms). Target (issue 5): forward <= 2.06 ms (298 TFLOP/s), i.e. ~60% of the peak.
+//   The mma.sync kernel (conv3x3.cu) tops out at ~320 TFLOP/s on an H200 and ran 137.
+//
+// GEMM view (as conv3x3.cu): M = output pixels, N = output channels, reduction = input
+// channels x 9 taps; one k8 step = one tap x 8 input channels.
+//
+// Block tile (256 threads = 2 warpgroups, one block per SM, persistent over tiles):
+//   wide   (more than 64 output channels): 2 output rows x 128 columns x 128 channels; warpgroup
+//          w owns row w: 2 m64 tiles (64 columns each) x n128 -> 2 x 64 accumulators per thread.
+//   narrow (at most 64, e.g. workload A's grad-input): 4 rows x 128 columns x 64 channels;
+//          warpgroup w owns rows 2w, 2w+1: 4 m64 tiles x n64 -> 4 x 32 accumulators.
+//   Per pipeline stage: the input halo of 8 channels ((rows + 2) x 136 floats per channel,
+//   NCHW rows straight from global memory with cp.async, zero-filled at the borders, as in
+//   conv3x3.cu) and the 8 x 9 x N weight slice of those channels. 4 stages, loads 2 ahead.
+//
+// Operands of one wgmma.mma_async.m64nNk8.f32.tf32.tf32 (tap (r, s), m64 tile = 64 consecutive
+// output pixels of one row):
+//   A (64 pixels x 8 channels) from REGISTERS. PTX ISA "Register fragments", .m64nNk8 (figure
+//     "WGMMA .m64nNk8 register fragment layout for matrix A"; the same as CUTLASS's
+//     ALayout_64x8): warp i of the warpgroup holds rows 16i..16i+15 in the mma.sync m16n8k8 A
+//     layout, g = lane / 4, t = lane % 4: a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4),
+//     a3 (g + 8, t + 4). Row = pixel, k = channel: scalar LDS from the halo at the tap shift
+//     (halo channel stride = 8 or 24 mod 32 words: the 32 lanes hit 32 banks), rounded to TF32.
+//   B (8 channels x N output channels) from SHARED MEMORY through a matrix descriptor. .tf32
+//     operands must be K-major: the 8 k values of output channel n lie together. No swizzle
+//     ("interleave") canonical layout, in 16-byte units ((8, N/8), (1, 2)) : ((1, SBO), (-, LBO)):
+//     a core matrix is 8 rows (n) x 16 bytes (4 k) = 128 contiguous bytes; SBO = byte distance
+//     between core matrices adjacent in N (the next 8 output channels) = 128; LBO = byte
+//     distance between core matrices adjacent in K (k 4..7 after k 0..3) = N * 16. So a tap's
+//     B is [k half (2)][n (N)][4 floats], N * 32 bytes, and a stage's weights are
+//     [tap (9)][k half][n][4]: the pre-pass writes exactly this image per (chunk, channel tile),
+//     so a stage is one contiguous copy. Descriptor (64 bits): start address >> 4 in bits 0-13,
+//     LBO >> 4 in 16-29, SBO >> 4 in 32-45, base offset 0 (bits 49-51, swizzle modes only),
+//     layout type 0 = no swizzle (bits 62-63). The tensor core reads whole 128-byte core
+//     matrices (all 32 banks once each): no bank conflicts without a swizzle.
+//   D (64 x N, f32): warp i rows 16i + g and 16i + g + 8; for each n8 chunk j the registers
+//     4j..4j+3 hold (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1)
+//     (CUTLASS CLayout_64xN).
+//
+// Ordering (PTX ISA, wgmma and the async proxy):
+//   - cp.async writes the stage (generic proxy); wgmma reads B through the async proxy: each
+//     thread executes fence.proxy.async.shared::cta after its cp.async.wait_group and before the
+//     __syncthreads that publishes the stage.
+//   - wgmma.fence before each tap's wgmma (its A registers were just written), commit_group per
+//     tap, wait_group 2 after it: the A registers of tap - 2 are free again. A lives in 3
+//     register sets (tap % 3; 9 taps per stage keeps the parity across stages).
+//   - A stage is refilled 2 steps after it was computed: every warpgroup's wait_group after its
+//     first taps of step s - 1 has retired all wgmma of step s - 2, and the __syncthreads of
+//     step s separates that from the refill.
+//   - Before a tile's epilogue, wait_group 0, then the accumulators are re-bound
+//     (fence_operand) so no read of them can be scheduled above the wait. The first wgmma of the
+//     next tile does not accumulate (scale-d = 0): no zeroing.
+//
+// Expected rate (see bench/notes_conv3x3.md, Round 3): per m64nNk8 a thread issues 4 LDS + 8
+// rounding ops + ~2 address ops; a warpgroup's wgmma m64n128k8 keeps the tensor cores of an SM
+// busy 64 clocks, so with 2 warpgroups the schedulers are ~15% busy (the mma.sync kernel needed
+// 3.4 instructions per m16n8k8 = 41%). Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64
+// wavefront-clocks at peak, plus the stage fills (~18%): ~93% of the smem port at the tensor
+// peak, i.e. smem caps the kernel near ~85-95% of the wgmma peak; the tile epilogue (both
+// warpgroups drain together) costs ~5%. Expected 300-380 TFLOP/s (1.6-2.05 ms per pass on A).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_context.h"
+#include "core/precision.h"
+#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_wgmma.h"
+
+namespace tg::cuda {
+namespace {
+
+// ---- PTX primitives: the only target-specific code in this file --------------------------------
+// The sm_90a-only instructions are compiled only where the architecture has them
+// (__CUDA_ARCH_FEAT_SM90_ALL: -arch sm_90a); elsewhere the kernel is a trap and
+// conv3x3_wgmma_applies says false.
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies kBytes (4, 8 or 16) from global to shared memory asynchronously; when !valid the
+// destination is zero-filled instead (src-size 0: nothing is read from src).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// Makes this thread's completed generic-proxy writes to shared memory (cp.async) visible to
+// the async proxy (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Orders this warpgroup's register writes (A fragments, accumulators) before the wgmma that follow.
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Re-binds v after a wgmma_wait: the compiler cannot move reads of v above this point (it does
+// not know that the wgmma asm writes its outputs asynchronously).
+__device__ __forceinline__ void fence_operand(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// d (64 x 128) += a (64 x 8, registers) * b (8 x 128, shared memory via desc); d = a * b when !accumulate.
+__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)));
+#endif
+}
+
+// d (64 x 64) += a (64 x 8, registers) * b (8 x 64, shared memory via desc); d = a * b when !accumulate.
+__device__ __forceinline__ void wgmma_m64n64k8(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)));
+#endif
+}
+
+// *ptr = v if pred, as one predicated store (no branch for address arithmetic to sink into).
+__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+
+__device__ __forceinline__ float* dynamic_smem() {
+  extern __shared__ __align__(128) float smem_buffer[];
+  return smem_buffer;
+}
+
+// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+
+constexpr int kStages = 4;  // smem pipeline depth; a stage is refilled 2 steps after its use (see the header)
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+__host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
+
+// Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
+// of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
+constexpr int stride_for_rows_of_4(int n) {
+  while (n % 4 != 0 || (n % 32 != 8 && n % 32 != 24)) ++n;
+  return n;
+}
+
+
+// The row loader of conv3x3.cu (same code: kept identical so both kernels stage halos alike).
+// Copies a grid of rows, row (outer, inner) for outer < kOuter, inner < kInner, each kPerRow
+// vectors of kVec floats, from global memory (row start: src_base + outer * src_outer +
+// inner * src_inner elements) to shared memory (dst + outer * dst_outer + inner * dst_inner
+// floats). Rows with outer >= outer_end or inner outside [inner_begin, inner_end), and vectors
+// outside [j_begin, j_end), are zero-filled. Consecutive lanes take consecutive vectors of a
+// row (coalesced); kLanes lanes (a power of two covering kPerRow, at most 32) share a row and
+// each pass moves every thread to a row a fixed distance away, so all trip counts are
+// compile-time constants and a copy costs a few integer adds.
+constexpr int lanes_for(int per_row) {
+  int lanes = 1;
+  while (lanes < per_row && lanes < 32) lanes *= 2;
+  return lanes;
+}
+struct RowGrid {
+  const float* src;
+  int64_t src_base, src_outer, src_inner;  // elements
+  int dst_outer, dst_inner;                // floats
+  int outer_end, inner_begin, inner_end, j_begin, j_end;
+};
+template <int kThreads, int kOuter, int kInner, int kPerRow, int kVec>
+__device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
+  constexpr int kLanes = lanes_for(kPerRow), kSlots = kThreads / kLanes;  // rows per pass
+  static_assert(kThreads % kLanes == 0, "rows must not straddle threads");
+  // Either each slot keeps its inner row and steps over outer rows, or (when the slots do not
+  // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones
+  // (all of them, or with more slots than outer rows every (kSlots / kOuter)-th one).
+  constexpr bool kInnerFixed = kSlots % kInner == 0;
+  if constexpr (!kInnerFixed && kOuter % kSlots != 0 && kSlots % kOuter == 0 &&
+                kInner % (kSlots / kOuter) == 0) {
+    // More slots than outer rows (512 threads over 8 channels of a 6-row halo): each slot keeps
+    // an outer row and steps through every (kSlots / kOuter)-th inner row.
+    constexpr int kStep = kSlots / kOuter, kPassesAll = kInner / kStep;
+    constexpr int kColPassesAll = (kPerRow + kLanes - 1) / kLanes;
+    const int lane_j_all = threadIdx.x % kLanes, slot_all = threadIdx.x / kLanes;
+    const int outer = slot_all % kOuter, inner0 = slot_all / kOuter;
+    int64_t row_src = g.src_base + outer * g.src_outer + inner0 * g.src_inner + lane_j_all * kVec;
+    float* row_dst = dst + outer * g.dst_outer + inner0 * g.dst_inner + lane_j_all * kVec;
+#pragma unroll
+    for (int i = 0; i < kPassesAll; ++i) {
+      const int inner = inner0 + i * kStep;
+      const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+#pragma unroll
+      for (int jj = 0; jj < kColPassesAll; ++jj) {
+        const int j = lane_j_all + jj * kLanes;
+        if (kPerRow % kLanes != 0 && j >= kPerRow) break;
+        const bool ok = row_ok && j >= g.j_begin && j < g.j_end;
+        cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+      }
+      row_src += kStep * g.src_inner;
+      row_dst += kStep * g.dst_inner;
+    }
+  } else {  // fixed inner row per slot, or fixed outer row per slot
+  static_assert(kInnerFixed || kOuter % kSlots == 0, "no fixed-stride row schedule");
+  constexpr int kPasses = kInnerFixed ? (kOuter * kInner + kSlots - 1) / kSlots : kInner * (kOuter / kSlots);
+  constexpr int kColPasses = (kPerRow + kLanes - 1) / kLanes;
+  const int lane_j = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int outer0 = kInnerFixed ? slot / kInner : slot, inner0 = kInnerFixed ? slot % kInner : 0;
+  bool col_ok[kColPasses];
+#pragma unroll
+  for (int jj = 0; jj < kColPasses; ++jj) {
+    const int j = lane_j + jj * kLanes;
+    col_ok[jj] = j >= g.j_begin && j < g.j_end;
+  }
+  // Row starts advance by a fixed step per pass (or, with fixed outer rows, by one inner row and
+  // a jump after each kInner passes): incremental, so nothing per pass is kept in registers.
+  int64_t row_src = g.src_base + outer0 * g.src_outer + inner0 * g.src_inner + lane_j * kVec;
+  float* row_dst = dst + outer0 * g.dst_outer + inner0 * g.dst_inner + lane_j * kVec;
+  const int64_t src_step = kInnerFixed ? (kSlots / kInner) * g.src_outer : g.src_inner;
+  const int dst_step = kInnerFixed ? (kSlots / kInner) * g.dst_outer : g.dst_inner;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int outer = outer0 + (kInnerFixed ? i * (kSlots / kInner) : (i / kInner) * kSlots);
+    const int inner = inner0 + (kInnerFixed ? 0 : i % kInner);
+    if (kInnerFixed && (kOuter * kInner) % kSlots != 0 && outer >= kOuter) break;
+    const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+#pragma unroll
+    for (int jj = 0; jj < kColPasses; ++jj) {
+      if (kPerRow % kLanes != 0 && lane_j + jj * kLanes >= kPerRow) break;  // the next row's space
+      const bool ok = row_ok && col_ok[jj];
+      // row_src lies past the tensor's edges when !row_ok: it is not read then.
+      cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+    }
+    if (kInnerFixed || i % kInner != kInner - 1) {
+      row_src += src_step;
+      row_dst += dst_step;
+    } else {  // next outer block of kSlots rows, back to inner row 0
+      row_src += kSlots * g.src_outer - (kInner - 1) * g.src_inner;
+      row_dst += kSlots * g.dst_outer - (kInner - 1) * g.dst_inner;
+    }
+  }
+  }
+}
+
+// Block tile: kRows x kCols output pixels of one image times kN output channels, 2 warpgroups;
+// warpgroup w owns output rows [w kWgRows, (w + 1) kWgRows): kMT m64 tiles of 64 consecutive
+// columns (m64 tile mt: row mt / 2, columns 64 (mt % 2) .. + 63 of the warpgroup's rows).
+template <int kRows_, int kN_>
+struct WgTile {
+  static constexpr int kRows = kRows_, kCols = 128, kN = kN_;
+  static constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
+  static constexpr int kWgRows = kRows / kWarpgroups;
+  static constexpr int kMT = kWgRows * (kCols / 64);  // m64 tiles per warpgroup
+  static constexpr int kAcc = kN / 2;                 // f32 accumulators per thread per m64 tile
+  static_assert(kMT * kAcc == 128, "128 accumulators per thread");
+  static constexpr int kChunk = 8;  // input channels per stage: one k8 step per tap
+  static constexpr int kHaloRows = kRows + 2;
+  static constexpr int kRowLen = kCols + 8;  // kCols + 2 halo columns + <= 3 alignment shift, whole vectors
+  static constexpr int kXChan = stride_for_rows_of_4(kHaloRows * kRowLen);  // A: lanes t -> channels
+  static constexpr int kXStage = kChunk * kXChan;
+  // B image of one tap: [k half (2)][n (kN)][4 floats]; of one stage: 9 taps.
+  static constexpr int kTapFloats = kChunk * kN;
+  static constexpr int kWStage = 9 * kTapFloats;
+  static constexpr int kStageFloats = kXStage + kWStage;
+  static_assert(kXStage % 4 == 0 && kStageFloats % 4 == 0, "B images must start on 16-byte boundaries");
+  static constexpr uint32_t kLboBytes = kN * 16;  // k 4..7 of a row after k 0..3 (core matrices along K)
+  static constexpr uint32_t kSboBytes = 8 * 16;   // the next 8 output channels (core matrices along N)
+  static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+};
+// More than 64 output channels: 2 x 128 pixels x 128 channels (218 KB of shared memory).
+// At most 64: 4 x 128 pixels x 64 channels (179 KB).
+using WideWg = WgTile<2, 128>;
+using NarrowWg = WgTile<4, 64>;
+
+// One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
+// with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
+struct WgParams {
+  int64_t N, Cin, Hin, Win;
+  int64_t Kout, Hout, Wout;
+  int64_t pad_h, pad_w;
+  int64_t chunks;  // ceil(Cin / 8)
+  int64_t row_tiles, col_tiles, k_tiles, tiles;
+  int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
+};
+
+// Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
+// running together share their input halo rows in L2.
+struct TileCoord {
+  int64_t n, oh0, ow0, k0;
+};
+template <class T>
+__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const WgParams& p) {
+  TileCoord c;
+  c.k0 = (tile % p.k_tiles) * T::kN;
+  tile /= p.k_tiles;
+  c.ow0 = (tile % p.col_tiles) * T::kCols;
+  tile /= p.col_tiles;
+  c.oh0 = (tile % p.row_tiles) * T::kRows;
+  c.n = tile / p.row_tiles;
+  return c;
+}
+
+// Stages input channels [c0, c0 + 8) of the halo rows; out-of-range elements become 0.
+// The row window starts at column iw0, a multiple of kVec (as Win is).
+template <class T, int kVec>
+__device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const WgParams& p, int64_t n,
+                                          int64_t c0, int64_t ih0, int64_t iw0) {
+  constexpr int kPerRow = T::kRowLen / kVec;
+  const int64_t plane = p.Hin * p.Win;
+  const RowGrid g{in,
+                  (n * p.Cin + c0) * plane + ih0 * p.Win + iw0,  // element (c0, ih0, iw0), maybe outside
+                  plane,
+                  p.Win,
+                  T::kXChan,
+                  T::kRowLen,
+                  static_cast<int>(min_i64(T::kChunk, p.Cin - c0)),
+                  static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
+                  static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
+  copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
+}
+
+// The block's next (tile, channel chunk) to load; tile coordinates are recomputed (64-bit
+// divisions) only when the tile changes.
+struct LoadCursor {
+  int64_t tile, chunk;
+  TileCoord tc;
+};
+template <class T>
+__device__ __forceinline__ void advance(LoadCursor& c, const WgParams& p) {
+  if (++c.chunk < p.chunks) return;
+  c.chunk = 0;
+  c.tile += gridDim.x;
+  if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
+}
+
+// Issues the copies of the cursor's (tile, chunk) into `stage`: the halo, then the chunk's
+// B images (one contiguous block of the prepared weights, laid out as in shared memory).
+template <class T>
+__device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
+                                          const WgParams& p, const LoadCursor& cur, int xoff) {
+  const int64_t c0 = cur.chunk * T::kChunk;
+  const int64_t ih0 = cur.tc.oh0 - p.pad_h;
+  const int64_t iw0 = cur.tc.ow0 - p.pad_w - xoff;  // aligned to the copy width
+  if (p.vec == 4) load_halo<T, 4>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else load_halo<T, 1>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+
+  const float* src = wp + (cur.chunk * p.k_tiles + cur.tc.k0 / T::kN) * T::kWStage;
+  float* dst = stage + T::kXStage;
+  constexpr int kVectors = T::kWStage / 4;
+#pragma unroll
+  for (int i = 0; i < (kVectors + T::kThreads - 1) / T::kThreads; ++i) {
+    const int v = threadIdx.x + i * T::kThreads;
+    if (kVectors % T::kThreads != 0 && v >= kVectors) break;
+    cp_async<16>(dst + 4 * v, src + 4 * v, true);
+  }
+}
+
+// x as a TF32 operand: rounded to nearest (ties away from zero), low 13 bits cleared.
+__device__ __forceinline__ uint32_t tf32_operand(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+// The A fragments of one tap for this thread's kMT m64 tiles. xa: the thread's base in the
+// stage (channel t, first halo row of its warpgroup, column 16 * warp + g, plus the shift).
+template <class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], const float* xa, int tap) {
+  const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt) {
+    const float* q = xt + (mt / 2) * T::kRowLen + 64 * (mt % 2);
+    a[mt][0] = tf32_operand(q[0]);                  // (pixel g,     channel t)
+    a[mt][1] = tf32_operand(q[8]);                  // (pixel g + 8, channel t)
+    a[mt][2] = tf32_operand(q[4 * T::kXChan]);      // (pixel g,     channel t + 4)
+    a[mt][3] = tf32_operand(q[4 * T::kXChan + 8]);  // (pixel g + 8, channel t + 4)
+  }
+}
+
+// Matrix descriptor of the B image at shared address `addr` (no swizzle, K-major; the header
+// explains LBO and SBO).
+template <class T>
+__device__ __forceinline__ uint64_t b_descriptor(uint32_t addr) {
+  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(T::kLboBytes >> 4) << 16) |
+         (uint64_t(T::kSboBytes >> 4) << 32);
+}
+
+template <class T>
+__device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], const uint32_t (&a)[4], uint64_t desc,
+                                           bool accumulate) {
+  if constexpr (T::kN == 128) wgmma_m64n128k8(d, a, desc, accumulate);
+  else wgmma_m64n64k8(d, a, desc, accumulate);
+}
+
+// The 9 k8 steps (taps) of one stage for this warpgroup. a: 3 register sets of A fragments,
+// tap uses a[tap % 3]; on entry no running wgmma reads a[0] (the previous stage's tap 8 wait
+// retired its tap 6). w_addr: shared address of the stage's B images. accumulate: false for
+// the first stage of a tile (the wgmma overwrite the accumulators).
+template <class T>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], uint32_t (&a)[3][T::kMT][4],
+                                            const float* xa, uint32_t w_addr, bool accumulate) {
+  load_a<T>(a[0], xa, 0);
+#pragma unroll
+  for (int tap = 0; tap < 9; ++tap) {
+    const uint64_t desc = b_descriptor<T>(w_addr + tap * T::kTapFloats * 4);
+    wgmma_fence();  // a[tap % 3] (and, after an epilogue, the accumulators) were written by this thread
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt) wgmma_tile<T>(acc[mt], a[tap % 3][mt], desc, accumulate || tap > 0);
+    wgmma_commit();
+    wgmma_wait<2>();  // tap - 2 retired: a[(tap + 1) % 3] is free
+    if (tap < 8) load_a<T>(a[(tap + 1) % 3], xa, tap + 1);
+  }
+}
+
+// Writes a finished tile (+ bias). This thread holds, for m64 tile mt, pixels (row wg kWgRows
+// + mt / 2, column 64 (mt % 2) + 16 wi + g + 8 half) and channels k0 + 8 j + 2 t + e:
+// acc[mt][4 j + 2 half + e]. Pixel offsets inside the tile are 32-bit and computed once; the
+// channel pointer steps by whole planes (addresses past the tensor are formed for channels
+// >= Kout or pixels outside the output, and never stored to).
+template <class T>
+__device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
+                                           const WgParams& p, const TileCoord& tc,
+                                           const float (&acc)[T::kMT][T::kAcc], int wg, int wi, int g, int t) {
+  const int64_t plane = p.Hout * p.Wout;
+  int pix[T::kMT][2];
+  unsigned pix_ok = 0;  // bit 2 * mt + half
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt) {
+    const int row = wg * T::kWgRows + mt / 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = 64 * (mt % 2) + 16 * wi + g + 8 * half;
+      pix[mt][half] = row * static_cast<int>(p.Wout) + col;  // < kRows * Wout: fits
+      if (tc.oh0 + row < p.Hout && tc.ow0 + col < p.Wout) pix_ok |= 1u << (2 * mt + half);
+    }
+  }
+  const int64_t k_first = tc.k0 + 2 * t;
+  float* channel = out + ((tc.n * p.Kout + k_first) * p.Hout + tc.oh0) * p.Wout + tc.ow0;
+#pragma unroll
+  for (int j = 0; j < T::kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t k = k_first + 8 * j + e;
+      const bool k_ok = k < p.Kout;
+      const float b = bias && k_ok ? bias[k] : 0.f;
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          store_if(channel + pix[mt][half], acc[mt][4 * j + 2 * half + e] + b,
+                   k_ok && (pix_ok >> (2 * mt + half) & 1u));
+      }
+      channel += e == 0 ? plane : 7 * plane;  // channels 8 j + e: +1, then +7
+    }
+  }
+}
+
+// out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
+// over the block's (tile, chunk) steps without a break.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    conv3x3_wgmma_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
+                         const float* __restrict__ in,    // (N, Cin, Hin, Win)
+                         const float* __restrict__ wp,    // (chunks, k_tiles, 9, 2, kN, 4)
+                         const float* __restrict__ bias,  // (Kout) or null
+                         WgParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float* smem = dynamic_smem();
+  const uint32_t smem_addr = shared_address(smem);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wg = warp / 4, wi = warp % 4;  // warpgroup, warp within it
+  // Every tile has the same alignment shift: ow0 is a multiple of kCols, hence of vec.
+  const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec));
+  const int a_base = t * T::kXChan + wg * T::kWgRows * T::kRowLen + 16 * wi + g + xoff;
+
+  const int64_t my_tiles = blockIdx.x < p.tiles ? ceil_div(p.tiles - blockIdx.x, gridDim.x) : 0;
+  const int64_t steps = my_tiles * p.chunks;
+
+  float acc[T::kMT][T::kAcc];
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+    for (int i = 0; i < T::kAcc; ++i) acc[mt][i] = 0.f;
+  uint32_t a[3][T::kMT][4];
+
+  LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
+#pragma unroll 1
+  for (int s = 0; s < 2; ++s) {
+    if (s < steps) {
+      load_step<T>(smem + s * T::kStageFloats, in, wp, p, cur, xoff);
+      advance<T>(cur, p);
+    }
+    cp_async_commit();
+  }
+  int load_stage = 2, compute_stage = 0;
+  int64_t step = 0;
+  // One (tile, chunk) step: publish its stage, refill the one used 2 steps ago, run its 9 taps.
+  const auto run_step = [&](bool accumulate) {
+    cp_async_wait<1>();   // this thread's copies of this step have landed (one newer group may be open)
+    fence_proxy_async();  // ... and are visible to the wgmma's operand reads
+    __syncthreads();      // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
+    if (step + 2 < steps) {
+      load_step<T>(smem + load_stage * T::kStageFloats, in, wp, p, cur, xoff);
+      advance<T>(cur, p);
+    }
+    cp_async_commit();
+    load_stage = load_stage == kStages - 1 ? 0 : load_stage + 1;
+    const int stage_off = compute_stage * T::kStageFloats;
+    compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
+    wgmma_stage<T>(acc, a, smem + stage_off + a_base, smem_addr + 4u * (stage_off + T::kXStage), accumulate);
+    ++step;
+  };
+  // The first chunk of a tile is peeled off the chunk loop so that wgmma are in flight on both
+  // paths into the loop head (else ptxas drains the warpgroup on the back edge, C7517).
+#pragma unroll 1
+  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    run_step(/*accumulate=*/false);  // scale-d = 0: the tile's accumulators start over
+#pragma unroll 1
+    for (int64_t chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) fence_operand(acc[mt][i]);
+    store_tile<T>(out, bias, p, tile_coord<T>(tile, p), acc, wg, wi, g, t);
+  }
+  cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
+#else
+  __trap();  // conv3x3_wgmma_applies is false for builds without sm_90a code
+#endif
+}
+
+// wp (chunks, k_tiles, 9 taps, 2 k halves, kN, 4) from w (K, C, 3, 3): element (chunk, kt, tap,
+// h, n, q) is the weight of input channel ci = 8 chunk + 4 h + q and output channel o = kt kN + n,
+// zero outside. Forward: w[o][ci][tap]. Grad-input (the convolution of dy with the flipped
+// kernel, channels swapped: Cin = K, Kout = C): w[ci][o][8 - tap]. Rounded to TF32 once here.
+__global__ void prepare_wgmma_weights_kernel(float* __restrict__ wp, const float* __restrict__ w, int64_t K,
+                                             int64_t C, int64_t chunks, int64_t k_tiles, int kN,
+                                             bool for_grad_input) {
+  const int64_t total = chunks * k_tiles * 9 * 8 * kN;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t q = i % 4, n = i / 4 % kN, h = i / (4 * kN) % 2, tap = i / (8 * kN) % 9;
+    const int64_t kt = i / (72 * kN) % k_tiles, chunk = i / (72 * kN * k_tiles);
+    const int64_t ci = 8 * chunk + 4 * h + q, o = kt * kN + n;
+    float v = 0.f;
+    if (!for_grad_input) {
+      if (ci < C && o < K) v = w[(o * C + ci) * 9 + tap];
+    } else {
+      if (ci < K && o < C) v = w[(ci * C + o) * 9 + (8 - tap)];
+    }
+    wp[i] = __uint_as_float(tf32_round(v));
+  }
+}
+
+// ---- planning (host) ----
+
+inline WgParams forward_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                               int64_t pad_h, int64_t pad_w) {
+  WgParams p{};
+  p.N = N, p.Cin = C, p.Hin = H, p.Win = W;
+  p.Kout = K, p.Hout = Ho, p.Wout = Wo;
+  p.pad_h = pad_h, p.pad_w = pad_w;
+  return p;
+}
+// Grad-input: out = dx (N, C, H, W) from in = dy (N, K, Ho, Wo), padding 2 - pad.
+inline WgParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                                  int64_t pad_h, int64_t pad_w) {
+  WgParams p{};
+  p.N = N, p.Cin = K, p.Hin = Ho, p.Win = Wo;
+  p.Kout = C, p.Hout = H, p.Wout = W;
+  p.pad_h = 2 - pad_h, p.pad_w = 2 - pad_w;
+  return p;
+}
+inline bool use_narrow_tile(const WgParams& p) { return p.Kout <= NarrowWg::kN; }
+
+template <class T>
+WgParams plan(WgParams p, int vec) {
+  p.k_tiles = ceil_div(p.Kout, T::kN);
+  p.chunks = ceil_div(p.Cin, T::kChunk);
+  p.row_tiles = ceil_div(p.Hout, T::kRows);
+  p.col_tiles = ceil_div(p.Wout, T::kCols);
+  p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
+  p.vec = vec;
+  return p;
+}
+
+// ---- END KERNELS ----
+
+constexpr int kPrepThreads = 256;
+
+// 1 in the device image when it was compiled with the sm_90a instructions, 0 otherwise (e.g. a
+// build for sm_90 or older GPUs that the driver runs or JIT-compiles on an H100/H200).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ int wgmma_code_present = 1;
+#else
+__device__ int wgmma_code_present = 0;
+#endif
+
+// Compute capability 9.0 and a device image with the sm_90a code; asked once per device.
+bool device_runs_wgmma(int dev) {
+  static std::atomic<int> known[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (dev < 0 || dev >= 64) return false;
+  int state = known[dev].load(std::memory_order_acquire);
+  if (state == 0) {
+    int major = 0, minor = 0, present = 0;
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major == 9 && minor == 0) {
+      set_device(dev);
+      // No image for this device at all is an error here, not a reason to stop: answer "no".
+      if (cudaMemcpyFromSymbol(&present, wgmma_code_present, sizeof(int)) != cudaSuccess) {
+        present = 0;
+        (void)cudaGetLastError();
+      }
+    }
+    state = present == 1 ? 1 : 2;
+    known[dev].store(state, std::memory_order_release);
+  }
+  return state == 1;
+}
+
+int sm_count(int dev) {
+  static std::atomic<int> cached[64] = {};
+  if (dev < 0 || dev >= 64) dev = 0;
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Widest copy (floats) that rows of length row_len starting at base allow.
+int vector_width(const float* base, int64_t row_len) {
+  const auto a = reinterpret_cast<uintptr_t>(base);
+  if (row_len % 4 == 0 && a % 16 == 0) return 4;
+  if (row_len % 2 == 0 && a % 8 == 0) return 2;
+  return 1;
+}
+
+void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
+  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
+  const Device d = ts.begin()->first->device();
+  TG_CHECK(conv3x3_wgmma_applies(s, d), op,
+           ": needs a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a "
+           "code; got x ",
+           s.x_shape(), ", w ", s.w_shape(), " on ", d);
+  for (const auto& [t, shape] : ts) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device() == d, op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
+             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
+  }
+}
+
+// out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
+template <class T>
+void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, WgParams p, bool for_grad_input) {
+  const int dev = out.device().index;
+  set_device(dev);
+  p = plan<T>(p, vector_width(in.data<float>(), p.Win));
+
+  Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
+  prepare_wgmma_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
+      wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, T::kN, for_grad_input);
+  TG_LAUNCH_CHECK();
+
+  const auto kernel = conv3x3_wgmma_kernel<T>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  // One block per SM (the accumulators take half the registers, the stages most of the smem).
+  const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
+  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
+  TG_LAUNCH_CHECK();
+  // wp is freed stream-ordered, after the kernel that reads it.
+}
+
+void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const WgParams& p,
+         bool for_grad_input) {
+  if (use_narrow_tile(p)) run<NarrowWg>(out, in, w, bias, p, for_grad_input);
+  else run<WideWg>(out, in, w, bias, p, for_grad_input);
+}
+
+}  // namespace
+
+bool conv3x3_wgmma_applies(const ConvShape& s, Device d) {
+  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
+}
+
+void conv3x3_wgmma_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+  check_tensors("conv3x3_wgmma_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_wgmma_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+  run(y, x, w, b.defined() ? b.data<float>() : nullptr,
+      forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+      /*for_grad_input=*/false);
+}
+
+void conv3x3_wgmma_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+  check_tensors("conv3x3_wgmma_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+  run(dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+      /*for_grad_input=*/true);
+}
+
+}  // namespace tg::cuda
