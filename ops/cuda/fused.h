@@ -17,7 +17,8 @@ bool conv3d_gn_mean_applies(const Conv3dGnMeanProblem& p, DType dtype);
 
 // The tensor-core kernels' shape class: f32, the same geometry, C_in 1 or 3 and K = 24 (the
 // instantiated tiles), any N, D, H, W. tg::precision() TF32 -> one TF32 tensor op per product;
-// FP32 -> split-TF32 (three), FP32-accurate.
+// FP32 -> FP32-accurate split products: the forward statistics use two tensor ops per product
+// (TF32 hi*hi' + one bf16 op for both cross terms), the backward three (split-TF32).
 bool conv3d_gn_mean_mma_applies(const Conv3dGnMeanProblem& p, DType dtype);
 
 // Kernel family of conv3d_gn_mean_stats and conv3d_gn_mean_grad_conv. automatic: tensor cores
