@@ -66,7 +66,9 @@
 // 3.4 instructions per m16n8k8 = 41%). Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64
 // wavefront-clocks at peak, plus the stage fills (~18%): ~93% of the smem port at the tensor
 // peak, i.e. smem caps the kernel near ~85-95% of the wgmma peak; the tile epilogue (both
-// warpgroups drain together) costs ~5%. Expected 300-380 TFLOP/s (1.6-2.05 ms per pass on A).
+// warpgroups drain together) costs ~5%. Expected forward 320-400 TFLOP/s (1.55-1.9 ms on A);
+// grad-input (narrow: A and B traffic per FMA are equal, the smem port caps it near 87% of
+// peak) 280-360 TFLOP/s.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
