@@ -13,11 +13,13 @@
 // GEMM view (as conv3x3.cu): M = output pixels, N = output channels, reduction = input
 // channels x 9 taps; one k8 step = one tap x 8 input channels.
 //
-// Block tile (256 threads = 2 warpgroups, one block per SM, persistent over tiles):
+// Block tile (512 threads = 4 warpgroups of <= 128 registers, one block per SM, persistent over
+// tiles; 4 warps per scheduler hide the A-fragment LDS + rounding latency that left the 2-warpgroup
+// version's tensor pipe idle half the time):
 //   wide   (more than 64 output channels): 2 output rows x 128 columns x 128 channels; warpgroup
-//          w owns row w: 2 m64 tiles (64 columns each) x n128 -> 2 x 64 accumulators per thread.
+//          w owns one m64 tile (row w / 2, columns 64 (w % 2) ..) x n128 -> 64 accumulators.
 //   narrow (at most 64, e.g. workload A's grad-input): 4 rows x 128 columns x 64 channels;
-//          warpgroup w owns rows 2w, 2w+1: 4 m64 tiles x n64 -> 4 x 32 accumulators.
+//          warpgroup w owns row w: 2 m64 tiles x n64 -> 2 x 32 accumulators.
 //   Per pipeline stage: the input halo of 8 channels ((rows + 2) x 136 floats per channel,
 //   NCHW rows straight from global memory with cp.async, zero-filled at the borders, as in
 //   conv3x3.cu) and the 8 x 9 x N weight slice of those channels. 4 stages, loads 2 ahead.
@@ -60,15 +62,14 @@
 //     (fence_operand) so no read of them can be scheduled above the wait. The first wgmma of the
 //     next tile does not accumulate (scale-d = 0): no zeroing.
 //
-// Expected rate (see bench/notes_conv3x3.md, Round 3): per m64nNk8 a thread issues 4 LDS + 8
-// rounding ops + ~2 address ops; a warpgroup's wgmma m64n128k8 keeps the tensor cores of an SM
-// busy 64 clocks, so with 2 warpgroups the schedulers are ~15% busy (the mma.sync kernel needed
-// 3.4 instructions per m16n8k8 = 41%). Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64
-// wavefront-clocks at peak, plus the stage fills (~18%): ~93% of the smem port at the tensor
-// peak, i.e. smem caps the kernel near ~85-95% of the wgmma peak; the tile epilogue (both
-// warpgroups drain together) costs ~5%. Expected forward 320-400 TFLOP/s (1.55-1.9 ms on A);
-// grad-input (narrow: A and B traffic per FMA are equal, the smem port caps it near 87% of
-// peak) 280-360 TFLOP/s.
+// Expected rate (bench/notes_conv3x3.md, Rounds 3 and 4): per m64nNk8 a thread issues 4 LDS + 8
+// rounding ops + ~2 address ops; an m64n128k8 keeps the tensor cores of an SM busy 64 clocks.
+// Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64 wavefront-clocks at peak, plus the
+// stage fills (~18%): smem caps the kernel near ~85-95% of the wgmma peak. Measured (Round 3,
+// 2 warpgroups, H200): forward 2.74 ms = 225 TFLOP/s, tensor pipe 46.6%, 0.40 eligible warps per
+// scheduler, stalls dominated by LDS results (short scoreboard) and fixed-latency dependencies:
+// latency-bound. With 4 warps per scheduler (same smem traffic per FMA, half the loader
+// instructions per thread) expected tensor pipe ~65-80%: forward ~1.6-2.0 ms.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -313,17 +314,19 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   }
 }
 
-// Block tile: kRows x kCols output pixels of one image times kN output channels, 2 warpgroups;
-// warpgroup w owns output rows [w kWgRows, (w + 1) kWgRows): kMT m64 tiles of 64 consecutive
-// columns (m64 tile mt: row mt / 2, columns 64 (mt % 2) .. + 63 of the warpgroup's rows).
+// Block tile: kRows x kCols output pixels of one image times kN output channels, 4 warpgroups
+// (512 threads: 4 warps per scheduler to hide the A-fragment LDS and rounding latency; <= 128
+// registers each). The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
+// m lies in row m / 2, columns 64 (m % 2) .. + 63. Warpgroup w owns m64 tiles w kMT .. w kMT +
+// kMT - 1 (kMT = 1, or even so that its tiles start at column 0 of a row).
 template <int kRows_, int kN_>
 struct WgTile {
   static constexpr int kRows = kRows_, kCols = 128, kN = kN_;
-  static constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
-  static constexpr int kWgRows = kRows / kWarpgroups;
-  static constexpr int kMT = kWgRows * (kCols / 64);  // m64 tiles per warpgroup
+  static constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
+  static constexpr int kMT = kRows * (kCols / 64) / kWarpgroups;  // m64 tiles per warpgroup
+  static_assert(kMT == 1 || kMT % 2 == 0, "a warpgroup's m64 tiles start at column 0 of a row or are one tile");
   static constexpr int kAcc = kN / 2;                 // f32 accumulators per thread per m64 tile
-  static_assert(kMT * kAcc == 128, "128 accumulators per thread");
+  static_assert(kMT * kAcc == 64, "64 accumulators per thread (128 registers at 512 threads per SM)");
   static constexpr int kChunk = 8;  // input channels per stage: one k8 step per tap
   static constexpr int kHaloRows = kRows + 2;
   static constexpr int kRowLen = kCols + 8;  // kCols + 2 halo columns + <= 3 alignment shift, whole vectors
@@ -337,9 +340,12 @@ struct WgTile {
   static constexpr uint32_t kLboBytes = kN * 16;  // k 4..7 of a row after k 0..3 (core matrices along K)
   static constexpr uint32_t kSboBytes = 8 * 16;   // the next 8 output channels (core matrices along N)
   static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+  // Halo offset of m64 tile m (row m / 2, column 64 (m % 2)); of this warpgroup's tile mt
+  // relative to its first one (compile-time: kMT is 1 or even).
+  __host__ __device__ static constexpr int tile_offset(int m) { return (m / 2) * kRowLen + 64 * (m % 2); }
 };
-// More than 64 output channels: 2 x 128 pixels x 128 channels (218 KB of shared memory).
-// At most 64: 4 x 128 pixels x 64 channels (179 KB).
+// More than 64 output channels: 2 x 128 pixels x 128 channels (218 KB of shared memory), one
+// m64n128 tile per warpgroup. At most 64: 4 x 128 pixels x 64 channels (179 KB), two m64n64.
 using WideWg = WgTile<2, 128>;
 using NarrowWg = WgTile<4, 64>;
 
@@ -433,13 +439,14 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
 __device__ __forceinline__ uint32_t tf32_operand(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 // The A fragments of one tap for this thread's kMT m64 tiles. xa: the thread's base in the
-// stage (channel t, first halo row of its warpgroup, column 16 * warp + g, plus the shift).
+// stage (channel t, the halo position of its warpgroup's first m64 tile, column + 16 * warp + g,
+// plus the shift).
 template <class T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], const float* xa, int tap) {
   const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt) {
-    const float* q = xt + (mt / 2) * T::kRowLen + 64 * (mt % 2);
+    const float* q = xt + T::tile_offset(mt);
     a[mt][0] = tf32_operand(q[0]);                  // (pixel g,     channel t)
     a[mt][1] = tf32_operand(q[8]);                  // (pixel g + 8, channel t)
     a[mt][2] = tf32_operand(q[4 * T::kXChan]);      // (pixel g,     channel t + 4)
@@ -482,8 +489,9 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], uint3
   }
 }
 
-// Writes a finished tile (+ bias). This thread holds, for m64 tile mt, pixels (row wg kWgRows
-// + mt / 2, column 64 (mt % 2) + 16 wi + g + 8 half) and channels k0 + 8 j + 2 t + e:
+// Writes a finished tile (+ bias). This thread holds, for its m64 tile mt (m = wg kMT + mt of the
+// block tile), pixels (row m / 2, column 64 (m % 2) + 16 wi + g + 8 half) and channels
+// k0 + 8 j + 2 t + e:
 // acc[mt][4 j + 2 half + e]. Pixel offsets inside the tile are 32-bit and computed once; the
 // channel pointer steps by whole planes (addresses past the tensor are formed for channels
 // >= Kout or pixels outside the output, and never stored to).
@@ -496,10 +504,11 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
   unsigned pix_ok = 0;  // bit 2 * mt + half
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt) {
-    const int row = wg * T::kWgRows + mt / 2;
+    const int m = wg * T::kMT + mt;  // m64 tile of the block tile
+    const int row = m / 2;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int col = 64 * (mt % 2) + 16 * wi + g + 8 * half;
+      const int col = 64 * (m % 2) + 16 * wi + g + 8 * half;
       pix[mt][half] = row * static_cast<int>(p.Wout) + col;  // < kRows * Wout: fits
       if (tc.oh0 + row < p.Hout && tc.ow0 + col < p.Wout) pix_ok |= 1u << (2 * mt + half);
     }
@@ -542,10 +551,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int wg = warp / 4, wi = warp % 4;  // warpgroup, warp within it
   // Every tile has the same alignment shift: ow0 is a multiple of kCols, hence of vec.
   const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec));
-  const int a_base = t * T::kXChan + wg * T::kWgRows * T::kRowLen + 16 * wi + g + xoff;
-
-  const int64_t my_tiles = blockIdx.x < p.tiles ? ceil_div(p.tiles - blockIdx.x, gridDim.x) : 0;
-  const int64_t steps = my_tiles * p.chunks;
+  const int a_base = t * T::kXChan + T::tile_offset(wg * T::kMT) + 16 * wi + g + xoff;
 
   float acc[T::kMT][T::kAcc];
 #pragma unroll
@@ -557,20 +563,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
 #pragma unroll 1
   for (int s = 0; s < 2; ++s) {
-    if (s < steps) {
+    if (cur.tile < p.tiles) {  // the cursor runs past the block's last tile when its steps are all loaded
       load_step<T>(smem + s * T::kStageFloats, in, wp, p, cur, xoff);
       advance<T>(cur, p);
     }
     cp_async_commit();
   }
   int load_stage = 2, compute_stage = 0;
-  int64_t step = 0;
   // One (tile, chunk) step: publish its stage, refill the one used 2 steps ago, run its 9 taps.
   const auto run_step = [&](bool accumulate) {
     cp_async_wait<1>();   // this thread's copies of this step have landed (one newer group may be open)
     fence_proxy_async();  // ... and are visible to the wgmma's operand reads
     __syncthreads();      // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
-    if (step + 2 < steps) {
+    if (cur.tile < p.tiles) {
       load_step<T>(smem + load_stage * T::kStageFloats, in, wp, p, cur, xoff);
       advance<T>(cur, p);
     }
@@ -579,7 +584,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int stage_off = compute_stage * T::kStageFloats;
     compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
     wgmma_stage<T>(acc, a, smem + stage_off + a_base, smem_addr + 4u * (stage_off + T::kXStage), accumulate);
-    ++step;
   };
   // The first chunk of a tile is peeled off the chunk loop so that wgmma are in flight on both
   // paths into the loop head (else ptxas drains the warpgroup on the back edge, C7517).
@@ -587,7 +591,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
     run_step(/*accumulate=*/false);  // scale-d = 0: the tile's accumulators start over
 #pragma unroll 1
-    for (int64_t chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);
+    for (int chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);  // chunks < 2^28
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < T::kMT; ++mt)
