@@ -81,12 +81,10 @@ __device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
   return r;
 }
 
-// 4 bytes global -> shared behind the thread's back (cp.async); valid = false zero-fills
-// without reading (src must still be a mapped address).
-__device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
+// 4 bytes global -> shared (byte address dst) behind the thread's back (cp.async); bytes = 0
+// zero-fills without reading (src must still be a mapped address).
+__device__ __forceinline__ void copy_async_4_at(uint32_t dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void copy_async_16(float4* dst, const float4* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
@@ -310,31 +308,55 @@ __device__ void stage_tap_tables(int2* by_t, int2* by_g, const MmaGeom& g) {
       by_g[i] = make_int2(tap_offset<C>(16 * (i / 8) + i % 8, g), tap_offset<C>(16 * (i / 8) + i % 8 + 8, g));
 }
 
-// The tile's input footprint into xs [C][FD][FH][kFW] (strides CS, PS, kRS), zeros past the
-// input, by cp.async: the copies land while the block computes another tile (committing and
-// waiting is the caller's). A warp copies one (ci, fd, fh) row at a time (coalesced); the row
-// counters advance by the warp count without divisions.
+// The tile's input footprint into xs [C][FD][FH][kFW] (strides CS, PS, kRS) by cp.async: the
+// copies land while the block computes another tile (committing and waiting is the caller's).
+// A warp copies one (ci, fd, fh) row at a time (coalesced: 32 lanes, then lanes 0, 1 for the
+// last two columns). Only elements inside the input are copied: rows past D or H and columns
+// past W are read only by outputs past OD, OH or OW, which the kernels skip or multiply by 0,
+// so they may hold any finite value -- zeros (zero_x_tiles at kernel start) or an earlier
+// tile's x. The walk is incremental (a row's global and shared offsets advance by constant
+// steps, with a carry into fd / ci every FH rows; the bounds are tile constants): ~20
+// instructions per row instead of a 64-bit multiply chain.
 template <int C>
 __device__ void stage_x_async(float* xs, const float* __restrict__ x, const TileAt& o, const MmaGeom& g) {
   const int lane = threadIdx.x & 31, nwarps = static_cast<int>(blockDim.x >> 5);
   const int64_t plane = g.H * g.W;
-  const float* xn = x + o.n * C * g.D * plane + o.w0;  // (C, D, H, W) at column w0
-  const bool col0 = o.w0 + lane < g.W, col1 = lane < kFW - 32 && o.w0 + 32 + lane < g.W;
-  int fh = static_cast<int>(threadIdx.x >> 5), fd = 0, ci = 0;
-  auto carry = [&] {
+  // The lane's columns w0 + lane and w0 + 32 + lane, clamped into the row: a lane past W still
+  // names a valid address but copies 0 bytes (cp.async's src-size; zero-filled, harmless).
+  // The last two columns are copied only where the input reaches them (warp-uniform).
+  const int64_t col0 = o.w0 + lane, col1 = o.w0 + 32 + lane;
+  const uint32_t bytes0 = col0 < g.W ? 4u : 0u, bytes1 = col1 < g.W ? 4u : 0u;
+  const bool tail = o.w0 + 32 < g.W;
+  const int64_t c0 = col0 < g.W ? col0 : g.W - 1;
+  const int tail_off = static_cast<int>((col1 < g.W ? col1 : g.W - 1) - c0);
+  // Element offset of footprint row (0, 0, 0) at the lane's first column.
+  const int64_t origin = ((o.n * C * g.D + o.d0) * g.H + o.h0) * g.W + c0;
+  const int depths_in = static_cast<int>(g.D - o.d0 < g.FD ? g.D - o.d0 : g.FD);
+  const int rows_in = static_cast<int>(g.H - o.h0 < g.FH ? g.H - o.h0 : g.FH);
+  const int64_t row_step = nwarps * g.W, fd_step = plane - g.FH * g.W, ci_step = (g.D - g.FD) * plane;
+  const int dst_row_step = nwarps * kRS, dst_fd_step = g.PS - g.FH * kRS, dst_ci_step = g.CS - g.FD * g.PS;
+  int fh = static_cast<int>(threadIdx.x >> 5), fd = 0, ci = 0;  // the carry below normalizes fh
+  int64_t src = origin + fh * g.W;
+  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(xs + fh * kRS + lane));
+  for (;;) {
     while (fh >= g.FH) {
-      fh -= g.FH;
-      if (++fd == g.FD) fd = 0, ++ci;
+      fh -= g.FH, src += fd_step, dst += 4 * dst_fd_step;
+      if (++fd == g.FD) fd = 0, ++ci, src += ci_step, dst += 4 * dst_ci_step;
     }
-  };
-  for (carry(); ci < C; fh += nwarps, carry()) {
-    const int64_t gd = o.d0 + fd, gh = o.h0 + fh;
-    const bool row_in = gd < g.D && gh < g.H;
-    const float* src = row_in ? xn + (ci * g.D + gd) * plane + gh * g.W : x;
-    float* dst = xs + ci * g.CS + fd * g.PS + fh * kRS;
-    copy_async_4(dst + lane, row_in && col0 ? src + lane : x, row_in && col0);
-    if (lane < kFW - 32) copy_async_4(dst + 32 + lane, row_in && col1 ? src + 32 + lane : x, row_in && col1);
+    if (ci >= C) break;
+    if (fd < depths_in && fh < rows_in) {  // warp-uniform
+      copy_async_4_at(dst, x + src, bytes0);
+      if (tail && lane < kFW - 32) copy_async_4_at(dst + 128, x + src + tail_off, bytes1);
+    }
+    fh += nwarps, src += row_step, dst += 4 * dst_row_step;
   }
+}
+
+// Both x tile buffers to zero once per block, so that the elements stage_x_async skips hold
+// finite values from the start (shared memory starts as anything, NaN patterns included).
+// The caller's barrier orders these stores before the first copies.
+__device__ void zero_x_tiles(float* xs0, const MmaGeom& g) {
+  for (int i = threadIdx.x; i < 2 * g.xs_floats; i += blockDim.x) xs0[i] = 0.f;
 }
 
 // ---- forward: statistics ------------------------------------------------------------------
@@ -363,6 +385,8 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
 
   for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) copy_async_16(wf + i, wfrag + i);
   stage_tap_tables<C>(tab, nullptr, g);
+  zero_x_tiles(xs0, g);
+  __syncthreads();  // zeros before the first copies
   int64_t t = blockIdx.x;
   stage_x_async<C>(xs0, x, tile_at(t, g), g);  // the grid never exceeds the tile count
   async_commit();
@@ -518,6 +542,8 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
   for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) copy_async_16(wf + i, wfrag + i);
   stage_tap_tables<C>(tab_k, tab_m, g);
   for (int i = 0; i < NSLOT; ++i) slots[i * nthreads + tid] = 0.f;
+  zero_x_tiles(xs0, g);
+  __syncthreads();  // zeros before the first copies
 
   // As in the forward: the next tile's footprint is copied (cp.async) into the other buffer
   // while this one computes; one barrier per tile.
