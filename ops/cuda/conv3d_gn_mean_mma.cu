@@ -115,6 +115,52 @@ struct Taps {
   static constexpr int kTapTiles = (kTaps + 15) / 16;  // m16 tiles of the dW GEMM
 };
 
+// The forward's tap order (its GEMM's K) for C_in = 3: taps grouped by (ci, kd, kw) and the
+// groups paired, so that a unit (output rows h, h + 1) gathers each input row of a group once
+// and feeds it to the tensor core as a whole A fragment in two places. Lane t (owning the
+// fragment's K columns t and t + 4) holds 7 groups G0..G6 (row i of the table below, byte t):
+// pair (G2p, G2p+1) fills steps 3p + kh (kh = 0, 1, 2) with columns t <- G2p, t + 4 <- G2p+1
+// at that kh, so the fragment of output row h + hr at step 3p + kh is input row r = hr + kh of
+// both groups: F_r = {G2p row r at g, g + 8; G2p+1 row r at g, g + 8}, and F_1, F_2 serve both
+// output rows. G6 takes steps 9 (kh 0 | 1) and 10 (kh 2 | padding). Per unit: 7 groups x 4
+// rows x 2 column halves x 2 positions = 112 gathers instead of 11 steps x 16 = 176 (and as
+// many fewer TF32 roundings / FP32 splits), with no register copies for the pairs' fragments.
+// The absent 28th group and slot 21 are zero-weight padding. Other C_in keep w's own order.
+struct TapGroups3 {
+  static constexpr int kGroups = 27, kPerLane = 7, kNone = 27;
+  // Row i: the groups of lanes t = 0..3 (byte t). Chosen (offline search) so that each gather
+  // of a warp -- 8 positions x the 4 lanes' groups at offsets ci CS + kd PS + kw, i.e.
+  // 7 ci + 3 kd + kw mod 32 -- touches 32 distinct banks or the same word.
+  __host__ __device__ static constexpr uint32_t row(int i) {
+    return i == 0 ? 0x0c020100u : i == 1 ? 0x11050403u : i == 2 ? 0x14131206u : i == 3 ? 0x16150807u
+         : i == 4 ? 0x170b0a09u : i == 5 ? 0x19180e0du : 0x1b1a100fu;
+  }
+  __host__ __device__ static constexpr int group(int i, int t) { return static_cast<int>((row(i) >> (8 * t)) & 0xffu); }
+};
+
+template <int C>
+constexpr bool kGroupedTaps = C == 3;
+
+// w's tap (ci*27 + kd*9 + kh*3 + kw) at row k of the forward's B operand, or -1 for padding.
+template <int C>
+__host__ __device__ inline int forward_tap(int k) {
+  if constexpr (!kGroupedTaps<C>) {
+    return k < 27 * C ? k : -1;
+  } else {
+    const int c = k % 8, t = c % 4, j = 2 * (k / 8) + c / 4;  // lane t's slot j
+    int i, kh;
+    if (j < 18) {
+      i = 2 * (j / 6) + j % 2, kh = j % 6 / 2;
+    } else {
+      i = 6, kh = j - 18;
+    }
+    if (kh > 2) return -1;
+    const int q = TapGroups3::group(i, t);
+    if (q >= TapGroups3::kGroups) return -1;
+    return (q / 9) * 27 + (q % 9 / 3) * 9 + kh * 3 + q % 3;
+  }
+}
+
 // n / d for 0 <= n < 2^31 as one wide multiply and a shift: m = ceil(2^(31 + l) / d) with
 // l = ceil(log2 d) is below 2^32, and floor(n m / 2^(31 + l)) = floor(n / d) for every 31-bit
 // n (Granlund & Montgomery, 1994). Tile indices are below 2^31 (checked by the launchers).
@@ -254,7 +300,7 @@ __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __rest
   constexpr int MC = (NT + 1) / 2;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int lane = i % 32, g = lane / 4, t = lane % 4;
-  auto W = [&](int tap, int c) { return tap < T::kTaps && c < 8 * NT ? w[c * T::kTaps + tap] : 0.f; };
+  auto W = [&](int tap, int c) { return tap >= 0 && tap < T::kTaps && c < 8 * NT ? w[c * T::kTaps + tap] : 0.f; };
   auto hi = [&](float v) { return round_tf32(v); };
   auto lo = [&](float v) { return terms != 1 ? round_tf32(v - round_tf32(v)) : 0.f; };
   auto fwd_lo = [&](float v) {
@@ -264,7 +310,7 @@ __global__ void weight_fragments_kernel(float4* __restrict__ fwd, float4* __rest
   };
   if (i < T::kSteps * NT * 32) {
     const int n = (i / 32) % NT, s = i / (32 * NT);
-    const float b0 = W(8 * s + t, 8 * n + g), b1 = W(8 * s + t + 4, 8 * n + g);
+    const float b0 = W(forward_tap<C>(8 * s + t), 8 * n + g), b1 = W(forward_tap<C>(8 * s + t + 4), 8 * n + g);
     fwd[i] = make_float4(hi(b0), hi(b1), fwd_lo(b0), fwd_lo(b1));
   }
   if (i < T::kSteps * MC * 32) {
@@ -361,6 +407,111 @@ __device__ void zero_x_tiles(float* xs0, const MmaGeom& g) {
 
 // ---- forward: statistics ------------------------------------------------------------------
 
+// One unit's conv GEMM in w's tap order: acc[m] (m16 tile m: row h + m / 2, columns
+// 16 (m % 2) + 0..15, from base = position (row h, column g)) += x patch . W. Per k8 step a
+// lane gathers its taps 8s + t and 8s + t + 4 (offsets from the per-lane table) for 4 tiles
+// x 2 positions: 16 gathers per 4 NT tensor-op products.
+template <int C, int NT, int TERMS>
+__device__ __forceinline__ void forward_unit(float (&acc)[4][NT][4], const float* base, const int2* tab,
+                                             const float4* wf, int lane) {
+  using T = Taps<C>;
+  const int tq = lane & 3;
+#pragma unroll
+  for (int s = 0; s < T::kSteps; ++s) {
+    const int2 off = tab[s * 4 + tq];
+    const float* p0 = base + off.x;  // tap 8s + t
+    const float* p1 = base + off.y;  // tap 8s + t + 4
+    uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float4 v = wf[(s * NT + n) * 32 + lane];
+      bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
+      bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int mo = (m >> 1) * kRS + (m & 1) * 16;
+      uint32_t ah[4], al[4];
+      split<TERMS>(p0[mo], ah[0], al[0]);      // (position g,     tap t)
+      split<TERMS>(p0[mo + 8], ah[1], al[1]);  // (position g + 8, tap t)
+      split<TERMS>(p1[mo], ah[2], al[2]);      // (position g,     tap t + 4)
+      split<TERMS>(p1[mo + 8], ah[3], al[3]);  // (position g + 8, tap t + 4)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+    }
+  }
+}
+
+// The same in the grouped tap order (TapGroups3, C_in = 3; gtab[4 i + t] = lane t's group i).
+// F(r, ch) of a group pair is gathered and split once and is the A fragment of tile (row hr,
+// half ch) at step kh = r - hr, i.e. twice for r = 1, 2 (checked in SASS: 112 LDS per unit).
+template <int NT, int TERMS>
+__device__ __forceinline__ void forward_unit_grouped(float (&acc)[4][NT][4], const float* base, const int* gtab,
+                                                     const float4* wf, int lane) {
+  const int* gt = gtab + (lane & 3);
+  auto weights = [&](int s, uint32_t (&bh)[NT][2], uint32_t (&bl)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float4 v = wf[(s * NT + n) * 32 + lane];
+      bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
+      bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
+    }
+  };
+  // Fragment elements 2 e, 2 e + 1 (K column t + 4 e; positions g, g + 8) from group row r.
+  auto gather = [&](const float* pgr, int r, int ch, uint32_t (&ah)[4], uint32_t (&al)[4], int e) {
+    split<TERMS>(pgr[r * kRS + 16 * ch], ah[2 * e], al[2 * e]);
+    split<TERMS>(pgr[r * kRS + 16 * ch + 8], ah[2 * e + 1], al[2 * e + 1]);
+  };
+  // FP32 (2 ops) rolls the pair loop: fully unrolled, the 128-register cap spills (the
+  // compiler hoists the next pair's gathers); TF32 unrolls it (fewer instructions, no spills).
+#pragma unroll(TERMS == 1 ? 3 : 1)
+  for (int p = 0; p < 3; ++p) {
+    const float* pa = base + gt[4 * (2 * p)];
+    const float* pb = base + gt[4 * (2 * p + 1)];
+#pragma unroll
+    for (int kh = 0; kh < 3; ++kh) {
+      uint32_t bh[NT][2], bl[NT][2];
+      weights(3 * p + kh, bh, bl);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t ah[4], al[4];
+        gather(pa, (m >> 1) + kh, m & 1, ah, al, 0);
+        gather(pb, (m >> 1) + kh, m & 1, ah, al, 1);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+      }
+    }
+  }
+  // G6: step 9 = (kh 0 | kh 1), step 10 = (kh 2 | padding).
+  const float* p6 = base + gt[4 * 6];
+#pragma unroll
+  for (int s = 9; s < 11; ++s) {
+    uint32_t bh[NT][2], bl[NT][2];
+    weights(s, bh, bl);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      uint32_t ah[4], al[4];
+      gather(p6, (m >> 1) + 2 * (s - 9), m & 1, ah, al, 0);
+      if (s == 9) {
+        gather(p6, (m >> 1) + 1, m & 1, ah, al, 1);
+      } else {
+        ah[2] = ah[3] = al[2] = al[3] = 0u;
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
+    }
+  }
+}
+
+// Group offsets for forward_unit_grouped: gtab[4 i + t] = offset of lane t's group i in the x
+// tile (0 for the absent group: any finite x, zero weights).
+__device__ void stage_group_table(int* gtab, const MmaGeom& g) {
+  for (int i = threadIdx.x; i < TapGroups3::kPerLane * 4; i += blockDim.x) {
+    const int q = TapGroups3::group(i / 4, i % 4);
+    gtab[i] = q < TapGroups3::kGroups ? (q / 9) * g.CS + (q % 9 / 3) * g.PS + q % 3 : 0;
+  }
+}
+
 // Persistent blocks: block b computes tiles b, b + grid, ...; partial (tiles, 2, K) f64: a
 // tile's sums of z and z^2 per channel, independent of the grid.
 //
@@ -384,7 +535,12 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
   float* xs0 = reinterpret_cast<float*>(red + 2 * nwarps * 2 * K);  // [2][xs_floats] x tiles
 
   for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) copy_async_16(wf + i, wfrag + i);
-  stage_tap_tables<C>(tab, nullptr, g);
+  if constexpr (kGroupedTaps<C>) {
+    static_assert(TapGroups3::kPerLane * 4 * sizeof(int) <= T::kSteps * 4 * sizeof(int2), "fits the table space");
+    stage_group_table(reinterpret_cast<int*>(tab), g);
+  } else {
+    stage_tap_tables<C>(tab, nullptr, g);
+  }
   zero_x_tiles(xs0, g);
   __syncthreads();  // zeros before the first copies
   int64_t t = blockIdx.x;
@@ -406,9 +562,11 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
 
     // The tile's valid output depths, rows and columns (all its own at the interior).
     const TileAt o = tile_at(t, g);
-    const int depths = static_cast<int>(g.OD - o.d0 < g.TD ? g.OD - o.d0 : g.TD);
-    const int rows = static_cast<int>(g.OH - o.h0 < g.TH ? g.OH - o.h0 : g.TH);
-    const int cols = static_cast<int>(g.OW - o.w0 < kTW ? g.OW - o.w0 : kTW);
+    // Packed in one register (depths <= 4, rows <= 16, cols <= 32): unpacked, the compiler
+    // recomputed them from the tile index in every unit (~40 instructions) for lack of registers.
+    const uint32_t limits = static_cast<uint32_t>(g.OD - o.d0 < g.TD ? g.OD - o.d0 : g.TD) |
+                            static_cast<uint32_t>(g.OH - o.h0 < g.TH ? g.OH - o.h0 : g.TH) << 8 |
+                            static_cast<uint32_t>(g.OW - o.w0 < kTW ? g.OW - o.w0 : kTW) << 16;
     const float* xs = xs0 + buf * g.xs_floats;
     float s1[NT][2], s2[NT][2];  // channels 8n + 2t + e
 #pragma unroll
@@ -416,9 +574,15 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
 #pragma unroll
       for (int e = 0; e < 2; ++e) s1[n][e] = s2[n][e] = 0.f;
 
+    // Units (depth d, row pair h / 2) = warp, warp + nwarps, ... of TD x TH / 2, walked without
+    // divisions (h advances by 2 nwarps, carrying into d).
     const int pairs = g.TH / 2;
-    for (int u = warp; u < g.TD * pairs; u += nwarps) {
-      const int d = u / pairs, h = 2 * (u % pairs);
+    int d = warp / pairs, h = 2 * (warp % pairs);
+    for (; d < g.TD; h += 2 * nwarps) {
+      while (h >= g.TH) h -= g.TH, ++d;
+      if (d >= g.TD) break;
+      const int depths = static_cast<int>(limits & 0xffu), rows = static_cast<int>(limits >> 8 & 0xffu);
+      const int cols = static_cast<int>(limits >> 16);
       if (d >= depths || h >= rows) continue;  // warp-uniform
       const bool row1 = h + 1 < rows;
       const float* base = xs + d * g.PS + h * kRS + gq;  // position (row h, column g)
@@ -429,29 +593,10 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int k = 0; k < 4; ++k) acc[m][n][k] = 0.f;
-#pragma unroll
-      for (int s = 0; s < T::kSteps; ++s) {
-        const int2 off = tab[s * 4 + tq];
-        const float* p0 = base + off.x;  // tap 8s + t
-        const float* p1 = base + off.y;  // tap 8s + t + 4
-        uint32_t bh[NT][2], bl[NT][2];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const float4 v = wf[(s * NT + n) * 32 + lane];
-          bh[n][0] = __float_as_uint(v.x), bh[n][1] = __float_as_uint(v.y);
-          bl[n][0] = __float_as_uint(v.z), bl[n][1] = __float_as_uint(v.w);
-        }
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int mo = (m >> 1) * kRS + (m & 1) * 16;
-          uint32_t ah[4], al[4];
-          split<TERMS>(p0[mo], ah[0], al[0]);      // (position g,     tap t)
-          split<TERMS>(p0[mo + 8], ah[1], al[1]);  // (position g + 8, tap t)
-          split<TERMS>(p1[mo], ah[2], al[2]);      // (position g,     tap t + 4)
-          split<TERMS>(p1[mo + 8], ah[3], al[3]);  // (position g + 8, tap t + 4)
-#pragma unroll
-          for (int n = 0; n < NT; ++n) mma_terms<TERMS>(acc[m][n], ah, al, bh[n], bl[n]);
-        }
+      if constexpr (kGroupedTaps<C>) {
+        forward_unit_grouped<NT, TERMS>(acc, base, reinterpret_cast<const int*>(tab), wf, lane);
+      } else {
+        forward_unit<C, NT, TERMS>(acc, base, tab, wf, lane);
       }
       // acc[m][n] = z at (positions g, g + 8 of m16 tile m) x (channels 8n + 2t, 8n + 2t + 1);
       // columns past OW masked.
