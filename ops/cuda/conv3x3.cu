@@ -991,7 +991,7 @@ bool conv3x3_applies(const ConvShape& s) {
 void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (b.defined()) check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
-  if (conv3x3_wgmma_applies(s, y.device())) return conv3x3_wgmma_forward(y, x, w, b, s);  // TF32 on sm_90a
+  if (conv3x3_wgmma_applies(s, y.device())) return conv3x3_wgmma_forward(y, x, w, b, s);  // sm_90a, both modes
   run_gemm(y, x, w, b.defined() ? b.data<float>() : nullptr,
            forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
            /*for_grad_input=*/false);
@@ -999,7 +999,7 @@ void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Te
 
 void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   check_tensors("conv3x3_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
-  if (conv3x3_wgmma_applies(s, dx.device())) return conv3x3_wgmma_grad_input(dx, dy, w, s);  // TF32 on sm_90a
+  if (conv3x3_wgmma_applies(s, dx.device())) return conv3x3_wgmma_grad_input(dx, dy, w, s);  // sm_90a, both modes
   run_gemm(dx, dy, w, nullptr,
            grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
            /*for_grad_input=*/true);

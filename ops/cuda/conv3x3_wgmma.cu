@@ -1,8 +1,21 @@
-// TF32 3x3 stride-1 convolutions in NCHW on Hopper's asynchronous warpgroup MMA (wgmma, sm_90a):
-// the forward pass and the input gradient (the same kernel on flipped, transposed weights).
-// Dispatched from ops/cuda/conv3x3.cu in Precision::TF32 on compute capability 9.0 devices when
-// this build carries the sm_90a code (conv3x3_wgmma_applies); everything else (FP32 mode, other
+// 3x3 stride-1 convolutions in NCHW on Hopper's asynchronous warpgroup MMA (wgmma, sm_90a), TF32
+// and FP32-accurate (split products): the forward pass and the input gradient (the same kernel on
+// flipped, transposed weights). Dispatched from ops/cuda/conv3x3.cu on compute capability 9.0
+// devices when this build carries the sm_90a code (conv3x3_wgmma_applies); everything else (other
 // GPUs, grad-weight) stays on the mma.sync kernels of conv3x3.cu.
+//
+// FP32 mode (Precision::FP32, at most 128 channels each way as conv3x3_applies): x = hi + lo,
+// hi = tf32(x), lo = x - hi (exact; its low 13 bits dropped by the tensor core, ~2^-22 of x);
+// w = hi' + lo' likewise (pre-pass: two B images per tap). acc += hi*hi' and, in a SECOND
+// accumulator, cross += lo*hi' + hi*lo' (lo*lo' ~2^-22 dropped): three m64n64k8 TF32 wgmma of one
+// shape per m64 tile and tap (a TF32 + bf16 k16 pair, as the mma.sync kernels use, would mix
+// shapes on one accumulator, which PTX orders only through wgmma.fence). The tensor core's sums
+// truncate; the separate cross accumulator keeps the chain that carries the result to 1 sum per
+// tap (C = 128: 144 sums, ~3e-6 rel. in the truncating emulator; C = 64: ~1e-6), and acc + cross
+// is one round-to-nearest FADD in the epilogue. Tile: 2 rows x 128 columns x 64 channels, one
+// m64n64 per warpgroup, 32 + 32 accumulators; stage = halo 17.7 KB + 2 x 18.4 KB weights.
+// Tensor work per product 3x TF32's; smem per m64n64k8: B 2 KB + A 2 KB / 3 (A loaded once for
+// hi and lo) = 2.7 KB per 32 tensor-clocks -> ~67% of the smem port at the tensor peak.
 //
 // Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0), per pass:
 //   2 * 4.17M pixels * 128 * 576 = 615 GFLOP; x 1.07 GB + y 2.13 GB = 0.75 ms at 4.3 TB/s (H200).
@@ -319,22 +332,27 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
 // registers each). The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
 // m lies in row m / 2, columns 64 (m % 2) .. + 63. Warpgroup w owns m64 tiles w kMT .. w kMT +
 // kMT - 1 (kMT = 1, or even so that its tiles start at column 0 of a row).
-template <int kRows_, int kN_>
+template <int kRows_, int kN_, bool kSplit_ = false>
 struct WgTile {
   static constexpr int kRows = kRows_, kCols = 128, kN = kN_;
+  // FP32-accurate split products (see "FP32 mode" in the header): a second accumulator set for
+  // the cross terms and a second B image (the weights' low parts) per tap.
+  static constexpr bool kSplit = kSplit_;
   static constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
   static constexpr int kMT = kRows * (kCols / 64) / kWarpgroups;  // m64 tiles per warpgroup
   static_assert(kMT == 1 || kMT % 2 == 0, "a warpgroup's m64 tiles start at column 0 of a row or are one tile");
   static constexpr int kAcc = kN / 2;                 // f32 accumulators per thread per m64 tile
-  static_assert(kMT * kAcc == 64, "64 accumulators per thread (128 registers at 512 threads per SM)");
+  static_assert(kMT * kAcc * (kSplit ? 2 : 1) == 64, "64 accumulators per thread (128 registers at 512 threads per SM)");
   static constexpr int kChunk = 8;  // input channels per stage: one k8 step per tap
   static constexpr int kHaloRows = kRows + 2;
   static constexpr int kRowLen = kCols + 8;  // kCols + 2 halo columns + <= 3 alignment shift, whole vectors
   static constexpr int kXChan = stride_for_rows_of_4(kHaloRows * kRowLen);  // A: lanes t -> channels
   static constexpr int kXStage = kChunk * kXChan;
-  // B image of one tap: [k half (2)][n (kN)][4 floats]; of one stage: 9 taps.
+  // B image of one tap: [k half (2)][n (kN)][4 floats]; of one stage: 9 taps (FP32 split: the 9
+  // high-part images, then the 9 low-part images).
   static constexpr int kTapFloats = kChunk * kN;
-  static constexpr int kWStage = 9 * kTapFloats;
+  static constexpr int kImages = kSplit ? 2 : 1;
+  static constexpr int kWStage = kImages * 9 * kTapFloats;
   static constexpr int kStageFloats = kXStage + kWStage;
   static_assert(kXStage % 4 == 0 && kStageFloats % 4 == 0, "B images must start on 16-byte boundaries");
   static constexpr uint32_t kLboBytes = kN * 16;  // k 4..7 of a row after k 0..3 (core matrices along K)
@@ -348,6 +366,9 @@ struct WgTile {
 // m64n128 tile per warpgroup. At most 64: 4 x 128 pixels x 64 channels (179 KB), two m64n64.
 using WideWg = WgTile<2, 128>;
 using NarrowWg = WgTile<4, 64>;
+// FP32 mode, any number of output channels (in tiles of 64): 2 x 128 pixels x 64 channels, one
+// m64n64 tile per warpgroup with 32 + 32 accumulators (218 KB of shared memory).
+using SplitWg = WgTile<2, 64, true>;
 
 // One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
 // with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
@@ -440,17 +461,22 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) { return (__float_as_u
 
 // The A fragments of one tap for this thread's kMT m64 tiles. xa: the thread's base in the
 // stage (channel t, the halo position of its warpgroup's first m64 tile, column + 16 * warp + g,
-// plus the shift).
+// plus the shift). FP32 split: hi = tf32(x) in a, lo = x - hi (exact) in a_lo; lo's low 13 bits
+// are left for the tensor core to drop (truncating lo costs ~2^-22 of x: far below 1e-5).
 template <class T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], const float* xa, int tap) {
+__device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], uint32_t (&a_lo)[T::kMT][4], const float* xa,
+                                       int tap) {
   const float* xt = xa + (tap / 3) * T::kRowLen + tap % 3;
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt) {
     const float* q = xt + T::tile_offset(mt);
-    a[mt][0] = tf32_operand(q[0]);                  // (pixel g,     channel t)
-    a[mt][1] = tf32_operand(q[8]);                  // (pixel g + 8, channel t)
-    a[mt][2] = tf32_operand(q[4 * T::kXChan]);      // (pixel g,     channel t + 4)
-    a[mt][3] = tf32_operand(q[4 * T::kXChan + 8]);  // (pixel g + 8, channel t + 4)
+    // (pixel g, channel t), (pixel g + 8, channel t), (pixel g, channel t + 4), (g + 8, t + 4)
+    const float v[4] = {q[0], q[8], q[4 * T::kXChan], q[4 * T::kXChan + 8]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a[mt][i] = tf32_operand(v[i]);
+      if constexpr (T::kSplit) a_lo[mt][i] = __float_as_uint(v[i] - __uint_as_float(a[mt][i]));
+    }
   }
 }
 
@@ -473,19 +499,33 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], const uint32_t (
 // tap uses a[tap % 3]; on entry no running wgmma reads a[0] (the previous stage's tap 8 wait
 // retired its tap 6). w_addr: shared address of the stage's B images. accumulate: false for
 // the first stage of a tile (the wgmma overwrite the accumulators).
+// FP32 split (T::kSplit): x = hi + lo, w = hi' + lo' (all TF32); acc += hi*hi' and
+// cross += lo*hi' + hi*lo': three m64nNk8 of one shape per m64 tile and tap (no wgmma.fence
+// needed between them: same-shape accumulation is ordered by the hardware). a_lo: lo fragments.
 template <class T>
-__device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], uint32_t (&a)[3][T::kMT][4],
+__device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], float (&cross)[T::kMT][T::kAcc],
+                                            uint32_t (&a)[3][T::kMT][4], uint32_t (&a_lo)[3][T::kMT][4],
                                             const float* xa, uint32_t w_addr, bool accumulate) {
-  load_a<T>(a[0], xa, 0);
+  load_a<T>(a[0], a_lo[0], xa, 0);
 #pragma unroll
   for (int tap = 0; tap < 9; ++tap) {
     const uint64_t desc = b_descriptor<T>(w_addr + tap * T::kTapFloats * 4);
     wgmma_fence();  // a[tap % 3] (and, after an epilogue, the accumulators) were written by this thread
 #pragma unroll
-    for (int mt = 0; mt < T::kMT; ++mt) wgmma_tile<T>(acc[mt], a[tap % 3][mt], desc, accumulate || tap > 0);
+    for (int mt = 0; mt < T::kMT; ++mt) {
+      wgmma_tile<T>(acc[mt], a[tap % 3][mt], desc, accumulate || tap > 0);
+      if constexpr (T::kSplit) {
+        const uint64_t desc_lo = b_descriptor<T>(w_addr + (9 + tap) * T::kTapFloats * 4);
+        wgmma_tile<T>(cross[mt], a_lo[tap % 3][mt], desc, accumulate || tap > 0);  // lo * hi'
+        wgmma_tile<T>(cross[mt], a[tap % 3][mt], desc_lo, true);                    // + hi * lo'
+      }
+    }
     wgmma_commit();
-    wgmma_wait<2>();  // tap - 2 retired: a[(tap + 1) % 3] is free
-    if (tap < 8) load_a<T>(a[(tap + 1) % 3], xa, tap + 1);
+    // tap - 2 retired: a[(tap + 1) % 3] is free. FP32 split: tap - 1 retired too, so only 2 of
+    // the 3 sets are live at once (with 3 live, ptxas ran out of registers and serialized every
+    // wgmma with a full wait); one tap of 3 wgmma per warpgroup stays in flight over the loads.
+    wgmma_wait<T::kSplit ? 1 : 2>();
+    if (tap < 8) load_a<T>(a[(tap + 1) % 3], a_lo[(tap + 1) % 3], xa, tap + 1);
   }
 }
 
@@ -553,12 +593,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int xoff = static_cast<int>(pos_mod(-p.pad_w, p.vec));
   const int a_base = t * T::kXChan + T::tile_offset(wg * T::kMT) + 16 * wi + g + xoff;
 
-  float acc[T::kMT][T::kAcc];
+  float acc[T::kMT][T::kAcc], cross[T::kMT][T::kAcc];  // cross: FP32 split only (else unused)
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
-    for (int i = 0; i < T::kAcc; ++i) acc[mt][i] = 0.f;
-  uint32_t a[3][T::kMT][4];
+    for (int i = 0; i < T::kAcc; ++i) acc[mt][i] = cross[mt][i] = 0.f;
+  uint32_t a[3][T::kMT][4], a_lo[3][T::kMT][4];
 
   LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
 #pragma unroll 1
@@ -583,7 +623,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     load_stage = load_stage == kStages - 1 ? 0 : load_stage + 1;
     const int stage_off = compute_stage * T::kStageFloats;
     compute_stage = compute_stage == kStages - 1 ? 0 : compute_stage + 1;
-    wgmma_stage<T>(acc, a, smem + stage_off + a_base, smem_addr + 4u * (stage_off + T::kXStage), accumulate);
+    wgmma_stage<T>(acc, cross, a, a_lo, smem + stage_off + a_base, smem_addr + 4u * (stage_off + T::kXStage),
+                   accumulate);
   };
   // The first chunk of a tile is peeled off the chunk loop so that wgmma are in flight on both
   // paths into the loop head (else ptxas drains the warpgroup on the back edge, C7517).
@@ -596,7 +637,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
-      for (int i = 0; i < T::kAcc; ++i) fence_operand(acc[mt][i]);
+      for (int i = 0; i < T::kAcc; ++i) {
+        fence_operand(acc[mt][i]);
+        if constexpr (T::kSplit) {
+          fence_operand(cross[mt][i]);
+          acc[mt][i] += cross[mt][i];  // rounded to nearest (the tensor core's sums truncate)
+        }
+      }
     store_tile<T>(out, bias, p, tile_coord<T>(tile, p), acc, wg, wi, g, t);
   }
   cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
@@ -605,17 +652,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
-// wp (chunks, k_tiles, 9 taps, 2 k halves, kN, 4) from w (K, C, 3, 3): element (chunk, kt, tap,
-// h, n, q) is the weight of input channel ci = 8 chunk + 4 h + q and output channel o = kt kN + n,
-// zero outside. Forward: w[o][ci][tap]. Grad-input (the convolution of dy with the flipped
-// kernel, channels swapped: Cin = K, Kout = C): w[ci][o][8 - tap]. Rounded to TF32 once here.
+// wp (chunks, k_tiles, images, 9 taps, 2 k halves, kN, 4) from w (K, C, 3, 3): element (chunk,
+// kt, img, tap, h, n, q) belongs to input channel ci = 8 chunk + 4 h + q and output channel
+// o = kt kN + n, zero outside. Forward: w[o][ci][tap]. Grad-input (the convolution of dy with the
+// flipped kernel, channels swapped: Cin = K, Kout = C): w[ci][o][8 - tap]. Image 0 holds the
+// weight rounded to TF32 once here (hi'); with 2 images (FP32 split), image 1 holds
+// lo' = tf32(w - hi').
 __global__ void prepare_wgmma_weights_kernel(float* __restrict__ wp, const float* __restrict__ w, int64_t K,
-                                             int64_t C, int64_t chunks, int64_t k_tiles, int kN,
+                                             int64_t C, int64_t chunks, int64_t k_tiles, int kN, int images,
                                              bool for_grad_input) {
-  const int64_t total = chunks * k_tiles * 9 * 8 * kN;
+  const int64_t total = chunks * k_tiles * images * 9 * 8 * kN;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t q = i % 4, n = i / 4 % kN, h = i / (4 * kN) % 2, tap = i / (8 * kN) % 9;
-    const int64_t kt = i / (72 * kN) % k_tiles, chunk = i / (72 * kN * k_tiles);
+    const int64_t img = i / (72 * kN) % images, kt = i / (72 * kN * images) % k_tiles;
+    const int64_t chunk = i / (72 * kN * images * k_tiles);
     const int64_t ci = 8 * chunk + 4 * h + q, o = kt * kN + n;
     float v = 0.f;
     if (!for_grad_input) {
@@ -623,7 +673,8 @@ __global__ void prepare_wgmma_weights_kernel(float* __restrict__ wp, const float
     } else {
       if (ci < K && o < C) v = w[(ci * C + o) * 9 + (8 - tap)];
     }
-    wp[i] = __uint_as_float(tf32_round(v));
+    const float hi = __uint_as_float(tf32_round(v));
+    wp[i] = img == 0 ? hi : __uint_as_float(tf32_round(v - hi));
   }
 }
 
@@ -717,8 +768,8 @@ void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std
   for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
   const Device d = ts.begin()->first->device();
   TG_CHECK(conv3x3_wgmma_applies(s, d), op,
-           ": needs a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a "
-           "code; got x ",
+           ": needs a 3x3 stride-1 NCHW 2-D convolution (in FP32 mode at most 128 channels each way) on a "
+           "compute capability 9.0 GPU with sm_90a code; got x ",
            s.x_shape(), ", w ", s.w_shape(), " on ", d);
   for (const auto& [t, shape] : ts) {
     TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
@@ -737,7 +788,7 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
 
   Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
   prepare_wgmma_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
-      wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, T::kN, for_grad_input);
+      wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, T::kN, T::kImages, for_grad_input);
   TG_LAUNCH_CHECK();
 
   const auto kernel = conv3x3_wgmma_kernel<T>;
@@ -752,14 +803,16 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
 
 void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const WgParams& p,
          bool for_grad_input) {
-  if (use_narrow_tile(p)) run<NarrowWg>(out, in, w, bias, p, for_grad_input);
+  if (precision() == Precision::FP32) run<SplitWg>(out, in, w, bias, p, for_grad_input);
+  else if (use_narrow_tile(p)) run<NarrowWg>(out, in, w, bias, p, for_grad_input);
   else run<WideWg>(out, in, w, bias, p, for_grad_input);
 }
 
 }  // namespace
 
 bool conv3x3_wgmma_applies(const ConvShape& s, Device d) {
-  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
+  // conv3x3_applies limits FP32 mode to <= 128 channels each way (short truncating chains).
+  return d.is_cuda() && conv3x3_applies(s) && device_runs_wgmma(d.index);
 }
 
 void conv3x3_wgmma_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {

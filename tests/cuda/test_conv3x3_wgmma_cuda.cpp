@@ -1,9 +1,11 @@
-// The TF32 wgmma fast path for 3x3 stride-1 NCHW convolutions (ops/cuda/conv3x3_wgmma.h):
-// forward (with and without bias) and grad-input against the CPU reference in f64, at shapes
-// that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H; pads 0 to 3; K = 64, 128,
-// 200), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose failure
-// message names the wrong (channel, row, column); that the public conv3x3 launchers take this
-// path on an H100 / H200; argument checks. On other GPUs the launchers' tests are skipped.
+// The wgmma fast path for 3x3 stride-1 NCHW convolutions (ops/cuda/conv3x3_wgmma.h), in TF32
+// and in FP32 mode (split products): forward (with and without bias) and grad-input against the
+// CPU reference in f64 (TF32 at 1e-3, FP32 at 1e-5 rel. L2), at shapes that break every tile
+// (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H; pads 0 to 3; K = 64, 128, 200 in TF32), outputs
+// poisoned with NaN, the same bits on every run; exact one-hot cases whose failure message names
+// the wrong (channel, row, column); the longest FP32 chains (128 channels each way); that the
+// public conv3x3 launchers take this path on an H100 / H200; argument checks. On other GPUs the
+// launchers' tests are skipped.
 #include <sstream>
 #include <string>
 
@@ -53,7 +55,13 @@ bool is_hopper() {
       GTEST_SKIP() << "no wgmma path on this GPU / build (needs compute capability 9.0 and sm_90a code)"; \
   } while (0)
 
-constexpr double kTolerance = 1e-3;  // TF32
+double tolerance(Precision p) { return p == Precision::TF32 ? 1e-3 : 1e-5; }
+const char* mode(Precision p) { return p == Precision::TF32 ? " TF32" : " FP32"; }
+constexpr Precision kModes[] = {Precision::TF32, Precision::FP32};
+constexpr int64_t kMaxFp32Channels = 128;  // conv3x3_applies: longer truncating chains stay off FP32
+bool runs_in(const Case& c, Precision p) {
+  return p == Precision::TF32 || (c.C <= kMaxFp32Channels && c.K <= kMaxFp32Channels);
+}
 
 Tensor poisoned(const Shape& s) {
   Tensor t = Tensor::empty(s, {.dtype = f32, .device = kGpu});
@@ -72,9 +80,9 @@ Tensor run_twice(const Shape& s, Launch&& launch) {
   return first;
 }
 
-void check_forward(const Case& c, bool with_bias) {
-  SCOPED_TRACE(name(c) + (with_bias ? " bias" : " no bias"));
-  PrecisionGuard guard(Precision::TF32);
+void check_forward(const Case& c, bool with_bias, Precision prec) {
+  SCOPED_TRACE(name(c) + (with_bias ? " bias" : " no bias") + mode(prec));
+  PrecisionGuard guard(prec);
   const ConvShape s = shape_of(c);
   ASSERT_TRUE(cuda::conv3x3_wgmma_applies(s, kGpu));
   Tensor x = random(s.x_shape(), f32), w = random(s.w_shape(), f32);
@@ -83,12 +91,12 @@ void check_forward(const Case& c, bool with_bias) {
   cpu::conv_forward(want, x.to(f64), w.to(f64), with_bias ? b.to(f64) : Tensor(), s);
   Tensor gx = x.to(kGpu), gw = w.to(kGpu), gb = with_bias ? b.to(kGpu) : Tensor();
   Tensor y = run_twice(s.y_shape(), [&](const Tensor& out) { cuda::conv3x3_wgmma_forward(out, gx, gw, gb, s); });
-  EXPECT_LE(rel_l2(y, want), kTolerance) << "forward";
+  EXPECT_LE(rel_l2(y, want), tolerance(prec)) << "forward";
 }
 
-void check_grad_input(const Case& c) {
-  SCOPED_TRACE(name(c));
-  PrecisionGuard guard(Precision::TF32);
+void check_grad_input(const Case& c, Precision prec) {
+  SCOPED_TRACE(name(c) + mode(prec));
+  PrecisionGuard guard(prec);
   const ConvShape s = shape_of(c);
   ASSERT_TRUE(cuda::conv3x3_wgmma_applies(s, kGpu));
   Tensor dy = random(s.y_shape(), f32), w = random(s.w_shape(), f32);
@@ -96,11 +104,11 @@ void check_grad_input(const Case& c) {
   cpu::conv_grad_input(want, dy.to(f64), w.to(f64), s);
   Tensor gdy = dy.to(kGpu), gw = w.to(kGpu);
   Tensor dx = run_twice(s.x_shape(), [&](const Tensor& out) { cuda::conv3x3_wgmma_grad_input(out, gdy, gw, s); });
-  EXPECT_LE(rel_l2(dx, want), kTolerance) << "grad_input";
+  EXPECT_LE(rel_l2(dx, want), tolerance(prec)) << "grad_input";
 }
 
-// Block tiles: 2 x 128 pixels x 128 channels (more than 64 output channels) or 4 x 128 x 64,
-// 8 input channels per stage; grad-input swaps the channel counts. Odd W means 4-byte copies,
+// Block tiles: TF32 2 x 128 pixels x 128 channels (more than 64 output channels) or 4 x 128 x 64;
+// FP32 2 x 128 x 64; 8 input channels per stage; grad-input swaps the channel counts. Odd W means 4-byte copies,
 // W = 2 (mod 4) 8-byte ones, W = 0 (mod 4) 16-byte ones.
 const std::vector<Case> kCases = {
     {1, 13, 7, 21, 9, 1, 1},      // two channel chunks, the last partial; odd W
@@ -144,29 +152,36 @@ void expect_exact(const Tensor& got, const Tensor& want, const char* what) {
 
 }  // namespace
 
-TEST(CudaConv3x3Wgmma, AppliesOnlyInTf32OnHopperWithSm90aCode) {
+TEST(CudaConv3x3Wgmma, AppliesInBothPrecisionsOnHopperWithSm90aCode) {
   TG_REQUIRE_GPU();
   const ConvShape s = shape_of({1, 8, 9, 9, 8, 1, 1});
-  {
-    PrecisionGuard guard(Precision::FP32);
-    EXPECT_FALSE(cuda::conv3x3_wgmma_applies(s, kGpu)) << "FP32 mode stays on the mma.sync kernels";
+  const ConvShape wide = shape_of({1, 8, 9, 9, 130, 1, 1});
+  for (Precision prec : kModes) {
+    SCOPED_TRACE(mode(prec));
+    PrecisionGuard guard(prec);
+    EXPECT_FALSE(cuda::conv3x3_wgmma_applies(s, Device::cpu()));
+    const ConvShape strided = make_conv_shape("test", {1, 8, 9, 9}, {8, 8, 3, 3}, ConvParams{.stride = {2}});
+    EXPECT_FALSE(cuda::conv3x3_wgmma_applies(strided, kGpu));
+    // On an H100 / H200 the project's default build (sm_90a) must take the wgmma path: a
+    // failure here means the build lacks sm_90a code or the probe is wrong.
+    if (is_hopper()) EXPECT_TRUE(cuda::conv3x3_wgmma_applies(s, kGpu)) << "compute capability 9.0 but no wgmma path";
+    else EXPECT_FALSE(cuda::conv3x3_wgmma_applies(s, kGpu)) << "wgmma path claimed on a non-Hopper GPU";
+    // FP32 mode takes at most 128 channels each way (as conv3x3_applies): longer chains of
+    // truncating tensor-core sums would approach the 1e-5 tolerance.
+    if (is_hopper()) {
+      EXPECT_EQ(cuda::conv3x3_wgmma_applies(wide, kGpu), prec == Precision::TF32);
+    }
   }
-  PrecisionGuard guard(Precision::TF32);
-  EXPECT_FALSE(cuda::conv3x3_wgmma_applies(s, Device::cpu()));
-  const ConvShape strided = make_conv_shape("test", {1, 8, 9, 9}, {8, 8, 3, 3}, ConvParams{.stride = {2}});
-  EXPECT_FALSE(cuda::conv3x3_wgmma_applies(strided, kGpu));
-  // On an H100 / H200 the project's default build (sm_90a) must take the wgmma path: a
-  // failure here means the build lacks sm_90a code or the probe is wrong.
-  if (is_hopper()) EXPECT_TRUE(cuda::conv3x3_wgmma_applies(s, kGpu)) << "compute capability 9.0 but no wgmma path";
-  else EXPECT_FALSE(cuda::conv3x3_wgmma_applies(s, kGpu)) << "wgmma path claimed on a non-Hopper GPU";
 }
 
 TEST(CudaConv3x3Wgmma, ForwardOneHotIsExact) {
   REQUIRE_WGMMA();
-  PrecisionGuard guard(Precision::TF32);
   // Single tiles: narrow (K = 16 <= 64) and wide (K = 128); one chunk of 8 channels, and 13.
+  // FP32 mode (split tile, 64 channels): the low parts are all 0, the result exact likewise.
+  for (Precision prec : kModes)
   for (const Case& c : {Case{1, 8, 4, 16, 16, 1, 1}, Case{1, 8, 2, 128, 128, 1, 1}, Case{1, 13, 5, 40, 72, 0, 2}}) {
-    SCOPED_TRACE(name(c));
+    SCOPED_TRACE(name(c) + mode(prec));
+    PrecisionGuard guard(prec);
     const ConvShape s = shape_of(c);
     Tensor x = small_integers(s.x_shape()), w = one_hot_weights(c.K, c.C);
     Tensor want = Tensor::empty(s.y_shape(), {.dtype = f64});
@@ -179,9 +194,10 @@ TEST(CudaConv3x3Wgmma, ForwardOneHotIsExact) {
 
 TEST(CudaConv3x3Wgmma, GradInputOneHotIsExact) {
   REQUIRE_WGMMA();
-  PrecisionGuard guard(Precision::TF32);
+  for (Precision prec : kModes)
   for (const Case& c : {Case{1, 16, 4, 16, 8, 1, 1}, Case{1, 128, 4, 126, 8, 0, 0}, Case{1, 72, 5, 40, 13, 2, 0}}) {
-    SCOPED_TRACE(name(c));
+    SCOPED_TRACE(name(c) + mode(prec));
+    PrecisionGuard guard(prec);
     const ConvShape s = shape_of(c);
     Tensor dy = small_integers(s.y_shape()), w = one_hot_weights(c.K, c.C);
     Tensor want = Tensor::empty(s.x_shape(), {.dtype = f64});
@@ -194,15 +210,28 @@ TEST(CudaConv3x3Wgmma, GradInputOneHotIsExact) {
 
 TEST(CudaConv3x3Wgmma, ForwardMatchesReference) {
   REQUIRE_WGMMA();
-  for (const Case& c : kCases) {
-    check_forward(c, /*with_bias=*/false);
-    check_forward(c, /*with_bias=*/true);
-  }
+  for (Precision prec : kModes)
+    for (const Case& c : kCases) {
+      if (!runs_in(c, prec)) continue;
+      check_forward(c, /*with_bias=*/false, prec);
+      check_forward(c, /*with_bias=*/true, prec);
+    }
 }
 
 TEST(CudaConv3x3Wgmma, GradInputMatchesReference) {
   REQUIRE_WGMMA();
-  for (const Case& c : kCases) check_grad_input(c);
+  for (Precision prec : kModes)
+    for (const Case& c : kCases)
+      if (runs_in(c, prec)) check_grad_input(c, prec);
+}
+
+TEST(CudaConv3x3Wgmma, Fp32LongestChainsStayAccurate) {
+  REQUIRE_WGMMA();
+  // 128 input channels: 144 truncating tensor-core sums in the hi*hi' chain of each output (the
+  // cross terms have their own accumulator); 128 output channels = 2 tiles of 64.
+  const Case c{2, 128, 6, 45, 128, 1, 1};
+  check_forward(c, /*with_bias=*/true, Precision::FP32);
+  check_grad_input(c, Precision::FP32);
 }
 
 TEST(CudaConv3x3Wgmma, ManyTilesPerBlockMatchReference) {
@@ -210,15 +239,19 @@ TEST(CudaConv3x3Wgmma, ManyTilesPerBlockMatchReference) {
   // More tiles than SMs: every block runs several tiles back to back (the pipeline crosses
   // tile boundaries, the next tile's first wgmma overwrites the accumulators).
   const Case c{4, 19, 67, 300, 96, 1, 1};
-  check_forward(c, /*with_bias=*/true);
-  check_grad_input(c);
+  for (Precision prec : kModes) {
+    check_forward(c, /*with_bias=*/true, prec);
+    check_grad_input(c, prec);
+  }
 }
 
-TEST(CudaConv3x3Wgmma, PublicLaunchersTakeTheWgmmaPathInTf32) {
+TEST(CudaConv3x3Wgmma, PublicLaunchersTakeTheWgmmaPath) {
   REQUIRE_WGMMA();
-  // conv3x3_forward / conv3x3_grad_input route here in TF32 mode: the same bits as calling
+  // conv3x3_forward / conv3x3_grad_input route here in both modes: the same bits as calling
   // the wgmma launchers directly.
-  PrecisionGuard guard(Precision::TF32);
+  for (Precision prec : kModes) {
+  SCOPED_TRACE(mode(prec));
+  PrecisionGuard guard(prec);
   const Case c{1, 13, 7, 21, 70, 1, 1};
   const ConvShape s = shape_of(c);
   Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
@@ -231,6 +264,7 @@ TEST(CudaConv3x3Wgmma, PublicLaunchersTakeTheWgmmaPathInTf32) {
   cuda::conv3x3_wgmma_grad_input(dx_direct, dy, w, s);
   cuda::conv3x3_grad_input(dx_routed, dy, w, s);
   EXPECT_EQ(dx_direct.to_vector<float>(), dx_routed.to_vector<float>());
+  }
 }
 
 TEST(CudaConv3x3Wgmma, RejectsWhatItDoesNotTake) {
@@ -239,8 +273,9 @@ TEST(CudaConv3x3Wgmma, RejectsWhatItDoesNotTake) {
   Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
   {
     PrecisionGuard guard(Precision::FP32);
-    Tensor y = poisoned(s.y_shape());
-    TG_EXPECT_ERROR(cuda::conv3x3_wgmma_forward(y, x, w, Tensor(), s), "conv3x3_wgmma_forward", "TF32");
+    const ConvShape wide = shape_of({1, 3, 7, 9, 130, 1, 1});
+    Tensor ww = random(wide.w_shape(), f32, kGpu), y = poisoned(wide.y_shape());
+    TG_EXPECT_ERROR(cuda::conv3x3_wgmma_forward(y, x, ww, Tensor(), wide), "conv3x3_wgmma_forward", "128 channels");
   }
   PrecisionGuard guard(Precision::TF32);
   Tensor wrong = Tensor::empty({1, 4, 7, 8}, {.dtype = f32, .device = kGpu});
