@@ -332,17 +332,22 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
 // registers each). The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
 // m lies in row m / 2, columns 64 (m % 2) .. + 63. Warpgroup w owns m64 tiles w kMT .. w kMT +
 // kMT - 1 (kMT = 1, or even so that its tiles start at column 0 of a row).
+// Warpgroups per block (2 or 4): an experiment knob for the measurements in the notes.
+#ifndef TG_CONV3X3_WGMMA_WARPGROUPS
+#define TG_CONV3X3_WGMMA_WARPGROUPS 4
+#endif
 template <int kRows_, int kN_, bool kSplit_ = false>
 struct WgTile {
   static constexpr int kRows = kRows_, kCols = 128, kN = kN_;
   // FP32-accurate split products (see "FP32 mode" in the header): a second accumulator set for
   // the cross terms and a second B image (the weights' low parts) per tap.
   static constexpr bool kSplit = kSplit_;
-  static constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
+  static constexpr int kWarpgroups = TG_CONV3X3_WGMMA_WARPGROUPS, kThreads = 128 * kWarpgroups;
   static constexpr int kMT = kRows * (kCols / 64) / kWarpgroups;  // m64 tiles per warpgroup
   static_assert(kMT == 1 || kMT % 2 == 0, "a warpgroup's m64 tiles start at column 0 of a row or are one tile");
   static constexpr int kAcc = kN / 2;                 // f32 accumulators per thread per m64 tile
-  static_assert(kMT * kAcc * (kSplit ? 2 : 1) == 64, "64 accumulators per thread (128 registers at 512 threads per SM)");
+  static_assert(kMT * kAcc * (kSplit ? 2 : 1) * kWarpgroups == 256,
+                "256 / warpgroups accumulators per thread (64 at 512 threads: 128 registers)");
   static constexpr int kChunk = 8;  // input channels per stage: one k8 step per tap
   static constexpr int kHaloRows = kRows + 2;
   static constexpr int kRowLen = kCols + 8;  // kCols + 2 halo columns + <= 3 alignment shift, whole vectors
