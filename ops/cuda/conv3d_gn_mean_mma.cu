@@ -127,7 +127,7 @@ struct Taps {
 // many fewer TF32 roundings / FP32 splits), with no register copies for the pairs' fragments.
 // The absent 28th group and slot 21 are zero-weight padding. Other C_in keep w's own order.
 struct TapGroups3 {
-  static constexpr int kGroups = 27, kPerLane = 7, kNone = 27;
+  static constexpr int kGroups = 27, kPerLane = 7;  // byte 27: no group
   // Row i: the groups of lanes t = 0..3 (byte t). Chosen (offline search) so that each gather
   // of a warp -- 8 positions x the 4 lanes' groups at offsets ci CS + kd PS + kw, i.e.
   // 7 ci + 3 kd + kw mod 32 -- touches 32 distinct banks or the same word.
@@ -726,9 +726,15 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
 #pragma unroll
         for (int k = 0; k < 4; ++k) accw[mt][nt][k] = 0.f;
 
-    for (int u = warp; u < g.TD * g.TH; u += nwarps) {
-      const int d = u / g.TH, h = u % g.TH;
-      if (o.d0 + d >= g.OD || o.h0 + h >= g.OH) continue;  // warp-uniform
+    // Rows (d, h) = warp, warp + nwarps, ... of TD x TH without divisions; the valid depths
+    // and rows packed in one register (kept across the row loop instead of recomputed).
+    const uint32_t limits = static_cast<uint32_t>(g.OD - o.d0 < g.TD ? g.OD - o.d0 : g.TD) |
+                            static_cast<uint32_t>(g.OH - o.h0 < g.TH ? g.OH - o.h0 : g.TH) << 8;
+    int d = 0, h = warp;
+    for (;; h += nwarps) {
+      while (h >= g.TH) h -= g.TH, ++d;
+      if (d >= g.TD) break;
+      if (d >= static_cast<int>(limits & 0xffu) || h >= static_cast<int>(limits >> 8)) continue;  // warp-uniform
       const float* row = xs + d * g.PS + h * kRS;
 
       // (1) y^T (channels x 32 positions) = W^T (channels x taps) . patch^T (taps x positions).
