@@ -12,8 +12,8 @@
 // shapes on one accumulator, which PTX orders only through wgmma.fence). The tensor core's sums
 // truncate; the separate cross accumulator keeps the chain that carries the result to 1 sum per
 // tap (C = 128: 144 sums, ~3e-6 rel. in the truncating emulator; C = 64: ~1e-6), and acc + cross
-// is one round-to-nearest FADD in the epilogue. Tile: 2 rows x 128 columns x 64 channels, one
-// m64n64 per warpgroup, 32 + 32 accumulators; stage = halo 17.7 KB + 2 x 18.4 KB weights.
+// is one round-to-nearest FADD in the epilogue. Tile: 2 rows x 128 columns x 64 channels,
+// m64n64 tiles of 32 + 32 accumulators; stage = halo 17.7 KB + 2 x 18.4 KB weights.
 // Tensor work per product 3x TF32's; smem per m64n64k8: B 2 KB + A 2 KB / 3 (A loaded once for
 // hi and lo) = 2.7 KB per 32 tensor-clocks -> ~67% of the smem port at the tensor peak.
 //
@@ -26,13 +26,16 @@
 // GEMM view (as conv3x3.cu): M = output pixels, N = output channels, reduction = input
 // channels x 9 taps; one k8 step = one tap x 8 input channels.
 //
-// Block tile (512 threads = 4 warpgroups of <= 128 registers, one block per SM, persistent over
-// tiles; 4 warps per scheduler hide the A-fragment LDS + rounding latency that left the 2-warpgroup
-// version's tensor pipe idle half the time):
+// Block tile (TG_CONV3X3_WGMMA_WARPGROUPS = 2 warpgroups of <= 255 registers by default, one
+// block per SM, persistent over tiles). Measured on an H200 (workload A, same run): 2 warpgroups
+// TF32 forward 2.71 ms, FP32 6.26 ms; 4 warpgroups of <= 128 registers (4 warps per scheduler,
+// meant to hide the A-fragment LDS latency) 2.87 / 6.81 ms: the extra warps did not pay for the
+// halved accumulator tile per warpgroup. With 2 warpgroups:
 //   wide   (more than 64 output channels): 2 output rows x 128 columns x 128 channels; warpgroup
-//          w owns one m64 tile (row w / 2, columns 64 (w % 2) ..) x n128 -> 64 accumulators.
+//          w owns row w: 2 m64 tiles x n128 -> 2 x 64 accumulators.
 //   narrow (at most 64, e.g. workload A's grad-input): 4 rows x 128 columns x 64 channels;
-//          warpgroup w owns row w: 2 m64 tiles x n64 -> 2 x 32 accumulators.
+//          warpgroup w owns rows 2w, 2w+1: 4 m64 tiles x n64 -> 4 x 32 accumulators.
+//   FP32 split: 2 rows x 128 columns x 64 channels, 2 m64n64 per warpgroup, 2 x (32 + 32).
 //   Per pipeline stage: the input halo of 8 channels ((rows + 2) x 136 floats per channel,
 //   NCHW rows straight from global memory with cp.async, zero-filled at the borders, as in
 //   conv3x3.cu) and the 8 x 9 x N weight slice of those channels. 4 stages, loads 2 ahead.
@@ -327,14 +330,13 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   }
 }
 
-// Block tile: kRows x kCols output pixels of one image times kN output channels, 4 warpgroups
-// (512 threads: 4 warps per scheduler to hide the A-fragment LDS and rounding latency; <= 128
-// registers each). The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
+// Block tile: kRows x kCols output pixels of one image times kN output channels, kWarpgroups
+// warpgroups. The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
 // m lies in row m / 2, columns 64 (m % 2) .. + 63. Warpgroup w owns m64 tiles w kMT .. w kMT +
 // kMT - 1 (kMT = 1, or even so that its tiles start at column 0 of a row).
-// Warpgroups per block (2 or 4): an experiment knob for the measurements in the notes.
+// Warpgroups per block (2 or 4; see the header for why 2).
 #ifndef TG_CONV3X3_WGMMA_WARPGROUPS
-#define TG_CONV3X3_WGMMA_WARPGROUPS 4
+#define TG_CONV3X3_WGMMA_WARPGROUPS 2
 #endif
 template <int kRows_, int kN_, bool kSplit_ = false>
 struct WgTile {
@@ -367,12 +369,12 @@ struct WgTile {
   // relative to its first one (compile-time: kMT is 1 or even).
   __host__ __device__ static constexpr int tile_offset(int m) { return (m / 2) * kRowLen + 64 * (m % 2); }
 };
-// More than 64 output channels: 2 x 128 pixels x 128 channels (218 KB of shared memory), one
-// m64n128 tile per warpgroup. At most 64: 4 x 128 pixels x 64 channels (179 KB), two m64n64.
+// More than 64 output channels: 2 x 128 pixels x 128 channels (218 KB of shared memory), m64n128
+// tiles. At most 64: 4 x 128 pixels x 64 channels (179 KB), m64n64 tiles.
 using WideWg = WgTile<2, 128>;
 using NarrowWg = WgTile<4, 64>;
-// FP32 mode, any number of output channels (in tiles of 64): 2 x 128 pixels x 64 channels, one
-// m64n64 tile per warpgroup with 32 + 32 accumulators (218 KB of shared memory).
+// FP32 mode, any number of output channels (in tiles of 64): 2 x 128 pixels x 64 channels,
+// m64n64 tiles with 32 + 32 accumulators each (218 KB of shared memory).
 using SplitWg = WgTile<2, 64, true>;
 
 // One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
