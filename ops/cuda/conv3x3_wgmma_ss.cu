@@ -1,0 +1,507 @@
+// 3x3 stride-1 convolutions in NCHW on Hopper's warpgroup MMA with BOTH operands in shared memory
+// (wgmma "SS", sm_90a), TF32: the forward pass and the input gradient (the same kernel on
+// flipped, transposed weights). The warps only copy and issue wgmma: no operand passes through
+// registers (the register-A kernel, conv3x3_wgmma.cu, spent its issue slots and latency on the
+// A-fragment LDS and rounding: tensor pipe 47%, 2.74 ms for workload A on an H200).
+//
+// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0), per pass:
+//   2 * 4.17M pixels * 128 * 576 = 615 GFLOP; x 1.07 GB + y 2.13 GB = 0.75 ms at 4.3 TB/s (H200).
+//   TF32 dense wgmma peak ~495 TFLOP/s (1024 FMA/clk/SM): 1.24 ms. Target: forward <= 2.06 ms
+//   (298 TFLOP/s = 60% of the peak). Compute-bound: the design is about feeding the tensor cores.
+//
+// GEMM view (transposed against conv3x3_wgmma.cu): M = output channels (the weights are A),
+// N = output pixels (the input halo is B), reduction = input channels x 9 taps; one k8 step = one
+// tap x 8 input channels.
+//
+// Block tile (256 threads = 2 warpgroups, one block per SM, persistent over tiles): 64 output
+// channels x 2 output rows x 256 columns; warpgroup w owns output row w: one
+// wgmma.mma_async.m64n256k8.f32.tf32.tf32 per tap (128 f32 accumulators per thread).
+// Per pipeline stage (8 input channels; 4 stages, loads 2 steps ahead):
+//   halo (B)   [channel quad (2)][halo row (4)][halo column (264, 258 used)][4 channels] 33 KB
+//   weights (A)[tap (9)][k half (2)][output channel (64)][4 input channels]              18 KB
+//   = 52.2 KB per stage, 209 KB for 4 (of 227 KB).
+//
+// Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/wgmma.cuh
+// states the layout: element (row, k) at start + (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4):
+//   A = weights: start = weights + tap * 2 KB, rows = output channels m: 16-byte rows
+//       [m][4 channels], SBO = 128 B (next 8 output channels), LBO = 64 * 16 = 1 KB (channels
+//       4..7 of the chunk). The pre-pass writes exactly this image per (chunk, channel tile), rounded
+//       to TF32, so a stage's weights are one contiguous 16-byte cp.async run.
+//   B = halo: rows = output pixels n = column 0..255 of output row w; pixel n of tap (r, s)
+//       reads halo (row w + r, column n + s), whose 4 channels are one 16-byte row.
+//       start = halo + ((w + r) * 264 + s) * 16 B, SBO = 128 B (8 consecutive columns), LBO =
+//       4 * 264 * 16 B = 16.5 KB (the second channel quad). Every tap shift is just another start
+//       address (16-byte aligned); no data moves.
+//   D: thread (warp wi of the warpgroup, g = lane / 4, t = lane % 4) holds output channel
+//       k0 + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < 32).
+//
+// Halo fill: 4-byte cp.async, each float to its transposed slot; zero-filled (src-size 0) for
+// padding, borders and channels past Cin. Warp v of the block copies channel quad v / 4, halo row
+// v % 4: lane (c = lane % 4, p = lane / 4) takes channel 4 quad + c, columns p + 8 i (i < 33, the
+// last only for p < 2). One copy instruction therefore writes 8 pixels x 4 channels = 128
+// contiguous bytes of shared memory (one wavefront, no bank conflict) and reads 4 rows x 32 bytes
+// of global memory (4 sectors, 8 when unaligned). Per stage and thread: 33 halo + 4.5 weight copies.
+//
+// TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
+// truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
+// weights are rounded once by the pre-pass (rms ~2.1e-4). With random signs the output's rel. L2
+// error is ~ the products' rms relative error, independent of the reduction length (576 for
+// C = 64): sqrt(4.2^2 + 2.1^2) e-4 ~ 4.6e-4 < 1e-3 (the TF32 tolerance). cuBLAS / cuDNN TF32 treat
+// activations the same way. FP32 mode is not offered (conv3x3_wgmma_ss_applies says false).
+//
+// Ordering (PTX ISA, wgmma and the async proxy):
+//   - step s: cp.async.wait_group 1 (this thread's copies of step s landed) -> fence.proxy.async
+//     -> __syncthreads (everyone's landed and are visible to wgmma) -> wgmma.fence -> 9 wgmma ->
+//     commit -> copies of step s + 2 into stage (s + 2) % 4 -> wgmma.wait_group 1 (retires step
+//     s - 1). The copies are issued behind the wgmma so the tensor cores never wait for them.
+//   - stage (s + 2) % 4 was last read by step s - 2, which every warpgroup retired (its wait at
+//     the end of step s - 1) before the barrier of step s: refilled only after every wgmma
+//     reading it retired.
+//   - tile end: wait_group 0, accumulators re-bound (fence_operand), stored; the next tile's first
+//     wgmma has scale-d = 0 (no zeroing) and follows a wgmma.fence (the epilogue read them).
+//
+// Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
+//   operand reads 18 x (A 2 KB + B 8 KB) = 180 KB = 1440 wavefronts (B is read once per wgmma and
+//   serves all 4 warps' M rows), fills 52.2 KB = 408 wavefronts: 1848 of 2304 wavefront-clocks
+//   (80% of the port at the tensor peak; the register-A kernel needed 93%).
+// L2 -> SM: 52.2 KB per 2304 clocks at peak, ~3.2 TB/s over 132 SMs at 300 TFLOP/s (same order
+// as the register-A kernel; the weights are 35% of it).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_context.h"
+#include "core/precision.h"
+#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_wgmma_ss.h"
+#include "ops/cuda/wgmma.cuh"
+
+namespace tg::cuda {
+namespace {
+
+// ---- primitives (besides ops/cuda/wgmma.cuh) ----
+
+// Copies kBytes (4 or 16) from global to shared memory asynchronously; when !valid the
+// destination is zero-filled instead (src-size 0: nothing is read from src).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgmma::shared_address(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    static_assert(kBytes == 4, "4 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(wgmma::shared_address(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
+__device__ __forceinline__ float tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
+// *ptr = v if pred; (ptr[0], ptr[1]) = (v0, v1) if pred (ptr 8-byte aligned). Predicated stores,
+// no branch for the address arithmetic to sink into.
+__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+__device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(ptr), "f"(v0),
+      "f"(v1), "r"(static_cast<int>(pred))
+      : "memory");
+}
+
+__device__ __forceinline__ float* dynamic_smem() {
+  extern __shared__ __align__(128) float smem_buffer[];
+  return smem_buffer;
+}
+
+// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
+
+struct SsTile {
+  static constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
+  static constexpr int kRows = kWarpgroups;  // output rows per tile: one per warpgroup
+  static constexpr int kCols = 256;          // output columns per tile: the wgmma N
+  static constexpr int kM = 64;              // output channels per tile: the wgmma M
+  static constexpr int kAcc = kCols / 2;     // f32 accumulators per thread
+  static constexpr int kChunk = 8;           // input channels per stage: one k8 step per tap
+  static constexpr int kStages = 4;          // a stage is refilled 2 steps after its use
+  static constexpr int kHaloRows = kRows + 2;
+  static constexpr int kHaloCols = kCols + 2;             // columns the taps read
+  static constexpr int kCopyCols = 8 * ceil_div(kHaloCols, 8);  // copied in groups of 8 (264)
+  static constexpr int kQuadFloats = kHaloRows * kCopyCols * 4;  // one channel quad of the halo
+  static constexpr int kXStage = 2 * kQuadFloats;                 // halo floats per stage
+  static constexpr int kTapFloats = 2 * kM * 4;                   // A image of one tap
+  static constexpr int kWStage = 9 * kTapFloats;
+  static constexpr int kStageFloats = kXStage + kWStage;
+  static constexpr uint32_t kALbo = kM * 16, kASbo = 128;            // weights: next channel quad, next 8 rows
+  static constexpr uint32_t kBLbo = kQuadFloats * 4, kBSbo = 128;    // halo: next channel quad, next 8 pixels
+  static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+  static_assert(kThreads / 32 == 2 * kHaloRows, "one warp per (channel quad, halo row) of a stage");
+  static_assert(kXStage % 32 == 0 && kStageFloats % 32 == 0, "operand images on 128-byte boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+};
+using T = SsTile;
+
+// One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
+// with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
+struct SsParams {
+  int64_t N, Cin, Hin, Win;
+  int64_t Kout, Hout, Wout;
+  int64_t pad_h, pad_w;
+  int64_t chunks;  // ceil(Cin / 8)
+  int64_t row_tiles, col_tiles, k_tiles, tiles;
+  bool pairs;  // Wout even and out 8-byte aligned: two adjacent columns per store
+};
+
+// Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
+// running together share their input halo rows in L2.
+struct TileCoord {
+  int64_t n, oh0, ow0, k0;
+};
+__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const SsParams& p) {
+  TileCoord c;
+  c.k0 = (tile % p.k_tiles) * T::kM;
+  tile /= p.k_tiles;
+  c.ow0 = (tile % p.col_tiles) * T::kCols;
+  tile /= p.col_tiles;
+  c.oh0 = (tile % p.row_tiles) * T::kRows;
+  c.n = tile / p.row_tiles;
+  return c;
+}
+
+// The block's next (tile, channel chunk) to load; tile coordinates are recomputed (64-bit
+// divisions) only when the tile changes.
+struct LoadCursor {
+  int64_t tile, chunk;
+  TileCoord tc;
+};
+__device__ __forceinline__ void advance(LoadCursor& c, const SsParams& p) {
+  if (++c.chunk < p.chunks) return;
+  c.chunk = 0;
+  c.tile += gridDim.x;
+  if (c.tile < p.tiles) c.tc = tile_coord(c.tile, p);
+}
+
+// Issues the copies of the cursor's (tile, chunk) into `stage`: the transposed halo (this warp:
+// one channel quad x one halo row), then the chunk's weight images (one contiguous block of the
+// prepared weights, laid out as in shared memory).
+__device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
+                                          const SsParams& p, const LoadCursor& cur) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad = warp / T::kHaloRows, hrow = warp % T::kHaloRows;
+  const int c = lane % 4, px = lane / 4;
+  const int64_t ci = cur.chunk * T::kChunk + 4 * quad + c;
+  const int64_t ih = cur.tc.oh0 - p.pad_h + hrow;
+  const int64_t iw_first = cur.tc.ow0 - p.pad_w + px;  // column of copy 0
+  const bool row_ok = ci < p.Cin && ih >= 0 && ih < p.Hin;
+  // Copy i reads column iw_first + 8 i: inside the row for 8 i in [col_lo, col_hi) (32-bit
+  // compares against constants in the unrolled loop).
+  const int col_lo = static_cast<int>(clamp_i64(-iw_first, -8, T::kCopyCols));
+  const int col_hi = static_cast<int>(clamp_i64(p.Win - iw_first, -8, T::kCopyCols));
+  // (ci, ih, iw_first); only read through where the copy is valid.
+  const float* row = in + (row_ok ? ((cur.tc.n * p.Cin + ci) * p.Hin + ih) * p.Win + iw_first : 0);
+  float* dst = stage + ((quad * T::kHaloRows + hrow) * T::kCopyCols + px) * 4 + c;
+#pragma unroll
+  for (int i = 0; i < T::kCopyCols / 8; ++i) {
+    if (8 * i + 8 > T::kHaloCols && 8 * i + px >= T::kHaloCols) break;  // columns no tap reads
+    const bool ok = row_ok && 8 * i >= col_lo && 8 * i < col_hi;
+    cp_async<4>(dst + 32 * i, ok ? row + 8 * i : in, ok);
+  }
+
+  const float* src = wp + (cur.chunk * p.k_tiles + cur.tc.k0 / T::kM) * T::kWStage;
+  float* wdst = stage + T::kXStage;
+  constexpr int kVectors = T::kWStage / 4;
+#pragma unroll
+  for (int i = 0; i < (kVectors + T::kThreads - 1) / T::kThreads; ++i) {
+    const int v = threadIdx.x + i * T::kThreads;
+    if (kVectors % T::kThreads != 0 && v >= kVectors) break;
+    cp_async<16>(wdst + 4 * v, src + 4 * v, true);
+  }
+}
+
+// Issues the 9 taps of one stage for this warpgroup (output row wg of the tile), one m64n256k8
+// each, as one commit group. x_addr / w_addr: shared addresses of the stage's halo and weights.
+// accumulate: false for the first stage of a tile (its first wgmma overwrites the accumulators).
+__device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_addr, uint32_t w_addr, int wg,
+                                            bool accumulate) {
+  const uint64_t desc_a = wgmma::kmajor_desc(w_addr, T::kALbo, T::kASbo);
+  const uint64_t desc_b = wgmma::kmajor_desc(x_addr + 16u * wg * T::kCopyCols, T::kBLbo, T::kBSbo);
+  wgmma::fence();  // the accumulators were read (epilogue) or written by this thread before
+#pragma unroll
+  for (int tap = 0; tap < 9; ++tap) {
+    const int r = tap / 3, s = tap % 3;
+    wgmma::mma_ss_tf32<T::kCols>(acc, wgmma::desc_advance(desc_a, tap * T::kTapFloats * 4),
+                                 wgmma::desc_advance(desc_b, 16 * (r * T::kCopyCols + s)), accumulate || tap > 0);
+  }
+  wgmma::commit();
+}
+
+// Writes a finished tile (+ bias). This thread holds output channels k0 + 16 wi + g + 8 h of
+// output row oh0 + wg, columns ow0 + 8 j + 2 t + e in acc[4 j + 2 h + e]. Addresses are formed
+// for rows, channels or columns outside the output too, and never stored to.
+__device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
+                                           const SsParams& p, const TileCoord& tc, const float (&acc)[T::kAcc],
+                                           int wg, int wi, int g, int t) {
+  const int64_t oh = tc.oh0 + wg;
+  const int64_t cols_left64 = p.Wout - tc.ow0 - 2 * t;  // this thread's column 8 j is inside if 8 j < this
+  const int cols_left = static_cast<int>(cols_left64 < T::kCols ? cols_left64 : T::kCols);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t k = tc.k0 + 16 * wi + g + 8 * h;
+    const bool ok = k < p.Kout && oh < p.Hout;
+    const float b = bias && k < p.Kout ? bias[k] : 0.f;
+    float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0 + 2 * t;
+    if (p.pairs) {
+#pragma unroll
+      for (int j = 0; j < T::kCols / 8; ++j)
+        store2_if(row + 8 * j, acc[4 * j + 2 * h] + b, acc[4 * j + 2 * h + 1] + b, ok && 8 * j < cols_left);
+    } else {
+#pragma unroll
+      for (int j = 0; j < T::kCols / 8; ++j) {
+        store_if(row + 8 * j, acc[4 * j + 2 * h] + b, ok && 8 * j < cols_left);
+        store_if(row + 8 * j + 1, acc[4 * j + 2 * h + 1] + b, ok && 8 * j + 1 < cols_left);
+      }
+    }
+  }
+}
+
+// out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
+// over the block's (tile, chunk) steps without a break.
+__global__ void __launch_bounds__(T::kThreads, 1)
+    conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
+                            const float* __restrict__ in,    // (N, Cin, Hin, Win)
+                            const float* __restrict__ wp,    // (chunks, k_tiles, 9, 2, 64, 4)
+                            const float* __restrict__ bias,  // (Kout) or null
+                            SsParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float* smem = dynamic_smem();
+  const uint32_t smem_addr = wgmma::shared_address(smem);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wg = warp / 4, wi = warp % 4;  // warpgroup (= output row of the tile), warp within it
+
+  float acc[T::kAcc];
+#pragma unroll
+  for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
+
+  LoadCursor cur{blockIdx.x, 0, tile_coord(blockIdx.x, p)};
+#pragma unroll 1
+  for (int s = 0; s < 2; ++s) {
+    if (cur.tile < p.tiles) {  // the cursor runs past the block's last tile when its steps are all loaded
+      load_step(smem + s * T::kStageFloats, in, wp, p, cur);
+      advance(cur, p);
+    }
+    cp_async_commit();
+  }
+  int load_stage = 2, compute_stage = 0;
+  // One (tile, chunk) step: publish its stage, issue its 9 taps, then (while they and the
+  // previous step's run) refill the stage used 2 steps ago, and retire the previous step.
+  const auto run_step = [&](bool accumulate) {
+    cp_async_wait<1>();          // this thread's copies of this step have landed (one newer group may be open)
+    wgmma::fence_proxy_async();  // ... and are visible to the wgmma's operand reads
+    __syncthreads();             // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
+    const uint32_t stage_addr = smem_addr + 4u * compute_stage * T::kStageFloats;
+    compute_stage = compute_stage == T::kStages - 1 ? 0 : compute_stage + 1;
+    issue_stage(acc, stage_addr, stage_addr + 4u * T::kXStage, wg, accumulate);
+    if (cur.tile < p.tiles) {
+      load_step(smem + load_stage * T::kStageFloats, in, wp, p, cur);
+      advance(cur, p);
+    }
+    cp_async_commit();
+    load_stage = load_stage == T::kStages - 1 ? 0 : load_stage + 1;
+    wgmma::wait<1>();  // step - 1 retired: its stage may be refilled after the next barrier
+  };
+  // The first chunk of a tile is peeled off the chunk loop so that wgmma are in flight on both
+  // paths into the loop head (one loop over (tile, chunk) steps made ptxas drain the warpgroup on
+  // the back edge in the register-A kernel, warning C7517).
+#pragma unroll 1
+  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    run_step(/*accumulate=*/false);  // scale-d = 0: the tile's accumulators start over
+#pragma unroll 1
+    for (int64_t chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);
+    wgmma::wait<0>();
+#pragma unroll
+    for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
+    store_tile(out, bias, p, tile_coord(tile, p), acc, wg, wi, g, t);
+  }
+  cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
+#else
+  __trap();  // conv3x3_wgmma_ss_applies is false for builds without sm_90a code
+#endif
+}
+
+// wp (chunks, k_tiles, 9 taps, 2 k halves, 64, 4) from w (K, C, 3, 3), rounded to TF32: element
+// (chunk, kt, tap, h, m, q) belongs to input channel ci = 8 chunk + 4 h + q and output channel
+// o = 64 kt + m, zero outside. Forward: w[o][ci][tap]. Grad-input (the convolution of dy with the
+// flipped kernel, channels swapped: Cin = K, Kout = C): w[ci][o][8 - tap].
+__global__ void prepare_ss_weights_kernel(float* __restrict__ wp, const float* __restrict__ w, int64_t K, int64_t C,
+                                          int64_t chunks, int64_t k_tiles, bool for_grad_input) {
+  const int64_t total = chunks * k_tiles * T::kWStage;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t q = i % 4, m = i / 4 % T::kM, h = i / (4 * T::kM) % 2, tap = i / T::kTapFloats % 9;
+    const int64_t kt = i / T::kWStage % k_tiles, chunk = i / (T::kWStage * k_tiles);
+    const int64_t ci = T::kChunk * chunk + 4 * h + q, o = kt * T::kM + m;
+    float v = 0.f;
+    if (!for_grad_input) {
+      if (ci < C && o < K) v = w[(o * C + ci) * 9 + tap];
+    } else {
+      if (ci < K && o < C) v = w[(ci * C + o) * 9 + (8 - tap)];
+    }
+    wp[i] = tf32_round(v);
+  }
+}
+
+// ---- planning (host) ----
+
+inline SsParams forward_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                               int64_t pad_h, int64_t pad_w) {
+  SsParams p{};
+  p.N = N, p.Cin = C, p.Hin = H, p.Win = W;
+  p.Kout = K, p.Hout = Ho, p.Wout = Wo;
+  p.pad_h = pad_h, p.pad_w = pad_w;
+  return p;
+}
+// Grad-input: out = dx (N, C, H, W) from in = dy (N, K, Ho, Wo), padding 2 - pad.
+inline SsParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo,
+                                  int64_t pad_h, int64_t pad_w) {
+  SsParams p{};
+  p.N = N, p.Cin = K, p.Hin = Ho, p.Win = Wo;
+  p.Kout = C, p.Hout = H, p.Wout = W;
+  p.pad_h = 2 - pad_h, p.pad_w = 2 - pad_w;
+  return p;
+}
+
+inline SsParams plan(SsParams p, bool out_aligned_8) {
+  p.k_tiles = ceil_div(p.Kout, T::kM);
+  p.chunks = ceil_div(p.Cin, T::kChunk);
+  p.row_tiles = ceil_div(p.Hout, T::kRows);
+  p.col_tiles = ceil_div(p.Wout, T::kCols);
+  p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
+  p.pairs = p.Wout % 2 == 0 && out_aligned_8;
+  return p;
+}
+
+// ---- END KERNELS ----
+
+constexpr int kPrepThreads = 256;
+
+// 1 in the device image when it was compiled with the sm_90a instructions, 0 otherwise (e.g. a
+// build for sm_90 or older GPUs that the driver runs or JIT-compiles on an H100/H200).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ int ss_code_present = 1;
+#else
+__device__ int ss_code_present = 0;
+#endif
+
+// Compute capability 9.0 and a device image with the sm_90a code; asked once per device.
+bool device_runs_ss(int dev) {
+  static std::atomic<int> known[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (dev < 0 || dev >= 64) return false;
+  int state = known[dev].load(std::memory_order_acquire);
+  if (state == 0) {
+    int major = 0, minor = 0, present = 0;
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major == 9 && minor == 0) {
+      set_device(dev);
+      // No image for this device at all is an error here, not a reason to stop: answer "no".
+      if (cudaMemcpyFromSymbol(&present, ss_code_present, sizeof(int)) != cudaSuccess) {
+        present = 0;
+        (void)cudaGetLastError();
+      }
+    }
+    state = present == 1 ? 1 : 2;
+    known[dev].store(state, std::memory_order_release);
+  }
+  return state == 1;
+}
+
+int sm_count(int dev) {
+  static std::atomic<int> cached[64] = {};
+  if (dev < 0 || dev >= 64) dev = 0;
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
+  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
+  const Device d = ts.begin()->first->device();
+  TG_CHECK(conv3x3_wgmma_ss_applies(s, d), op,
+           ": needs a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a "
+           "code; got x ",
+           s.x_shape(), ", w ", s.w_shape(), " on ", d);
+  for (const auto& [t, shape] : ts) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device() == d, op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
+             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
+  }
+}
+
+// out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
+void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p, bool for_grad_input) {
+  const int dev = out.device().index;
+  set_device(dev);
+  p = plan(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
+
+  Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
+  prepare_ss_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
+      wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, for_grad_input);
+  TG_LAUNCH_CHECK();
+
+  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(T::kSmemBytes)));
+  // One block per SM (the accumulators take half the registers, the stages most of the smem).
+  const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
+  conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
+  TG_LAUNCH_CHECK();
+  // wp is freed stream-ordered, after the kernel that reads it.
+}
+
+}  // namespace
+
+bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d) {
+  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_ss(d.index);
+}
+
+void conv3x3_wgmma_ss_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                              const ConvShape& s) {
+  check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+  run(y, x, w, b.defined() ? b.data<float>() : nullptr,
+      forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+      /*for_grad_input=*/false);
+}
+
+void conv3x3_wgmma_ss_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+  check_tensors("conv3x3_wgmma_ss_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+  run(dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+      /*for_grad_input=*/true);
+}
+
+}  // namespace tg::cuda
