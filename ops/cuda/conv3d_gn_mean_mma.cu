@@ -16,9 +16,11 @@
 //
 // Shapes: the kernels take C_in in {1, 3} and K = 8 NT (instantiated: K = 24), any N, D, H, W.
 // Tiles are TD depths x TH rows (even) x kTW = 32 columns of one sample; a block stages the
-// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory (zeros past the input) with
-// cp.async, double-buffered: the next tile's footprint lands while the current one computes.
-// Taps k = ci*27 + kd*9 + kh*3 + kw (w's own layout), padded with zero-weight taps to k8 / m16.
+// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory with cp.async (only what lies
+// inside the input; the rest is read only by skipped or masked outputs and stays finite),
+// double-buffered: the next tile's footprint lands while the current one computes.
+// Taps k = ci*27 + kd*9 + kh*3 + kw (w's own layout), padded with zero-weight taps to k8 / m16;
+// the forward for C_in 3 reorders them (TapGroups3) so that a lane gathers each input row once.
 // The x tile's row, plane and channel strides are 11, 3 and 7 mod 32: every fragment gather
 // below then touches 32 distinct banks (checked offline for C = 3).
 //
@@ -29,7 +31,8 @@
 //                    ...; weights staged once per block; one barrier per tile. A warp computes
 //                    2 rows x 32 columns (4 m16 tiles) x K channels: M = positions (16
 //                    consecutive w), N = channels, K = taps, A gathered from the x tile through
-//                    a per-lane tap-offset table; then per-lane sums of z and z^2 (z = y - bias)
+//                    per-lane offset tables (C_in 3: (ci, kd, kw) groups whose input rows feed
+//                    both output rows as whole fragments); then per-lane sums of z and z^2 (z = y - bias)
 //                    straight from the accumulator fragments, a shuffle butterfly per warp, and
 //                    the warps' sums added in order (f64) -> partial (tile, 2, K).
 //  tile_stats_reduce tiles of a sample in order -> S1, S2 (bias folded back in).
