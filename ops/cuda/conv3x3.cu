@@ -31,6 +31,8 @@
 // Shared-memory strides are chosen so that every fragment load of a warp hits 32 distinct banks.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -39,6 +41,7 @@
 #include "core/precision.h"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma.h"
+#include "ops/cuda/conv3x3_wgmma_ss.h"
 
 namespace tg::cuda {
 namespace {
@@ -988,9 +991,23 @@ bool conv3x3_applies(const ConvShape& s) {
          s.in[2] + 2 * s.pad[2] <= (int64_t{1} << 28);
 }
 
+namespace {
+// TF32 on Hopper has two wgmma kernels: both operands from shared memory (conv3x3_wgmma_ss, the
+// default) or activations from registers (conv3x3_wgmma, which also serves FP32 mode).
+// TG_CONV3X3_TF32_KERNEL=rs selects the latter, to measure one against the other.
+bool tf32_ss_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("TG_CONV3X3_TF32_KERNEL");
+    return e == nullptr || std::strcmp(e, "rs") != 0;
+  }();
+  return enabled;
+}
+}  // namespace
+
 void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (b.defined()) check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+  if (tf32_ss_enabled() && conv3x3_wgmma_ss_applies(s, y.device())) return conv3x3_wgmma_ss_forward(y, x, w, b, s);
   if (conv3x3_wgmma_applies(s, y.device())) return conv3x3_wgmma_forward(y, x, w, b, s);  // sm_90a, both modes
   run_gemm(y, x, w, b.defined() ? b.data<float>() : nullptr,
            forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
@@ -999,6 +1016,7 @@ void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Te
 
 void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   check_tensors("conv3x3_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+  if (tf32_ss_enabled() && conv3x3_wgmma_ss_applies(s, dx.device())) return conv3x3_wgmma_ss_grad_input(dx, dy, w, s);
   if (conv3x3_wgmma_applies(s, dx.device())) return conv3x3_wgmma_grad_input(dx, dy, w, s);  // sm_90a, both modes
   run_gemm(dx, dy, w, nullptr,
            grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
