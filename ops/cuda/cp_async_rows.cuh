@@ -1,0 +1,131 @@
+// Asynchronous global -> shared copies (cp.async) and the row-grid loader that stages the
+// NCHW input halos of the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on
+// wgmma): one copy of the code, so both kernels stage their halos alike. Device code only;
+// included inside those files' anonymous namespaces' parent (tg::cuda), each translation unit
+// gets its own copy.
+#pragma once
+#include <cstdint>
+
+namespace tg::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies kBytes (4, 8 or 16) from global to shared memory asynchronously; when !valid the
+// destination is zero-filled instead (src-size 0: nothing is read from src).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Copies a grid of rows, row (outer, inner) for outer < kOuter, inner < kInner, each kPerRow
+// vectors of kVec floats, from global memory (row start: src_base + outer * src_outer +
+// inner * src_inner elements) to shared memory (dst + outer * dst_outer + inner * dst_inner
+// floats). Rows with outer >= outer_end or inner outside [inner_begin, inner_end), and vectors
+// outside [j_begin, j_end), are zero-filled. Consecutive lanes take consecutive vectors of a
+// row (coalesced); kLanes lanes (a power of two covering kPerRow, at most 32) share a row and
+// each pass moves every thread to a row a fixed distance away, so all trip counts are
+// compile-time constants and a copy costs a few integer adds.
+constexpr int lanes_for(int per_row) {
+  int lanes = 1;
+  while (lanes < per_row && lanes < 32) lanes *= 2;
+  return lanes;
+}
+struct RowGrid {
+  const float* src;
+  int64_t src_base, src_outer, src_inner;  // elements
+  int dst_outer, dst_inner;                // floats
+  int outer_end, inner_begin, inner_end, j_begin, j_end;
+};
+template <int kThreads, int kOuter, int kInner, int kPerRow, int kVec>
+__device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
+  constexpr int kLanes = lanes_for(kPerRow), kSlots = kThreads / kLanes;  // rows per pass
+  static_assert(kThreads % kLanes == 0, "rows must not straddle threads");
+  // Either each slot keeps its inner row and steps over outer rows, or (when the slots do not
+  // divide into whole outer rows) each slot keeps an outer row and steps through the inner ones
+  // (all of them, or with more slots than outer rows every (kSlots / kOuter)-th one).
+  constexpr bool kInnerFixed = kSlots % kInner == 0;
+  if constexpr (!kInnerFixed && kOuter % kSlots != 0 && kSlots % kOuter == 0 &&
+                kInner % (kSlots / kOuter) == 0) {
+    // More slots than outer rows (512 threads over 8 channels of a 6-row halo): each slot keeps
+    // an outer row and steps through every (kSlots / kOuter)-th inner row.
+    constexpr int kStep = kSlots / kOuter, kPassesAll = kInner / kStep;
+    constexpr int kColPassesAll = (kPerRow + kLanes - 1) / kLanes;
+    const int lane_j_all = threadIdx.x % kLanes, slot_all = threadIdx.x / kLanes;
+    const int outer = slot_all % kOuter, inner0 = slot_all / kOuter;
+    int64_t row_src = g.src_base + outer * g.src_outer + inner0 * g.src_inner + lane_j_all * kVec;
+    float* row_dst = dst + outer * g.dst_outer + inner0 * g.dst_inner + lane_j_all * kVec;
+#pragma unroll
+    for (int i = 0; i < kPassesAll; ++i) {
+      const int inner = inner0 + i * kStep;
+      const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+#pragma unroll
+      for (int jj = 0; jj < kColPassesAll; ++jj) {
+        const int j = lane_j_all + jj * kLanes;
+        if (kPerRow % kLanes != 0 && j >= kPerRow) break;
+        const bool ok = row_ok && j >= g.j_begin && j < g.j_end;
+        cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+      }
+      row_src += kStep * g.src_inner;
+      row_dst += kStep * g.dst_inner;
+    }
+  } else {  // fixed inner row per slot, or fixed outer row per slot
+  static_assert(kInnerFixed || kOuter % kSlots == 0, "no fixed-stride row schedule");
+  constexpr int kPasses = kInnerFixed ? (kOuter * kInner + kSlots - 1) / kSlots : kInner * (kOuter / kSlots);
+  constexpr int kColPasses = (kPerRow + kLanes - 1) / kLanes;
+  const int lane_j = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int outer0 = kInnerFixed ? slot / kInner : slot, inner0 = kInnerFixed ? slot % kInner : 0;
+  bool col_ok[kColPasses];
+#pragma unroll
+  for (int jj = 0; jj < kColPasses; ++jj) {
+    const int j = lane_j + jj * kLanes;
+    col_ok[jj] = j >= g.j_begin && j < g.j_end;
+  }
+  // Row starts advance by a fixed step per pass (or, with fixed outer rows, by one inner row and
+  // a jump after each kInner passes): incremental, so nothing per pass is kept in registers.
+  int64_t row_src = g.src_base + outer0 * g.src_outer + inner0 * g.src_inner + lane_j * kVec;
+  float* row_dst = dst + outer0 * g.dst_outer + inner0 * g.dst_inner + lane_j * kVec;
+  const int64_t src_step = kInnerFixed ? (kSlots / kInner) * g.src_outer : g.src_inner;
+  const int dst_step = kInnerFixed ? (kSlots / kInner) * g.dst_outer : g.dst_inner;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int outer = outer0 + (kInnerFixed ? i * (kSlots / kInner) : (i / kInner) * kSlots);
+    const int inner = inner0 + (kInnerFixed ? 0 : i % kInner);
+    if (kInnerFixed && (kOuter * kInner) % kSlots != 0 && outer >= kOuter) break;
+    const bool row_ok = outer < g.outer_end && inner >= g.inner_begin && inner < g.inner_end;
+#pragma unroll
+    for (int jj = 0; jj < kColPasses; ++jj) {
+      if (kPerRow % kLanes != 0 && lane_j + jj * kLanes >= kPerRow) break;  // the next row's space
+      const bool ok = row_ok && col_ok[jj];
+      // row_src lies past the tensor's edges when !row_ok: it is not read then.
+      cp_async<4 * kVec>(row_dst + jj * kLanes * kVec, g.src + (ok ? row_src + jj * kLanes * kVec : 0), ok);
+    }
+    if (kInnerFixed || i % kInner != kInner - 1) {
+      row_src += src_step;
+      row_dst += dst_step;
+    } else {  // next outer block of kSlots rows, back to inner row 0
+      row_src += kSlots * g.src_outer - (kInner - 1) * g.src_inner;
+      row_dst += kSlots * g.dst_outer - (kInner - 1) * g.dst_inner;
+    }
+  }
+  }
+}
+
+}  // namespace
+}  // namespace tg::cuda
