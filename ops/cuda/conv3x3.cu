@@ -43,48 +43,19 @@
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/cp_async_rows.cuh"
+#include "ops/cuda/mma_sync.cuh"
 
 namespace tg::cuda {
 namespace {
 
-// ---- PTX primitives: the only target-specific code in this file --------------------------------
-
+// ---- PTX primitives: the only target-specific code in this file (cp.async: cp_async_rows.cuh;
+// mma_tf32, mma_bf16 and bf16_pair, with their fragment layouts: mma_sync.cuh) ----------------
 
 // Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
 __device__ __forceinline__ uint32_t tf32_round(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
-}
-
-// d += a * b for one 16x8x8 tile. Fragments (g = lane / 4, t = lane % 4):
-//   a0 (row g, k t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, col g), b1 (k t+4, col g);
-//   d0 (g, 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two bf16 in one register, `low` in the low half (the lower k index of a bf16 fragment).
-__device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(high), "f"(low));
-  return r;
-}
-
-// d += a * b for one 16x8x16 bf16 tile. Fragments: a0 (row g, k 2t..2t+1), a1 (g+8, 2t..2t+1),
-// a2 (g, 2t+8..2t+9), a3 (g+8, 2t+8..2t+9); b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g).
-// So register i of a TF32 m16n8k8 fragment (element k) and register i of a bf16 one (elements
-// 2k, 2k+1) sit in the same lane at the same row / column.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // *ptr = v if pred, as one predicated store: no branch for the compiler to sink address
