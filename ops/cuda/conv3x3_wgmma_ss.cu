@@ -17,7 +17,7 @@
 // channels x 2 output rows x 256 columns; warpgroup w owns output row w: one
 // wgmma.mma_async.m64n256k8.f32.tf32.tf32 per tap (128 f32 accumulators per thread).
 // Per pipeline stage (8 input channels; 4 stages, loads 2 steps ahead):
-//   halo (B)   [channel quad (2)][halo row (4)][halo column (264, 258 used)][4 channels] 33 KB
+//   halo (B)   [channel quad (2)][halo row (4)][halo column (265, 258 used)][4 channels] 33 KB
 //   weights (A)[tap (9)][k half (2)][output channel (64)][4 input channels]              18 KB
 //   = 52.2 KB per stage, 209 KB for 4 (of 227 KB).
 //
@@ -29,18 +29,29 @@
 //       to TF32, so a stage's weights are one contiguous 16-byte cp.async run.
 //   B = halo: rows = output pixels n = column 0..255 of output row w; pixel n of tap (r, s)
 //       reads halo (row w + r, column n + s), whose 4 channels are one 16-byte row.
-//       start = halo + ((w + r) * 264 + s) * 16 B, SBO = 128 B (8 consecutive columns), LBO =
-//       4 * 264 * 16 B = 16.5 KB (the second channel quad). Every tap shift is just another start
+//       start = halo + ((w + r) * 265 + s) * 16 B, SBO = 128 B (8 consecutive columns), LBO =
+//       4 * 265 * 16 B = 16.6 KB (the second channel quad). Every tap shift is just another start
 //       address (16-byte aligned); no data moves.
 //   D: thread (warp wi of the warpgroup, g = lane / 4, t = lane % 4) holds output channel
 //       k0 + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < 32).
 //
-// Halo fill: 4-byte cp.async, each float to its transposed slot; zero-filled (src-size 0) for
-// padding, borders and channels past Cin. Warp v of the block copies channel quad v / 4, halo row
-// v % 4: lane (c = lane % 4, p = lane / 4) takes channel 4 quad + c, columns p + 8 i (i < 33, the
-// last only for p < 2). One copy instruction therefore writes 8 pixels x 4 channels = 128
-// contiguous bytes of shared memory (one wavefront, no bank conflict) and reads 4 rows x 32 bytes
-// of global memory (4 sectors, 8 when unaligned). Per stage and thread: 33 halo + 4.5 weight copies.
+// Halo fill, vector (input 16-byte aligned and H W % 4 == 0, e.g. workload A both ways): a unit =
+// one aligned group of 4 input columns x the 4 channels of a quad: 4 x 16-byte ld.global (one per
+// channel; a warp reads 4 rows x 128 contiguous bytes), the 4 x 4 transpose is free (register
+// choice), 4 x 16-byte st.shared (one per column: its 4 channels). 528 units per stage (2 quads x
+// 4 rows x 66 groups: 258 columns that start up to 3 columns into an aligned group), ~2 per
+// thread. The loads of step s + 2 are issued in step s behind its wgmma; the registers are stored
+// in step s + 1 (again behind the queued wgmma), so their latency never stalls the tensor cores.
+// Edge groups are masked per column (zeros for padding and neighbouring rows' data); the halo
+// row stride is 265 pixels so that a store instruction's 8-lane phases are conflict-free.
+// Per stage and thread ~2 x (4 LDG.128 + 4 STS.128 + ~30 address / mask instructions) instead of
+// 33 LDGSTS at ~9 instructions each.
+// Halo fill, scalar (any other alignment): 4-byte cp.async, each float to its transposed slot;
+// zero-filled (src-size 0) for padding, borders and channels past Cin. Warp v of the block copies
+// channel quad v / 4, halo row v % 4: lane (c = lane % 4, p = lane / 4) takes channel 4 quad + c,
+// columns p + 8 i (i < 33, the last only for p < 2). One copy instruction writes 8 pixels x 4
+// channels = 128 contiguous bytes of shared memory and reads 4 rows x 32 bytes of global memory.
+// Weights: 4.5 x 16-byte cp.async per stage and thread, either way.
 //
 // TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
 // truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
@@ -54,6 +65,9 @@
 //     -> __syncthreads (everyone's landed and are visible to wgmma) -> wgmma.fence -> 9 wgmma ->
 //     commit -> copies of step s + 2 into stage (s + 2) % 4 -> wgmma.wait_group 1 (retires step
 //     s - 1). The copies are issued behind the wgmma so the tensor cores never wait for them.
+//     Vector fill: after the wgmma of step s, st.shared of step s + 1's halo (registers loaded in
+//     step s - 1) into stage (s + 1) % 4 (last read by step s - 3), then the loads of step s + 2's
+//     halo into registers; the fence.proxy.async + barrier of step s + 1 publish the stores.
 //   - stage (s + 2) % 4 was last read by step s - 2, which every warpgroup retired (its wait at
 //     the end of step s - 1) before the barrier of step s: refilled only after every wgmma
 //     reading it retired.
@@ -127,6 +141,23 @@ __device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool p
       : "memory");
 }
 
+// (d[0..3]) = 4 consecutive floats at src (16-byte aligned) if pred, else zeros. Read-only path:
+// the kernel never writes its input.
+__device__ __forceinline__ void load4_if(float (&d)[4], const float* src, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "l"(src), "r"(static_cast<int>(pred)));
+}
+// 16 bytes to shared memory (dst 16-byte aligned) with a plain (generic-proxy) store: a
+// fence.proxy.async by this thread and a barrier must come before a wgmma reads them.
+__device__ __forceinline__ void store4_shared(float* dst, float v0, float v1, float v2, float v3) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1),
+               "f"(v2), "f"(v3)
+               : "memory");
+}
+
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(128) float smem_buffer[];
   return smem_buffer;
@@ -147,7 +178,10 @@ struct SsTile {
   static constexpr int kStages = 4;          // a stage is refilled 2 steps after its use
   static constexpr int kHaloRows = kRows + 2;
   static constexpr int kHaloCols = kCols + 2;             // columns the taps read
-  static constexpr int kCopyCols = 8 * ceil_div(kHaloCols, 8);  // copied in groups of 8 (264)
+  // Row stride of the halo in 16-byte pixels: the scalar fill copies groups of 8 (264 columns);
+  // one more makes consecutive halo rows start 16 bytes apart modulo 128 so that the vector
+  // fill's 16-byte stores (8 lanes = 4 rows x 2 pixel groups) hit 8 different bank quads.
+  static constexpr int kCopyCols = 8 * ceil_div(kHaloCols, 8) + 1;  // 265
   static constexpr int kQuadFloats = kHaloRows * kCopyCols * 4;  // one channel quad of the halo
   static constexpr int kXStage = 2 * kQuadFloats;                 // halo floats per stage
   static constexpr int kTapFloats = 2 * kM * 4;                   // A image of one tap
@@ -156,7 +190,19 @@ struct SsTile {
   static constexpr uint32_t kALbo = kM * 16, kASbo = 128;            // weights: next channel quad, next 8 rows
   static constexpr uint32_t kBLbo = kQuadFloats * 4, kBSbo = 128;    // halo: next channel quad, next 8 pixels
   static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+  // Vector fill: a unit = 4 consecutive, 16-byte aligned input columns x the 4 channels of a
+  // quad (4 loads of 16 bytes, 4 stores of 16 bytes). A halo row needs kGroups of them (258
+  // columns starting up to 3 columns into an aligned group); units are numbered so that lanes
+  // 2 i, 2 i + 1 take adjacent groups of halo row i % 4: unit u -> quad u / kQuadUnits, row
+  // u / 2 % 4, group 2 (u % kQuadUnits / 8) + u % 2 (a thread keeps one row for all its units).
+  static constexpr int kGroups = ceil_div(kHaloCols + 3, 8) * 2;  // 66
+  static constexpr int kQuadUnits = kGroups * kHaloRows;          // 264
+  static constexpr int kUnits = 2 * kQuadUnits;                   // 528
+  static constexpr int kThreadUnits = ceil_div(kUnits, kThreads); // 3 (the third: 16 threads)
   static_assert(kThreads / 32 == 2 * kHaloRows, "one warp per (channel quad, halo row) of a stage");
+  static_assert(kHaloRows == 4 && kThreads % 8 == 0 && kQuadUnits % 8 == 0, "vector fill unit numbering");
+  static_assert(4 * kGroups <= kCopyCols, "vector fill stays inside a halo row (column 4 group + e - shift)");
+  static_assert((kCopyCols * 16) % 128 == 16, "vector fill: rows 16 bytes apart modulo 128");
   static_assert(kXStage % 32 == 0 && kStageFloats % 32 == 0, "operand images on 128-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 };
@@ -171,6 +217,7 @@ struct SsParams {
   int64_t chunks;  // ceil(Cin / 8)
   int64_t row_tiles, col_tiles, k_tiles, tiles;
   bool pairs;  // Wout even and out 8-byte aligned: two adjacent columns per store
+  bool vec;    // in 16-byte aligned and Hin Win % 4 == 0: the vector halo fill
 };
 
 // Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
@@ -202,11 +249,10 @@ __device__ __forceinline__ void advance(LoadCursor& c, const SsParams& p) {
   if (c.tile < p.tiles) c.tc = tile_coord(c.tile, p);
 }
 
-// Issues the copies of the cursor's (tile, chunk) into `stage`: the transposed halo (this warp:
-// one channel quad x one halo row), then the chunk's weight images (one contiguous block of the
-// prepared weights, laid out as in shared memory).
-__device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
-                                          const SsParams& p, const LoadCursor& cur) {
+// Scalar halo fill (any alignment): issues the 4-byte copies of the cursor's (tile, chunk) into
+// `stage`, each float to its transposed slot (this warp: one channel quad x one halo row).
+__device__ __forceinline__ void load_halo_scalar(float* stage, const float* __restrict__ in, const SsParams& p,
+                                                 const LoadCursor& cur) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad = warp / T::kHaloRows, hrow = warp % T::kHaloRows;
   const int c = lane % 4, px = lane / 4;
@@ -227,7 +273,71 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
     const bool ok = row_ok && 8 * i >= col_lo && 8 * i < col_hi;
     cp_async<4>(dst + 32 * i, ok ? row + 8 * i : in, ok);
   }
+}
 
+// Vector halo fill, first half: this thread's units of the cursor's (tile, chunk) into registers
+// (16-byte loads; zeros for padding, borders and channels past Cin). Needs p.vec: then every
+// channel of a row has the same column alignment, `shift` = (input column of halo column 0) mod
+// 4, and an aligned 16-byte group holding one column inside the tensor lies inside it.
+struct HaloRegs {
+  float v[T::kThreadUnits][4][4];  // [unit][channel of the quad][column of the group]
+  int shift;                       // halo column of a unit's first column = 4 group - shift
+};
+__device__ __forceinline__ void load_halo_vec(HaloRegs& h, const float* __restrict__ in, const SsParams& p,
+                                              const LoadCursor& cur) {
+  const int hrow = threadIdx.x / 2 % T::kHaloRows;
+  const int64_t ih = cur.tc.oh0 - p.pad_h + hrow;
+  const int64_t iw_first = cur.tc.ow0 - p.pad_w;  // input column of halo column 0
+  const int shift = static_cast<int>(((ih * p.Win + iw_first) % 4 + 4) % 4);
+  h.shift = shift;
+  const int64_t col_base = iw_first - shift;  // input column of group 0 (16-byte aligned)
+  const bool row_ok = ih >= 0 && ih < p.Hin;
+  const int64_t plane = p.Hin * p.Win;
+#pragma unroll
+  for (int i = 0; i < T::kThreadUnits; ++i) {
+    const int u = threadIdx.x + i * T::kThreads;
+    const int quad = u / T::kQuadUnits, group = 2 * (u % T::kQuadUnits / 8) + u % 2;
+    const int64_t col0 = col_base + 4 * group;
+    const int64_t ci0 = cur.chunk * T::kChunk + 4 * quad;
+    const bool group_ok = row_ok && u < T::kUnits && col0 + 4 > 0 && col0 < p.Win;
+    // (ci0, ih, col0); only read through where the group is inside the tensor.
+    const float* src = in + (group_ok ? ((cur.tc.n * p.Cin + ci0) * p.Hin + ih) * p.Win + col0 : 0);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) load4_if(h.v[i][c], src + (group_ok ? c * plane : 0), group_ok && ci0 + c < p.Cin);
+    // Columns of an edge group outside the row (neighbouring rows' data, or padding) become 0.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool inside = col0 + e >= 0 && col0 + e < p.Win;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) h.v[i][c][e] = inside ? h.v[i][c][e] : 0.f;
+    }
+  }
+}
+
+// Vector halo fill, second half: the registers of load_halo_vec to `stage`, transposed (one
+// 16-byte store = the 4 channels of one halo column). Lanes 0..7 of a store write 4 rows x 2
+// groups: rows start 16 bytes apart modulo 128 (kCopyCols), groups 64 bytes apart, so the 8
+// stores of a phase cover 8 different 16-byte bank quads (no conflict when all rows share one
+// shift, as for W % 4 == 0; W % 4 == 2 maps them 1:1 as well).
+__device__ __forceinline__ void store_halo_vec(float* stage, const HaloRegs& h) {
+  const int hrow = threadIdx.x / 2 % T::kHaloRows;
+#pragma unroll
+  for (int i = 0; i < T::kThreadUnits; ++i) {
+    const int u = threadIdx.x + i * T::kThreads;
+    if (T::kUnits % T::kThreads != 0 && u >= T::kUnits) break;
+    const int quad = u / T::kQuadUnits, group = 2 * (u % T::kQuadUnits / 8) + u % 2;
+    // Halo column 4 group + e - shift; group 0's first `shift` columns lie left of the halo.
+    float* dst = stage + ((quad * T::kHaloRows + hrow) * T::kCopyCols + 4 * group - h.shift) * 4;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (4 * group + e >= h.shift) store4_shared(dst + 4 * e, h.v[i][0][e], h.v[i][1][e], h.v[i][2][e], h.v[i][3][e]);
+  }
+}
+
+// Issues the copies of the cursor's chunk of weight images into `stage` (one contiguous block of
+// the prepared weights, laid out as in shared memory).
+__device__ __forceinline__ void load_weights(float* stage, const float* __restrict__ wp, const SsParams& p,
+                                             const LoadCursor& cur) {
   const float* src = wp + (cur.chunk * p.k_tiles + cur.tc.k0 / T::kM) * T::kWStage;
   float* wdst = stage + T::kXStage;
   constexpr int kVectors = T::kWStage / 4;
@@ -286,7 +396,11 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 }
 
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
-// over the block's (tile, chunk) steps without a break.
+// over the block's (tile, chunk) steps without a break. kVec: the vector halo fill (p.vec), whose
+// loads run one step earlier than their stores (registers carry a step's halo across the step
+// boundary, so the load latency hides behind the queued wgmma and the barrier); otherwise the
+// scalar cp.async fill.
+template <bool kVec>
 __global__ void __launch_bounds__(T::kThreads, 1)
     conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
                             const float* __restrict__ in,    // (N, Cin, Hin, Win)
@@ -304,27 +418,49 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
 
+  HaloRegs halo;         // kVec: the halo of the step after the one being computed
+  bool staged = false;   // ... holds a step to store
   LoadCursor cur{blockIdx.x, 0, tile_coord(blockIdx.x, p)};
+  // Steps 0 and 1: step 0's halo straight to stage 0, step 1's into registers (kVec).
 #pragma unroll 1
   for (int s = 0; s < 2; ++s) {
     if (cur.tile < p.tiles) {  // the cursor runs past the block's last tile when its steps are all loaded
-      load_step(smem + s * T::kStageFloats, in, wp, p, cur);
+      if constexpr (kVec) {
+        load_halo_vec(halo, in, p, cur);
+        if (s == 0) store_halo_vec(smem, halo);
+        staged = s == 1;
+      } else {
+        load_halo_scalar(smem + s * T::kStageFloats, in, p, cur);
+      }
+      load_weights(smem + s * T::kStageFloats, wp, p, cur);
       advance(cur, p);
     }
     cp_async_commit();
   }
   int load_stage = 2, compute_stage = 0;
   // One (tile, chunk) step: publish its stage, issue its 9 taps, then (while they and the
-  // previous step's run) refill the stage used 2 steps ago, and retire the previous step.
+  // previous step's run) store the next step's halo (kVec), load the halo and weights of the step
+  // after (into the stage used 2 steps ago), and retire the previous step.
   const auto run_step = [&](bool accumulate) {
     cp_async_wait<1>();          // this thread's copies of this step have landed (one newer group may be open)
-    wgmma::fence_proxy_async();  // ... and are visible to the wgmma's operand reads
+    wgmma::fence_proxy_async();  // ... and they and its halo stores are visible to the wgmma's operand reads
     __syncthreads();             // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
     const uint32_t stage_addr = smem_addr + 4u * compute_stage * T::kStageFloats;
     compute_stage = compute_stage == T::kStages - 1 ? 0 : compute_stage + 1;
     issue_stage(acc, stage_addr, stage_addr + 4u * T::kXStage, wg, accumulate);
+    if constexpr (kVec) {
+      // Stage (step + 1) % 4 was last read by step - 3; published by the next step's barrier.
+      if (staged) store_halo_vec(smem + compute_stage * T::kStageFloats, halo);
+      staged = false;
+    }
     if (cur.tile < p.tiles) {
-      load_step(smem + load_stage * T::kStageFloats, in, wp, p, cur);
+      if constexpr (kVec) {
+        load_halo_vec(halo, in, p, cur);  // step + 2's halo; stored in the next step
+        staged = true;
+      } else {
+        load_halo_scalar(smem + load_stage * T::kStageFloats, in, p, cur);
+      }
+      load_weights(smem + load_stage * T::kStageFloats, wp, p, cur);
       advance(cur, p);
     }
     cp_async_commit();
@@ -391,13 +527,14 @@ inline SsParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, in
   return p;
 }
 
-inline SsParams plan(SsParams p, bool out_aligned_8) {
+inline SsParams plan(SsParams p, bool out_aligned_8, bool in_aligned_16) {
   p.k_tiles = ceil_div(p.Kout, T::kM);
   p.chunks = ceil_div(p.Cin, T::kChunk);
   p.row_tiles = ceil_div(p.Hout, T::kRows);
   p.col_tiles = ceil_div(p.Wout, T::kCols);
   p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
   p.pairs = p.Wout % 2 == 0 && out_aligned_8;
+  p.vec = in_aligned_16 && (p.Hin * p.Win) % 4 == 0;
   return p;
 }
 
@@ -466,19 +603,20 @@ void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std
 void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p, bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  p = plan(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
+  p = plan(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0,
+           reinterpret_cast<uintptr_t>(in.data<float>()) % 16 == 0);
 
   Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
   prepare_ss_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
       wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, for_grad_input);
   TG_LAUNCH_CHECK();
 
-  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(T::kSmemBytes)));
+  auto* kernel = p.vec ? conv3x3_wgmma_ss_kernel<true> : conv3x3_wgmma_ss_kernel<false>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
   // One block per SM (the accumulators take half the registers, the stages most of the smem).
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
-  conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
-      out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
+  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(out.data<float>(), in.data<float>(),
+                                                                                  wp.data<float>(), bias, p);
   TG_LAUNCH_CHECK();
   // wp is freed stream-ordered, after the kernel that reads it.
 }

@@ -209,6 +209,50 @@ TEST(CudaConv3x3WgmmaSs, GradInputMatchesReference) {
   for (const Case& c : kCases) check_grad_input(c);
 }
 
+// The vector halo fill (16-byte loads, register transpose, 16-byte shared stores) runs when the
+// kernel's input (x forward, dy grad-input) has H W % 4 == 0 (fresh tensors are 16-byte aligned);
+// the other shapes above take the scalar cp.async fill (e.g. 7 x 21, 11 x 37, 3 x 259). These
+// reach every part of it: W % 4 == 1, 2, 3 (each halo row its own shift, groups straddling the
+// row ends, masked per column), pads 0 to 3 (grad-input pad -1), partial last chunks (channels
+// past Cin), several column tiles, 25 chunks.
+const std::vector<Case> kVectorFillCases = {
+    {1, 64, 4, 1024, 128, 0, 0},  // workload A's rows: forward W % 4 == 0; grad-input dy 2 x 1022 (shifts 0 / 2)
+    {1, 9, 4, 301, 70, 1, 2},     // W % 4 == 1, pads 1 / 2, two column tiles; grad-input dy 4 x 303
+    {2, 13, 4, 263, 65, 2, 1},    // W % 4 == 3, K = 65, two images (grad-input: dy 6 x 263, scalar fill)
+    {1, 16, 8, 515, 128, 1, 3},   // pad 3 on the columns, three column tiles; grad-input pad -1, dy 8 x 519
+    {1, 200, 2, 12, 9, 1, 1},     // 25 chunks (the last partial), tiny image
+};
+
+TEST(CudaConv3x3WgmmaSs, VectorFillMatchesReference) {
+  REQUIRE_WGMMA_SS();
+  for (const Case& c : kVectorFillCases) {
+    check_forward(c, /*with_bias=*/c.K % 2 == 1);
+    check_grad_input(c);
+  }
+}
+
+TEST(CudaConv3x3WgmmaSs, VectorFillOneHotIsExact) {
+  REQUIRE_WGMMA_SS();
+  PrecisionGuard guard(Precision::TF32);
+  for (const Case& c : {Case{1, 9, 4, 301, 70, 1, 2}, Case{1, 16, 8, 515, 128, 1, 3}, Case{1, 64, 4, 1024, 128, 0, 0}}) {
+    SCOPED_TRACE(name(c));
+    const ConvShape s = shape_of(c);
+    Tensor w = one_hot_weights(c.K, c.C);
+    Tensor x = small_integers(s.x_shape());
+    Tensor want = Tensor::empty(s.y_shape(), {.dtype = f64});
+    cpu::conv_forward(want, x.to(f64), w.to(f64), Tensor(), s);
+    Tensor y = poisoned(s.y_shape());
+    cuda::conv3x3_wgmma_ss_forward(y, x.to(kGpu), w.to(kGpu), Tensor(), s);
+    expect_exact(y, want, "forward");
+    Tensor dy = small_integers(s.y_shape());
+    Tensor want_dx = Tensor::empty(s.x_shape(), {.dtype = f64});
+    cpu::conv_grad_input(want_dx, dy.to(f64), w.to(f64), s);
+    Tensor dx = poisoned(s.x_shape());
+    cuda::conv3x3_wgmma_ss_grad_input(dx, dy.to(kGpu), w.to(kGpu), s);
+    expect_exact(dx, want_dx, "grad_input");
+  }
+}
+
 TEST(CudaConv3x3WgmmaSs, ManyTilesPerBlockMatchReference) {
   REQUIRE_WGMMA_SS();
   // More tiles than SMs: every block runs several tiles back to back (the pipeline crosses
