@@ -292,22 +292,27 @@ __device__ __forceinline__ void load_halo_vec(HaloRegs& h, const float* __restri
   h.shift = shift;
   const int64_t col_base = iw_first - shift;  // input column of group 0 (16-byte aligned)
   const bool row_ok = ih >= 0 && ih < p.Hin;
-  const int64_t plane = p.Hin * p.Win;
+  const int64_t plane_bytes = 4 * p.Hin * p.Win;
+  // Byte address of (channel 8 chunk, ih, col_base), formed in unsigned arithmetic for any ih
+  // (rows outside the input are never read: their loads are predicated off).
+  const uint64_t row_addr = reinterpret_cast<uint64_t>(in) +
+                            4 * static_cast<uint64_t>(((cur.tc.n * p.Cin + cur.chunk * T::kChunk) * p.Hin + ih) * p.Win +
+                                                      col_base);
+  const int64_t chans_left = p.Cin - cur.chunk * T::kChunk;  // channels of this chunk inside the input
 #pragma unroll
   for (int i = 0; i < T::kThreadUnits; ++i) {
     const int u = threadIdx.x + i * T::kThreads;
     const int quad = u / T::kQuadUnits, group = 2 * (u % T::kQuadUnits / 8) + u % 2;
     const int64_t col0 = col_base + 4 * group;
-    const int64_t ci0 = cur.chunk * T::kChunk + 4 * quad;
     const bool group_ok = row_ok && u < T::kUnits && col0 + 4 > 0 && col0 < p.Win;
-    // (ci0, ih, col0); only read through where the group is inside the tensor.
-    const float* src = in + (group_ok ? ((cur.tc.n * p.Cin + ci0) * p.Hin + ih) * p.Win + col0 : 0);
+    const uint64_t src = row_addr + (quad ? 4 * plane_bytes : 0) + 16 * group;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) load4_if(h.v[i][c], src + (group_ok ? c * plane : 0), group_ok && ci0 + c < p.Cin);
+    for (int c = 0; c < 4; ++c)
+      load4_if(h.v[i][c], reinterpret_cast<const float*>(src + c * plane_bytes), group_ok && 4 * quad + c < chans_left);
     // Columns of an edge group outside the row (neighbouring rows' data, or padding) become 0.
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const bool inside = col0 + e >= 0 && col0 + e < p.Win;
+      const bool inside = static_cast<uint64_t>(col0 + e) < static_cast<uint64_t>(p.Win);
 #pragma unroll
       for (int c = 0; c < 4; ++c) h.v[i][c][e] = inside ? h.v[i][c][e] : 0.f;
     }
