@@ -349,7 +349,8 @@ __device__ __forceinline__ void load_weights(float* stage, const float* __restri
 #pragma unroll
   for (int i = 0; i < (kVectors + T::kThreads - 1) / T::kThreads; ++i) {
     const int v = threadIdx.x + i * T::kThreads;
-    if (kVectors % T::kThreads != 0 && v >= kVectors) break;
+    // Only the last round can run past the image (threadIdx.x < kThreads): one test, not one per round.
+    if (kVectors % T::kThreads != 0 && i == kVectors / T::kThreads && v >= kVectors) break;
     cp_async<16>(wdst + 4 * v, src + 4 * v, true);
   }
 }
