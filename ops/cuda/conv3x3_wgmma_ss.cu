@@ -217,7 +217,7 @@ struct SsParams {
   int64_t chunks;  // ceil(Cin / 8)
   int64_t row_tiles, col_tiles, k_tiles, tiles;
   bool pairs;  // Wout even and out 8-byte aligned: two adjacent columns per store
-  bool vec;    // in 16-byte aligned and Hin Win % 4 == 0: the vector halo fill
+  bool vec;    // in 16-byte aligned, Hin Win % 4 == 0, Win < 2^30: the vector halo fill
 };
 
 // Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
@@ -288,9 +288,13 @@ __device__ __forceinline__ void load_halo_vec(HaloRegs& h, const float* __restri
   const int hrow = threadIdx.x / 2 % T::kHaloRows;
   const int64_t ih = cur.tc.oh0 - p.pad_h + hrow;
   const int64_t iw_first = cur.tc.ow0 - p.pad_w;  // input column of halo column 0
-  const int shift = static_cast<int>(((ih * p.Win + iw_first) % 4 + 4) % 4);
+  // Only the low 2 bits matter: unsigned 32-bit arithmetic (wrapping keeps them).
+  const int shift = static_cast<int>((static_cast<uint32_t>(ih) * static_cast<uint32_t>(p.Win) +
+                                      static_cast<uint32_t>(iw_first)) & 3u);
   h.shift = shift;
-  const int64_t col_base = iw_first - shift;  // input column of group 0 (16-byte aligned)
+  // Column arithmetic in 32 bits (p.vec requires Win < 2^30).
+  const int col_base = static_cast<int>(iw_first) - shift;  // input column of group 0 (16-byte aligned)
+  const int win = static_cast<int>(p.Win);
   const bool row_ok = ih >= 0 && ih < p.Hin;
   const int64_t plane_bytes = 4 * p.Hin * p.Win;
   // Byte address of (channel 8 chunk, ih, col_base), formed in unsigned arithmetic for any ih
@@ -298,21 +302,22 @@ __device__ __forceinline__ void load_halo_vec(HaloRegs& h, const float* __restri
   const uint64_t row_addr = reinterpret_cast<uint64_t>(in) +
                             4 * static_cast<uint64_t>(((cur.tc.n * p.Cin + cur.chunk * T::kChunk) * p.Hin + ih) * p.Win +
                                                       col_base);
-  const int64_t chans_left = p.Cin - cur.chunk * T::kChunk;  // channels of this chunk inside the input
+  const int chans = static_cast<int>(std::min<int64_t>(p.Cin - cur.chunk * T::kChunk, T::kChunk));  // inside the input
 #pragma unroll
   for (int i = 0; i < T::kThreadUnits; ++i) {
     const int u = threadIdx.x + i * T::kThreads;
     const int quad = u / T::kQuadUnits, group = 2 * (u % T::kQuadUnits / 8) + u % 2;
-    const int64_t col0 = col_base + 4 * group;
-    const bool group_ok = row_ok && u < T::kUnits && col0 + 4 > 0 && col0 < p.Win;
+    const int col0 = col_base + 4 * group;
+    const bool group_ok = row_ok && u < T::kUnits && col0 > -4 && col0 < win;
     const uint64_t src = row_addr + (quad ? 4 * plane_bytes : 0) + 16 * group;
 #pragma unroll
     for (int c = 0; c < 4; ++c)
-      load4_if(h.v[i][c], reinterpret_cast<const float*>(src + c * plane_bytes), group_ok && 4 * quad + c < chans_left);
-    // Columns of an edge group outside the row (neighbouring rows' data, or padding) become 0.
+      load4_if(h.v[i][c], reinterpret_cast<const float*>(src + c * plane_bytes), group_ok && 4 * quad + c < chans);
+    // Columns of an edge group outside the row (neighbouring rows' data, or padding) become 0
+    // (selects: a branch around them made ptxas add more moves than it saved).
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const bool inside = static_cast<uint64_t>(col0 + e) < static_cast<uint64_t>(p.Win);
+      const bool inside = static_cast<unsigned>(col0 + e) < static_cast<unsigned>(win);
 #pragma unroll
       for (int c = 0; c < 4; ++c) h.v[i][c][e] = inside ? h.v[i][c][e] : 0.f;
     }
@@ -540,7 +545,7 @@ inline SsParams plan(SsParams p, bool out_aligned_8, bool in_aligned_16) {
   p.col_tiles = ceil_div(p.Wout, T::kCols);
   p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
   p.pairs = p.Wout % 2 == 0 && out_aligned_8;
-  p.vec = in_aligned_16 && (p.Hin * p.Win) % 4 == 0;
+  p.vec = in_aligned_16 && (p.Hin * p.Win) % 4 == 0 && p.Win < (int64_t(1) << 30);
   return p;
 }
 
