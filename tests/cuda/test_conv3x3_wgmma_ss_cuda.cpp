@@ -214,13 +214,14 @@ TEST(CudaConv3x3WgmmaSs, GradInputMatchesReference) {
 // the other shapes above take the scalar cp.async fill (e.g. 7 x 21, 11 x 37, 3 x 259). These
 // reach every part of it: W % 4 == 1, 2, 3 (each halo row its own shift, groups straddling the
 // row ends, masked per column), pads 0 to 3 (grad-input pad -1), partial last chunks (channels
-// past Cin), several column tiles, 25 chunks.
+// past Cin), several column tiles, 25 chunks, K = 9, 65, 70, 128, 200.
 const std::vector<Case> kVectorFillCases = {
     {1, 64, 4, 1024, 128, 0, 0},  // workload A's rows: forward W % 4 == 0; grad-input dy 2 x 1022 (shifts 0 / 2)
     {1, 9, 4, 301, 70, 1, 2},     // W % 4 == 1, pads 1 / 2, two column tiles; grad-input dy 4 x 303
     {2, 13, 4, 263, 65, 2, 1},    // W % 4 == 3, K = 65, two images (grad-input: dy 6 x 263, scalar fill)
     {1, 16, 8, 515, 128, 1, 3},   // pad 3 on the columns, three column tiles; grad-input pad -1, dy 8 x 519
     {1, 200, 2, 12, 9, 1, 1},     // 25 chunks (the last partial), tiny image
+    {1, 24, 4, 20, 200, 2, 1},    // K = 200: four channel tiles (grad-input: 25 chunks over dy 6 x 20)
 };
 
 TEST(CudaConv3x3WgmmaSs, VectorFillMatchesReference) {
