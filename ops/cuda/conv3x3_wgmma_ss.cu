@@ -92,6 +92,12 @@
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/wgmma.cuh"
 
+// The vector halo fill (16-byte loads staged through registers) or the 4-byte cp.async fill
+// for shapes that allow both: a build knob while the two are measured against each other.
+#ifndef TG_CONV3X3_SS_VECTOR_FILL
+#define TG_CONV3X3_SS_VECTOR_FILL 1
+#endif
+
 namespace tg::cuda {
 namespace {
 
@@ -545,7 +551,7 @@ inline SsParams plan(SsParams p, bool out_aligned_8, bool in_aligned_16) {
   p.col_tiles = ceil_div(p.Wout, T::kCols);
   p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
   p.pairs = p.Wout % 2 == 0 && out_aligned_8;
-  p.vec = in_aligned_16 && (p.Hin * p.Win) % 4 == 0 && p.Win < (int64_t(1) << 30);
+  p.vec = TG_CONV3X3_SS_VECTOR_FILL && in_aligned_16 && (p.Hin * p.Win) % 4 == 0 && p.Win < (int64_t(1) << 30);
   return p;
 }
 
