@@ -76,10 +76,6 @@ __device__ __forceinline__ float* dynamic_smem() {
 
 constexpr int kStages = 3;  // cp.async pipeline depth
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
-__host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
 
 // Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
 // of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
@@ -177,27 +173,6 @@ __device__ __forceinline__ TileCoord tile_coord(int64_t tile, const GemmParams& 
   return c;
 }
 
-// Stages input channels [c0, c0 + 8) of the halo rows; out-of-range elements become 0.
-// The row window starts at column iw0, a multiple of kVec (as Win is): a vector is entirely
-// inside the row or outside it.
-template <class T, int kVec>
-__device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const GemmParams& p,
-                                          int64_t n, int64_t c0, int64_t ih0, int64_t iw0) {
-  constexpr int kPerRow = T::kRowLen / kVec;
-  const int64_t plane = p.Hin * p.Win;
-  const RowGrid g{in,
-                  (n * p.Cin + c0) * plane + ih0 * p.Win + iw0,  // element (c0, ih0, iw0), maybe outside
-                  plane,
-                  p.Win,
-                  T::kXChan,
-                  T::kRowLen,
-                  static_cast<int>(min_i64(T::kChunk, p.Cin - c0)),
-                  static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows)),
-                  static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows)),
-                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
-                  static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
-  copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
-}
 
 // The block's next (tile, channel chunk) to load. Advanced once per stage; the tile's
 // coordinates are recomputed (64-bit divisions) only when the tile changes.

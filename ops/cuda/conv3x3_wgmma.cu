@@ -97,6 +97,7 @@
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/cp_async_rows.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -114,74 +115,8 @@ __device__ __forceinline__ uint32_t tf32_round(float x) {
   return r;
 }
 
-// Makes this thread's completed generic-proxy writes to shared memory (cp.async) visible to
-// the async proxy (wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// Orders this warpgroup's register writes (A fragments, accumulators) before the wgmma that follow.
-__device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-// Re-binds v after a wgmma_wait: the compiler cannot move reads of v above this point (it does
-// not know that the wgmma asm writes its outputs asynchronously).
-__device__ __forceinline__ void fence_operand(float& v) { asm volatile("" : "+f"(v)::"memory"); }
-
-// d (64 x 128) += a (64 x 8, registers) * b (8 x 128, shared memory via desc); d = a * b when !accumulate.
-__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)));
-#endif
-}
-
-// d (64 x 64) += a (64 x 8, registers) * b (8 x 64, shared memory via desc); d = a * b when !accumulate.
-__device__ __forceinline__ void wgmma_m64n64k8(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)));
-#endif
-}
+// wgmma building blocks (descriptors, fences, commit / wait, the m64nNk8 TF32 instructions with A
+// in registers): ops/cuda/wgmma.cuh, shared with conv3x3_wgmma_ss.cu.
 
 // *ptr = v if pred, as one predicated store (no branch for address arithmetic to sink into).
 __device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
@@ -200,10 +135,6 @@ __device__ __forceinline__ float* dynamic_smem() {
 
 constexpr int kStages = 4;  // smem pipeline depth; a stage is refilled 2 steps after its use (see the header)
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
-__host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
 
 // Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
 // of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
@@ -289,26 +220,6 @@ __device__ __forceinline__ TileCoord tile_coord(int64_t tile, const WgParams& p)
   return c;
 }
 
-// Stages input channels [c0, c0 + 8) of the halo rows; out-of-range elements become 0.
-// The row window starts at column iw0, a multiple of kVec (as Win is).
-template <class T, int kVec>
-__device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const WgParams& p, int64_t n,
-                                          int64_t c0, int64_t ih0, int64_t iw0) {
-  constexpr int kPerRow = T::kRowLen / kVec;
-  const int64_t plane = p.Hin * p.Win;
-  const RowGrid g{in,
-                  (n * p.Cin + c0) * plane + ih0 * p.Win + iw0,  // element (c0, ih0, iw0), maybe outside
-                  plane,
-                  p.Win,
-                  T::kXChan,
-                  T::kRowLen,
-                  static_cast<int>(min_i64(T::kChunk, p.Cin - c0)),
-                  static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows)),
-                  static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows)),
-                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
-                  static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
-  copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
-}
 
 // The block's next (tile, channel chunk) to load; tile coordinates are recomputed (64-bit
 // divisions) only when the tile changes.
@@ -375,15 +286,13 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], uint32_t (&a_lo
 // explains LBO and SBO).
 template <class T>
 __device__ __forceinline__ uint64_t b_descriptor(uint32_t addr) {
-  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(T::kLboBytes >> 4) << 16) |
-         (uint64_t(T::kSboBytes >> 4) << 32);
+  return wgmma::kmajor_desc(addr, T::kLboBytes, T::kSboBytes);
 }
 
 template <class T>
 __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], const uint32_t (&a)[4], uint64_t desc,
                                            bool accumulate) {
-  if constexpr (T::kN == 128) wgmma_m64n128k8(d, a, desc, accumulate);
-  else wgmma_m64n64k8(d, a, desc, accumulate);
+  wgmma::mma_rs_tf32<T::kN>(d, a, desc, accumulate);
 }
 
 // The 9 k8 steps (taps) of one stage for this warpgroup. a: 3 register sets of A fragments,
@@ -401,7 +310,7 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], float
 #pragma unroll
   for (int tap = 0; tap < 9; ++tap) {
     const uint64_t desc = b_descriptor<T>(w_addr + tap * T::kTapFloats * 4);
-    wgmma_fence();  // a[tap % 3] (and, after an epilogue, the accumulators) were written by this thread
+    wgmma::fence();  // a[tap % 3] (and, after an epilogue, the accumulators) were written by this thread
 #pragma unroll
     for (int mt = 0; mt < T::kMT; ++mt) {
       wgmma_tile<T>(acc[mt], a[tap % 3][mt], desc, accumulate || tap > 0);
@@ -411,11 +320,11 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[T::kMT][T::kAcc], float
         wgmma_tile<T>(cross[mt], a[tap % 3][mt], desc_lo, true);                    // + hi * lo'
       }
     }
-    wgmma_commit();
+    wgmma::commit();
     // tap - 2 retired: a[(tap + 1) % 3] is free. FP32 split: tap - 1 retired too, so only 2 of
     // the 3 sets are live at once (with 3 live, ptxas ran out of registers and serialized every
     // wgmma with a full wait); one tap of 3 wgmma per warpgroup stays in flight over the loads.
-    wgmma_wait<T::kSplit ? 1 : 2>();
+    wgmma::wait<T::kSplit ? 1 : 2>();
     if (tap < 8) load_a<T>(a[(tap + 1) % 3], a_lo[(tap + 1) % 3], xa, tap + 1);
   }
 }
@@ -504,7 +413,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // One (tile, chunk) step: publish its stage, refill the one used 2 steps ago, run its 9 taps.
   const auto run_step = [&](bool accumulate) {
     cp_async_wait<1>();   // this thread's copies of this step have landed (one newer group may be open)
-    fence_proxy_async();  // ... and are visible to the wgmma's operand reads
+    wgmma::fence_proxy_async();  // ... and are visible to the wgmma's operand reads
     __syncthreads();      // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
     if (cur.tile < p.tiles) {
       load_step<T>(smem + load_stage * T::kStageFloats, in, wp, p, cur, xoff);
@@ -524,14 +433,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     run_step(/*accumulate=*/false);  // scale-d = 0: the tile's accumulators start over
 #pragma unroll 1
     for (int chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);  // chunks < 2^28
-    wgmma_wait<0>();
+    wgmma::wait<0>();
 #pragma unroll
     for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) {
-        fence_operand(acc[mt][i]);
+        wgmma::fence_operand(acc[mt][i]);
         if constexpr (T::kSplit) {
-          fence_operand(cross[mt][i]);
+          wgmma::fence_operand(cross[mt][i]);
           acc[mt][i] += cross[mt][i];  // rounded to nearest (the tensor core's sums truncate)
         }
       }

@@ -1,6 +1,7 @@
-// Asynchronous global -> shared copies (cp.async) and the row-grid loader that stages the
-// NCHW input halos of the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on
-// wgmma): one copy of the code, so both kernels stage their halos alike. Device code only;
+// Asynchronous global -> shared copies (cp.async), the row-grid loader and the NCHW input-halo
+// stager of the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on wgmma), with
+// the small integer helpers they use: one copy of the code, so both kernels stage their halos
+// alike. Device code only;
 // included inside those files' anonymous namespaces' parent (tg::cuda), each translation unit
 // gets its own copy.
 #pragma once
@@ -125,6 +126,34 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
     }
   }
   }
+}
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+__host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
+
+// The NCHW input halo of a 3x3 convolution tile (T: the kernel's tile, with kRowLen, kXChan,
+// kChunk, kHaloRows, kThreads; Params: its launch parameters, with Hin, Win, Cin).
+// Stages input channels [c0, c0 + 8) of the halo rows; out-of-range elements become 0.
+// The row window starts at column iw0, a multiple of kVec (as Win is).
+template <class T, int kVec, class Params>
+__device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ in, const Params& p, int64_t n,
+                                          int64_t c0, int64_t ih0, int64_t iw0) {
+  constexpr int kPerRow = T::kRowLen / kVec;
+  const int64_t plane = p.Hin * p.Win;
+  const RowGrid g{in,
+                  (n * p.Cin + c0) * plane + ih0 * p.Win + iw0,  // element (c0, ih0, iw0), maybe outside
+                  plane,
+                  p.Win,
+                  T::kXChan,
+                  T::kRowLen,
+                  static_cast<int>(min_i64(T::kChunk, p.Cin - c0)),
+                  static_cast<int>(clamp_i64(-ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(p.Hin - ih0, 0, T::kHaloRows)),
+                  static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
+                  static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
+  copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
 }
 
 }  // namespace

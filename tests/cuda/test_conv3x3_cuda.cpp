@@ -3,6 +3,7 @@
 // that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H like workload A), pads
 // 0 to 3; outputs poisoned with NaN; the same bits on every run; conv3x3_applies.
 #include <array>
+#include <sstream>
 #include <string>
 
 #include "common/test_util.h"
@@ -22,9 +23,11 @@ struct Case {
 };
 
 std::string name(const Case& c) {
-  return "N" + std::to_string(c.N) + " C" + std::to_string(c.C) + " H" + std::to_string(c.H) + " W" +
-         std::to_string(c.W) + " K" + std::to_string(c.K) + " pad (" + std::to_string(c.pad_h) + ", " +
-         std::to_string(c.pad_w) + ")";
+  // A stream, not string concatenation: GCC 12 warns falsely (-Wrestrict) on "N" + to_string(..).
+  std::ostringstream os;
+  os << "N" << c.N << " C" << c.C << " H" << c.H << " W" << c.W << " K" << c.K << " pad (" << c.pad_h << ", "
+     << c.pad_w << ")";
+  return os.str();
 }
 
 ConvShape shape_of(const Case& c) {
