@@ -87,7 +87,6 @@
 // latency-bound. With 4 warps per scheduler (same smem traffic per FMA, half the loader
 // instructions per thread) expected tensor pipe ~65-80%: forward ~1.6-2.0 ms.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -97,6 +96,7 @@
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/cp_async_rows.cuh"
+#include "ops/cuda/hopper.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
@@ -514,47 +514,6 @@ WgParams plan(WgParams p, int vec) {
 
 constexpr int kPrepThreads = 256;
 
-// 1 in the device image when it was compiled with the sm_90a instructions, 0 otherwise (e.g. a
-// build for sm_90 or older GPUs that the driver runs or JIT-compiles on an H100/H200).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ int wgmma_code_present = 1;
-#else
-__device__ int wgmma_code_present = 0;
-#endif
-
-// Compute capability 9.0 and a device image with the sm_90a code; asked once per device.
-bool device_runs_wgmma(int dev) {
-  static std::atomic<int> known[64] = {};  // 0 unknown, 1 yes, 2 no
-  if (dev < 0 || dev >= 64) return false;
-  int state = known[dev].load(std::memory_order_acquire);
-  if (state == 0) {
-    int major = 0, minor = 0, present = 0;
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major == 9 && minor == 0) {
-      set_device(dev);
-      // No image for this device at all is an error here, not a reason to stop: answer "no".
-      if (cudaMemcpyFromSymbol(&present, wgmma_code_present, sizeof(int)) != cudaSuccess) {
-        present = 0;
-        (void)cudaGetLastError();
-      }
-    }
-    state = present == 1 ? 1 : 2;
-    known[dev].store(state, std::memory_order_release);
-  }
-  return state == 1;
-}
-
-int sm_count(int dev) {
-  static std::atomic<int> cached[64] = {};
-  if (dev < 0 || dev >= 64) dev = 0;
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 // Widest copy (floats) that rows of length row_len starting at base allow.
 int vector_width(const float* base, int64_t row_len) {

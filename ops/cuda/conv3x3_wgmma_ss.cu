@@ -81,7 +81,6 @@
 // L2 -> SM: 52.2 KB per 2304 clocks at peak, ~3.2 TB/s over 132 SMs at 300 TFLOP/s (same order
 // as the register-A kernel; the weights are 35% of it).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -90,6 +89,7 @@
 #include "core/precision.h"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
+#include "ops/cuda/hopper.h"
 #include "ops/cuda/wgmma.cuh"
 
 // Which halo fill serves shapes that allow both: the 4-byte cp.async fill (default) or the
@@ -563,47 +563,6 @@ inline SsParams plan(SsParams p, bool out_aligned_8, bool in_aligned_16) {
 
 constexpr int kPrepThreads = 256;
 
-// 1 in the device image when it was compiled with the sm_90a instructions, 0 otherwise (e.g. a
-// build for sm_90 or older GPUs that the driver runs or JIT-compiles on an H100/H200).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ int ss_code_present = 1;
-#else
-__device__ int ss_code_present = 0;
-#endif
-
-// Compute capability 9.0 and a device image with the sm_90a code; asked once per device.
-bool device_runs_ss(int dev) {
-  static std::atomic<int> known[64] = {};  // 0 unknown, 1 yes, 2 no
-  if (dev < 0 || dev >= 64) return false;
-  int state = known[dev].load(std::memory_order_acquire);
-  if (state == 0) {
-    int major = 0, minor = 0, present = 0;
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major == 9 && minor == 0) {
-      set_device(dev);
-      // No image for this device at all is an error here, not a reason to stop: answer "no".
-      if (cudaMemcpyFromSymbol(&present, ss_code_present, sizeof(int)) != cudaSuccess) {
-        present = 0;
-        (void)cudaGetLastError();
-      }
-    }
-    state = present == 1 ? 1 : 2;
-    known[dev].store(state, std::memory_order_release);
-  }
-  return state == 1;
-}
-
-int sm_count(int dev) {
-  static std::atomic<int> cached[64] = {};
-  if (dev < 0 || dev >= 64) dev = 0;
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
   for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
@@ -645,7 +604,7 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
 }  // namespace
 
 bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d) {
-  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_ss(d.index);
+  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
 }
 
 void conv3x3_wgmma_ss_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,

@@ -3,9 +3,9 @@
 // that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H like workload A), pads
 // 0 to 3; outputs poisoned with NaN; the same bits on every run; conv3x3_applies.
 #include <array>
-#include <sstream>
 #include <string>
 
+#include "common/conv3x3_cases.h"
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
@@ -13,26 +13,9 @@
 
 using namespace tg;
 using namespace tg::test;
+using namespace tg::test::conv3x3;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-
-struct Case {
-  int64_t N, C, H, W, K, pad_h, pad_w;
-};
-
-std::string name(const Case& c) {
-  // A stream, not string concatenation: GCC 12 warns falsely (-Wrestrict) on "N" + to_string(..).
-  std::ostringstream os;
-  os << "N" << c.N << " C" << c.C << " H" << c.H << " W" << c.W << " K" << c.K << " pad (" << c.pad_h << ", "
-     << c.pad_w << ")";
-  return os.str();
-}
-
-ConvShape shape_of(const Case& c) {
-  return make_conv_shape("test", {c.N, c.C, c.H, c.W}, {c.K, c.C, 3, 3}, ConvParams{.padding = {c.pad_h, c.pad_w}});
-}
 
 double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
 
@@ -42,23 +25,6 @@ bool fp32_declines(const Case& c, Precision p) {
   if (p != Precision::FP32 || (c.C <= 128 && c.K <= 128)) return false;
   EXPECT_FALSE(cuda::conv3x3_applies(shape_of(c)));
   return true;
-}
-
-Tensor poisoned(const Shape& s) {
-  Tensor t = Tensor::empty(s, {.dtype = f32, .device = kGpu});
-  poison(t);
-  return t;
-}
-
-// Runs `launch` into a fresh NaN-poisoned GPU tensor of shape s twice: returns the first
-// result and checks that the second has the same bits.
-template <class Launch>
-Tensor run_twice(const Shape& s, Launch&& launch) {
-  Tensor first = poisoned(s), second = poisoned(s);
-  launch(first);
-  launch(second);
-  EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "not deterministic";
-  return first;
 }
 
 void check_forward(const Case& c, Precision precision, bool with_bias) {

@@ -7,11 +7,9 @@
 // public conv3x3 launchers take this path on an H100 / H200; argument checks. On other GPUs the
 // launchers' tests are skipped.
 #include <cstdlib>
-#include <sstream>
 #include <string>
 
-#include <cuda_runtime.h>
-
+#include "common/conv3x3_cases.h"
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
@@ -21,32 +19,9 @@
 
 using namespace tg;
 using namespace tg::test;
+using namespace tg::test::conv3x3;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-
-struct Case {
-  int64_t N, C, H, W, K, pad_h, pad_w;
-};
-
-std::string name(const Case& c) {
-  std::ostringstream os;  // (not a chain of string +: GCC 12 warns falsely about it, -Wrestrict)
-  os << "N" << c.N << " C" << c.C << " H" << c.H << " W" << c.W << " K" << c.K << " pad (" << c.pad_h << ", "
-     << c.pad_w << ")";
-  return os.str();
-}
-
-ConvShape shape_of(const Case& c) {
-  return make_conv_shape("test", {c.N, c.C, c.H, c.W}, {c.K, c.C, 3, 3}, ConvParams{.padding = {c.pad_h, c.pad_w}});
-}
-
-bool is_hopper() {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
-}
 
 // Skips a test unless this GPU runs the wgmma kernels (an H100 / H200 with an sm_90a build).
 #define REQUIRE_WGMMA()                                                                                   \
@@ -63,23 +38,6 @@ constexpr Precision kModes[] = {Precision::TF32, Precision::FP32};
 constexpr int64_t kMaxFp32Channels = 128;  // conv3x3_applies: longer truncating chains stay off FP32
 bool runs_in(const Case& c, Precision p) {
   return p == Precision::TF32 || (c.C <= kMaxFp32Channels && c.K <= kMaxFp32Channels);
-}
-
-Tensor poisoned(const Shape& s) {
-  Tensor t = Tensor::empty(s, {.dtype = f32, .device = kGpu});
-  poison(t);
-  return t;
-}
-
-// Runs `launch` into a fresh NaN-poisoned GPU tensor of shape s twice: returns the first
-// result and checks that the second has the same bits.
-template <class Launch>
-Tensor run_twice(const Shape& s, Launch&& launch) {
-  Tensor first = poisoned(s), second = poisoned(s);
-  launch(first);
-  launch(second);
-  EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "not deterministic";
-  return first;
 }
 
 void check_forward(const Case& c, bool with_bias, Precision prec) {
