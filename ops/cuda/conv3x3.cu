@@ -40,15 +40,15 @@
 #include "core/cuda_context.h"
 #include "core/precision.h"
 #include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
-#include "ops/cuda/cp_async_rows.cuh"
 #include "ops/cuda/mma_sync.cuh"
 
 namespace tg::cuda {
 namespace {
 
-// ---- PTX primitives: the only target-specific code in this file (cp.async: cp_async_rows.cuh;
+// ---- PTX primitives: the only target-specific code in this file (cp.async: conv3x3_staging.cuh;
 // mma_tf32, mma_bf16 and bf16_pair, with their fragment layouts: mma_sync.cuh) ----------------
 
 // Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
@@ -113,6 +113,7 @@ struct FwdTile {
   static constexpr int kMTiles = 4, kNTiles = kNTiles_;  // per warp: 4 x m16 (pixels), kNTiles x n8 (channels)
   static constexpr int kWarpN = 8 * kNTiles;             // output channels per warp
   static constexpr int kBN = kWarpN * kWarpsN;
+  static constexpr int kN = kBN;  // output channels per tile, as the shared tile_coord names it
   static_assert(kRows * kCols == 16 * kMTiles * kWarpsM, "the warps must cover the pixel tile");
   static constexpr int kTilesPerRow = kCols / 16;  // m16 tiles in one output row of the tile
   static_assert(kTilesPerRow % kMTiles == 0 || kMTiles % kTilesPerRow == 0, "warp tiles must not straddle");
@@ -156,37 +157,6 @@ struct GemmParams {
   int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
 };
 
-// Where tile `tile` of a pass lies. Channel tiles vary fastest, then columns, rows, images:
-// blocks running together share their input halo rows in L2.
-struct TileCoord {
-  int64_t n, oh0, ow0, k0;
-};
-template <class T>
-__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const GemmParams& p) {
-  TileCoord c;
-  c.k0 = (tile % p.k_tiles) * T::kBN;
-  tile /= p.k_tiles;
-  c.ow0 = (tile % p.col_tiles) * T::kCols;
-  tile /= p.col_tiles;
-  c.oh0 = (tile % p.row_tiles) * T::kRows;
-  c.n = tile / p.row_tiles;
-  return c;
-}
-
-
-// The block's next (tile, channel chunk) to load. Advanced once per stage; the tile's
-// coordinates are recomputed (64-bit divisions) only when the tile changes.
-struct LoadCursor {
-  int64_t tile, chunk;
-  TileCoord tc;
-};
-template <class T>
-__device__ __forceinline__ void advance(LoadCursor& c, const GemmParams& p) {
-  if (++c.chunk < p.chunks) return;
-  c.chunk = 0;
-  c.tile += gridDim.x;
-  if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
-}
 
 // Issues the copies of the cursor's (tile, chunk) into `stage`.
 template <class T>

@@ -94,8 +94,8 @@
 #include "core/cuda_context.h"
 #include "core/precision.h"
 #include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
-#include "ops/cuda/cp_async_rows.cuh"
 #include "ops/cuda/hopper.h"
 #include "ops/cuda/wgmma.cuh"
 
@@ -143,7 +143,7 @@ constexpr int stride_for_rows_of_4(int n) {
   return n;
 }
 
-// The halos are staged by copy_grid (ops/cuda/cp_async_rows.cuh, shared with conv3x3.cu).
+// The halos are staged by copy_grid (ops/cuda/conv3x3_staging.cuh, shared with conv3x3.cu).
 
 // Block tile: kRows x kCols output pixels of one image times kN output channels, kWarpgroups
 // warpgroups. The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile
@@ -203,37 +203,6 @@ struct WgParams {
   int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
 };
 
-// Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
-// running together share their input halo rows in L2.
-struct TileCoord {
-  int64_t n, oh0, ow0, k0;
-};
-template <class T>
-__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const WgParams& p) {
-  TileCoord c;
-  c.k0 = (tile % p.k_tiles) * T::kN;
-  tile /= p.k_tiles;
-  c.ow0 = (tile % p.col_tiles) * T::kCols;
-  tile /= p.col_tiles;
-  c.oh0 = (tile % p.row_tiles) * T::kRows;
-  c.n = tile / p.row_tiles;
-  return c;
-}
-
-
-// The block's next (tile, channel chunk) to load; tile coordinates are recomputed (64-bit
-// divisions) only when the tile changes.
-struct LoadCursor {
-  int64_t tile, chunk;
-  TileCoord tc;
-};
-template <class T>
-__device__ __forceinline__ void advance(LoadCursor& c, const WgParams& p) {
-  if (++c.chunk < p.chunks) return;
-  c.chunk = 0;
-  c.tile += gridDim.x;
-  if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
-}
 
 // Issues the copies of the cursor's (tile, chunk) into `stage`: the halo, then the chunk's
 // B images (one contiguous block of the prepared weights, laid out as in shared memory).

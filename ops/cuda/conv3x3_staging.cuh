@@ -1,7 +1,7 @@
-// Asynchronous global -> shared copies (cp.async), the row-grid loader and the NCHW input-halo
-// stager of the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on wgmma), with
-// the small integer helpers they use: one copy of the code, so both kernels stage their halos
-// alike. Device code only;
+// How the 3x3 convolution kernels with an NCHW halo (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on
+// wgmma) stage their operands: cp.async wrappers, the row-grid loader, the input-halo stager,
+// the tile order and the per-stage load cursor, with the small integer helpers they use. One
+// copy of the code, so both kernels walk and stage their tiles alike. Device code only;
 // included inside those files' anonymous namespaces' parent (tg::cuda), each translation unit
 // gets its own copy.
 #pragma once
@@ -154,6 +154,38 @@ __device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ i
                   static_cast<int>(clamp_i64(ceil_div(-iw0, kVec), 0, kPerRow)),
                   static_cast<int>(clamp_i64(ceil_div(p.Win - iw0, kVec), 0, kPerRow))};
   copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
+}
+
+// Where tile `tile` of a pass lies (T: the kernel's tile, with kN output channels, kRows x
+// kCols pixels; Params: its launch parameters). Channel tiles vary fastest, then columns, rows, images:
+// blocks running together share their input halo rows in L2.
+struct TileCoord {
+  int64_t n, oh0, ow0, k0;
+};
+template <class T, class Params>
+__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const Params& p) {
+  TileCoord c;
+  c.k0 = (tile % p.k_tiles) * T::kN;
+  tile /= p.k_tiles;
+  c.ow0 = (tile % p.col_tiles) * T::kCols;
+  tile /= p.col_tiles;
+  c.oh0 = (tile % p.row_tiles) * T::kRows;
+  c.n = tile / p.row_tiles;
+  return c;
+}
+
+// The block's next (tile, channel chunk) to load. Advanced once per stage; the tile's
+// coordinates are recomputed (64-bit divisions) only when the tile changes.
+struct LoadCursor {
+  int64_t tile, chunk;
+  TileCoord tc;
+};
+template <class T, class Params>
+__device__ __forceinline__ void advance(LoadCursor& c, const Params& p) {
+  if (++c.chunk < p.chunks) return;
+  c.chunk = 0;
+  c.tile += gridDim.x;
+  if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
 }
 
 }  // namespace
