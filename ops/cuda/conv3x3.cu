@@ -48,24 +48,8 @@
 namespace tg::cuda {
 namespace {
 
-// ---- PTX primitives: the only target-specific code in this file (cp.async: conv3x3_staging.cuh;
-// mma_tf32, mma_bf16 and bf16_pair, with their fragment layouts: mma_sync.cuh) ----------------
-
-// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
-__device__ __forceinline__ uint32_t tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// *ptr = v if pred, as one predicated store: no branch for the compiler to sink address
-// arithmetic into (it would recompute a 64-bit address per store under register pressure).
-__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
-      "r"(static_cast<int>(pred))
-      : "memory");
-}
+// ---- PTX primitives: cp.async, tf32_round and store_if in conv3x3_staging.cuh; mma_tf32,
+// mma_bf16 and bf16_pair, with their fragment layouts, in mma_sync.cuh ----------------------
 
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(16) float smem_buffer[];
@@ -75,7 +59,6 @@ __device__ __forceinline__ float* dynamic_smem() {
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
 constexpr int kStages = 3;  // cp.async pipeline depth
-
 
 // Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
 // of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
@@ -102,7 +85,6 @@ __device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_ui
 // error is ~2^-20 per product; lo*lo' (~2^-22) is dropped. Two mma instead of 3xTF32's three.
 __device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
-
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
 // output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 pixels x
 // kWarpN (8 kNTiles) channels.
@@ -113,7 +95,7 @@ struct FwdTile {
   static constexpr int kMTiles = 4, kNTiles = kNTiles_;  // per warp: 4 x m16 (pixels), kNTiles x n8 (channels)
   static constexpr int kWarpN = 8 * kNTiles;             // output channels per warp
   static constexpr int kBN = kWarpN * kWarpsN;
-  static constexpr int kN = kBN;  // output channels per tile, as the shared tile_coord names it
+  static constexpr int kOutChannels = kBN;  // per tile (conv3x3_staging.cuh walks tiles by it)
   static_assert(kRows * kCols == 16 * kMTiles * kWarpsM, "the warps must cover the pixel tile");
   static constexpr int kTilesPerRow = kCols / 16;  // m16 tiles in one output row of the tile
   static_assert(kTilesPerRow % kMTiles == 0 || kMTiles % kTilesPerRow == 0, "warp tiles must not straddle");
@@ -156,7 +138,6 @@ struct GemmParams {
   int64_t row_tiles, col_tiles, k_tiles, tiles;
   int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
 };
-
 
 // Issues the copies of the cursor's (tile, chunk) into `stage`.
 template <class T>

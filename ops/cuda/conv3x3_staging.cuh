@@ -1,7 +1,8 @@
-// How the 3x3 convolution kernels with an NCHW halo (conv3x3.cu on mma.sync, conv3x3_wgmma.cu on
-// wgmma) stage their operands: cp.async wrappers, the row-grid loader, the input-halo stager,
-// the tile order and the per-stage load cursor, with the small integer helpers they use. One
-// copy of the code, so both kernels walk and stage their tiles alike. Device code only;
+// What the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu and
+// conv3x3_wgmma_ss.cu on wgmma) share: cp.async wrappers, TF32 rounding, the predicated store,
+// the row-grid loader and the NCHW input-halo stager (the first two kernels), the tile order
+// and the per-stage load cursor, with the small integer helpers they use. One copy of the
+// code, so the kernels walk and stage their tiles alike. Device code only;
 // included inside those files' anonymous namespaces' parent (tg::cuda), each translation unit
 // gets its own copy.
 #pragma once
@@ -128,6 +129,22 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   }
 }
 
+// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// *ptr = v if pred, as one predicated store: no branch for the compiler to sink address
+// arithmetic into (it would recompute a 64-bit address per store under register pressure).
+__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 __host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -156,7 +173,7 @@ __device__ __forceinline__ void load_halo(float* xs, const float* __restrict__ i
   copy_grid<T::kThreads, T::kChunk, T::kHaloRows, kPerRow, kVec>(xs, g);
 }
 
-// Where tile `tile` of a pass lies (T: the kernel's tile, with kN output channels, kRows x
+// Where tile `tile` of a pass lies (T: the kernel's tile, with kOutChannels output channels, kRows x
 // kCols pixels; Params: its launch parameters). Channel tiles vary fastest, then columns, rows, images:
 // blocks running together share their input halo rows in L2.
 struct TileCoord {
@@ -165,7 +182,7 @@ struct TileCoord {
 template <class T, class Params>
 __device__ __forceinline__ TileCoord tile_coord(int64_t tile, const Params& p) {
   TileCoord c;
-  c.k0 = (tile % p.k_tiles) * T::kN;
+  c.k0 = (tile % p.k_tiles) * T::kOutChannels;
   tile /= p.k_tiles;
   c.ow0 = (tile % p.col_tiles) * T::kCols;
   tile /= p.col_tiles;

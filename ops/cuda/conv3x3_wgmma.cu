@@ -107,24 +107,8 @@ namespace {
 // (__CUDA_ARCH_FEAT_SM90_ALL: -arch sm_90a); elsewhere the kernel is a trap and
 // conv3x3_wgmma_applies says false.
 
-
-// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
-__device__ __forceinline__ uint32_t tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
 // wgmma building blocks (descriptors, fences, commit / wait, the m64nNk8 TF32 instructions with A
 // in registers): ops/cuda/wgmma.cuh, shared with conv3x3_wgmma_ss.cu.
-
-// *ptr = v if pred, as one predicated store (no branch for address arithmetic to sink into).
-__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
-      "r"(static_cast<int>(pred))
-      : "memory");
-}
 
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(128) float smem_buffer[];
@@ -134,7 +118,6 @@ __device__ __forceinline__ float* dynamic_smem() {
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
 constexpr int kStages = 4;  // smem pipeline depth; a stage is refilled 2 steps after its use (see the header)
-
 
 // Smallest stride >= n (a multiple of 4 floats, for 16-byte copies) such that the 8 x 4 lanes
 // of a fragment load, at addresses (lane % 4) * stride + lane / 4, hit 32 distinct banks.
@@ -162,6 +145,7 @@ struct WgTile {
   static constexpr int kWarpgroups = TG_CONV3X3_WGMMA_WARPGROUPS, kThreads = 128 * kWarpgroups;
   static constexpr int kMT = kRows * (kCols / 64) / kWarpgroups;  // m64 tiles per warpgroup
   static_assert(kMT == 1 || kMT % 2 == 0, "a warpgroup's m64 tiles start at column 0 of a row or are one tile");
+  static constexpr int kOutChannels = kN;  // per tile (conv3x3_staging.cuh walks tiles by it)
   static constexpr int kAcc = kN / 2;                 // f32 accumulators per thread per m64 tile
   static_assert(kMT * kAcc * (kSplit ? 2 : 1) * kWarpgroups == 256,
                 "256 / warpgroups accumulators per thread (64 at 512 threads: 128 registers)");
@@ -202,7 +186,6 @@ struct WgParams {
   int64_t row_tiles, col_tiles, k_tiles, tiles;
   int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
 };
-
 
 // Issues the copies of the cursor's (tile, chunk) into `stage`: the halo, then the chunk's
 // B images (one contiguous block of the prepared weights, laid out as in shared memory).
@@ -482,7 +465,6 @@ WgParams plan(WgParams p, int vec) {
 // ---- END KERNELS ----
 
 constexpr int kPrepThreads = 256;
-
 
 // Widest copy (floats) that rows of length row_len starting at base allow.
 int vector_width(const float* base, int64_t row_len) {

@@ -88,6 +88,7 @@
 #include "core/cuda_context.h"
 #include "core/precision.h"
 #include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/hopper.h"
 #include "ops/cuda/wgmma.cuh"
@@ -105,45 +106,9 @@
 namespace tg::cuda {
 namespace {
 
-// ---- primitives (besides ops/cuda/wgmma.cuh) ----
+// ---- primitives (besides ops/cuda/wgmma.cuh and conv3x3_staging.cuh) ----
 
-// Copies kBytes (4 or 16) from global to shared memory asynchronously; when !valid the
-// destination is zero-filled instead (src-size 0: nothing is read from src).
-template <int kBytes>
-__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
-  const int src_bytes = valid ? kBytes : 0;
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgmma::shared_address(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-  } else {
-    static_assert(kBytes == 4, "4 or 16 bytes");
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(wgmma::shared_address(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-  }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
-__device__ __forceinline__ float tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
-
-// *ptr = v if pred; (ptr[0], ptr[1]) = (v0, v1) if pred (ptr 8-byte aligned). Predicated stores,
-// no branch for the address arithmetic to sink into.
-__device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p st.global.f32 [%0], %1;\n}\n" ::"l"(ptr), "f"(v),
-      "r"(static_cast<int>(pred))
-      : "memory");
-}
+// (ptr[0], ptr[1]) = (v0, v1) if pred (ptr 8-byte aligned), predicated like store_if.
 __device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool pred) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(ptr), "f"(v0),
@@ -175,14 +140,12 @@ __device__ __forceinline__ float* dynamic_smem() {
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }
-
 struct SsTile {
   static constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
   static constexpr int kRows = kWarpgroups;  // output rows per tile: one per warpgroup
   static constexpr int kCols = 256;          // output columns per tile: the wgmma N
   static constexpr int kM = 64;              // output channels per tile: the wgmma M
+  static constexpr int kOutChannels = kM;    // (conv3x3_staging.cuh walks tiles by it)
   static constexpr int kAcc = kCols / 2;     // f32 accumulators per thread
   static constexpr int kChunk = 8;           // input channels per stage: one k8 step per tap
   static constexpr int kStages = 4;          // a stage is refilled 2 steps after its use
@@ -229,35 +192,6 @@ struct SsParams {
   bool pairs;  // Wout even and out 8-byte aligned: two adjacent columns per store
   bool vec;    // in 16-byte aligned, Hin Win % 4 == 0, Win < 2^30: the vector halo fill
 };
-
-// Where tile `tile` lies. Channel tiles vary fastest, then columns, rows, images: blocks
-// running together share their input halo rows in L2.
-struct TileCoord {
-  int64_t n, oh0, ow0, k0;
-};
-__device__ __forceinline__ TileCoord tile_coord(int64_t tile, const SsParams& p) {
-  TileCoord c;
-  c.k0 = (tile % p.k_tiles) * T::kM;
-  tile /= p.k_tiles;
-  c.ow0 = (tile % p.col_tiles) * T::kCols;
-  tile /= p.col_tiles;
-  c.oh0 = (tile % p.row_tiles) * T::kRows;
-  c.n = tile / p.row_tiles;
-  return c;
-}
-
-// The block's next (tile, channel chunk) to load; tile coordinates are recomputed (64-bit
-// divisions) only when the tile changes.
-struct LoadCursor {
-  int64_t tile, chunk;
-  TileCoord tc;
-};
-__device__ __forceinline__ void advance(LoadCursor& c, const SsParams& p) {
-  if (++c.chunk < p.chunks) return;
-  c.chunk = 0;
-  c.tile += gridDim.x;
-  if (c.tile < p.tiles) c.tc = tile_coord(c.tile, p);
-}
 
 // Scalar halo fill (any alignment): issues the 4-byte copies of the cursor's (tile, chunk) into
 // `stage`, each float to its transposed slot (this warp: one channel quad x one halo row).
@@ -441,7 +375,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   HaloRegs halo;         // kVec: the halo of the step after the one being computed
   bool staged = false;   // ... holds a step to store
-  LoadCursor cur{blockIdx.x, 0, tile_coord(blockIdx.x, p)};
+  LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
   // Steps 0 and 1: step 0's halo straight to stage 0, step 1's into registers (kVec).
 #pragma unroll 1
   for (int s = 0; s < 2; ++s) {
@@ -454,7 +388,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         load_halo_scalar(smem + s * T::kStageFloats, in, p, cur);
       }
       load_weights(smem + s * T::kStageFloats, wp, p, cur);
-      advance(cur, p);
+      advance<T>(cur, p);
     }
     cp_async_commit();
   }
@@ -482,7 +416,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         load_halo_scalar(smem + load_stage * T::kStageFloats, in, p, cur);
       }
       load_weights(smem + load_stage * T::kStageFloats, wp, p, cur);
-      advance(cur, p);
+      advance<T>(cur, p);
     }
     cp_async_commit();
     load_stage = load_stage == T::kStages - 1 ? 0 : load_stage + 1;
@@ -499,7 +433,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma::wait<0>();
 #pragma unroll
     for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
-    store_tile(out, bias, p, tile_coord(tile, p), acc, wg, wi, g, t);
+    store_tile(out, bias, p, tile_coord<T>(tile, p), acc, wg, wi, g, t);
   }
   cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
 #else
@@ -524,7 +458,7 @@ __global__ void prepare_ss_weights_kernel(float* __restrict__ wp, const float* _
     } else {
       if (ci < K && o < C) v = w[(ci * C + o) * 9 + (8 - tap)];
     }
-    wp[i] = tf32_round(v);
+    wp[i] = __uint_as_float(tf32_round(v));
   }
 }
 
@@ -562,7 +496,6 @@ inline SsParams plan(SsParams p, bool out_aligned_8, bool in_aligned_16) {
 // ---- END KERNELS ----
 
 constexpr int kPrepThreads = 256;
-
 
 void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
   for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
