@@ -1,6 +1,6 @@
 // TF32 fast path for 3x3, stride-1, dilation-1 2-D convolutions in NCHW on Hopper's warpgroup MMA
 // with both operands in shared memory (wgmma SS, sm_90a): the forward pass and the input
-// gradient, as implicit GEMMs (M = output channels, N = 256 output pixels of a row) reading NCHW
+// gradient, as implicit GEMMs (M = output channels, N = 128 or 256 output pixels of a row) reading NCHW
 // directly through a transposed (channel-quad-innermost) shared-memory halo
 // (ops/cuda/conv3x3_wgmma_ss.cu explains the design). Not routed from conv3x3_forward /
 // conv3x3_grad_input: the caller decides between this and conv3x3_wgmma.
