@@ -13,49 +13,41 @@
 // N = output pixels (the input halo is B), reduction = input channels x 9 taps; one k8 step = one
 // tap x 8 input channels.
 //
-// Block tiles (one block per SM, persistent over tiles), kMGroups x kRowGroups warpgroups; warpgroup
-// (mg, rg) owns output channels 64 mg.. of the tile in output row rg: one wgmma.mma_async.m64nNk8
-// .f32.tf32.tf32 per tap (N / 2 f32 accumulators per thread). Per pipeline stage (8 input
-// channels; 4 stages, loads 2 steps ahead):
-//   128 x 2 x 128 (more than 64 output channels, e.g. workload A's forward): 4 warpgroups (512
-//     threads), 128 output channels x 2 rows x 128 columns, N = 128 (64 accumulators): halo
-//     2 quads x 4 rows x 136 columns x 16 B = 17 KB, weights 9 x 2 x 128 x 16 B = 36 KB;
-//   64 x 4 x 128 (<= 64 output channels, e.g. workload A's input gradient): 4 warpgroups, 64
-//     output channels x 4 rows x 128 columns, N = 128: halo 2 x 6 x 136 x 16 B = 26 KB, weights
-//     18 KB;
-//   64 x 2 x 256 (the first tile, kept for comparison): 2 warpgroups (256 threads), 64 x 2 x 256,
-//     N = 256 (128 accumulators): halo 2 x 4 x 264 x 16 B = 33 KB, weights 18 KB.
-//   All do 2304 tensor clocks of work per stage at the peak rate. The 4-byte halo copies are the
-//   expensive part of a stage (64 x 2 x 256 on an H200, workload A's forward: 2.67-2.83 ms; ncu:
-//   long_scoreboard 2.00, lg_throttle 1.34 stalls per instruction, 8 warps per SM, 0.30 eligible):
-//   128 x 2 x 128 transposes each halo once for 128 output channels instead of twice (half the
-//   copies per output), 64 x 4 x 128 needs 6 halo rows for 4 output rows instead of 4 for 2
-//   (-23%), and both have 16 warps to share the fill and hide latency.
-//   Halo layout [channel quad (2)][halo row][halo column][4 channels], weights
-//   [tap (9)][k half (2)][output channel (kM)][4 input channels].
+// Block tile (256 threads = 2 warpgroups, one block per SM, persistent over tiles): 64 output
+// channels x 2 output rows x 256 columns; warpgroup w owns output row w: one
+// wgmma.mma_async.m64n256k8.f32.tf32.tf32 per tap (128 f32 accumulators per thread).
+// Per pipeline stage (8 input channels; 4 stages, loads 2 steps ahead):
+//   halo (B)   [channel quad (2)][halo row (4)][halo column (264, 258 used)][4 channels] 33 KB
+//   weights (A)[tap (9)][k half (2)][output channel (64)][4 input channels]              18 KB
+//   = 51.8 KB per stage, 207 KB for 4 (of 227 KB).
+// Tiles of 128 output channels x 2 rows x 128 columns (4 warpgroups: the halo transposed once per
+// 128 channels) and 64 x 4 x 128 (6 halo rows per 4 output rows) were measured slower on an H200
+// (workload A forward 2.92 / 2.90 ms vs 2.71): m64n128 wgmma read the weights twice as often and
+// the weights stage doubled; see bench/notes_conv3x3.md.
 //
-// Operands of the wgmma of tap (r, s), warpgroup (mg, rg) (both K-major, no swizzle; ops/cuda/wgmma.cuh
+// Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/wgmma.cuh
 // states the layout: element (row, k) at start + (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4):
-//   A = weights: start = weights + tap * kM * 32 B + mg * 1 KB, rows = output channels m: 16-byte
-//       rows [m][4 channels], SBO = 128 B (next 8 output channels), LBO = kM * 16 B (channels
+//   A = weights: start = weights + tap * 2 KB, rows = output channels m: 16-byte rows
+//       [m][4 channels], SBO = 128 B (next 8 output channels), LBO = 64 * 16 = 1 KB (channels
 //       4..7 of the chunk). The pre-pass writes exactly this image per (chunk, channel tile), rounded
 //       to TF32, so a stage's weights are one contiguous 16-byte cp.async run.
-//   B = halo: rows = output pixels n = column 0..N-1 of output row rg; pixel n of tap (r, s)
-//       reads halo (row rg + r, column n + s), whose 4 channels are one 16-byte row.
-//       start = halo + ((rg + r) * kCopyCols + s) * 16 B, SBO = 128 B (8 consecutive columns),
-//       LBO = one channel quad of the halo. Every tap shift is just another start address
-//       (16-byte aligned); no data moves.
+//   B = halo: rows = output pixels n = column 0..255 of output row w; pixel n of tap (r, s)
+//       reads halo (row w + r, column n + s), whose 4 channels are one 16-byte row.
+//       start = halo + ((w + r) * 264 + s) * 16 B, SBO = 128 B (8 consecutive columns), LBO =
+//       4 * 264 * 16 B = 16.5 KB (the second channel quad). Every tap shift is just another start
+//       address (16-byte aligned); no data moves.
 //   D: thread (warp wi of the warpgroup, g = lane / 4, t = lane % 4) holds output channel
-//       k0 + 64 mg + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < N / 8).
+//       k0 + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < 32).
 //
-// Halo fill: 4-byte cp.async, each float to its transposed slot; zero-filled (src-size 0) for
-// padding, borders and channels past Cin. A (channel quad, halo row) is filled by 1 warp (2 in
-// 128 x 2 x 128; 64 x 4 x 128 leaves 4 of its 16 warps out): lane (c = lane % 4, p = lane / 4) takes channel 4 quad + c, columns
-// p + 8 i. One copy instruction writes 8 pixels x 4 channels = 128 contiguous bytes of shared
-// memory and reads 4 rows x 32 bytes of global memory. Weights: 4.5 x 16-byte cp.async per stage
-// and thread. (A fill by 16-byte loads staged through registers, transposed, and stored a step
-// later was measured slower on an H200, 3.375 vs 2.672 ms: the synchronous loads stopped
-// overlapping the wgmma. It was removed; git history has it.)
+// Halo fill: 4-byte cp.async, each float to its transposed slot (see load_halo). Weights: 4.5 x
+// 16-byte cp.async per stage and thread. (A fill by 16-byte loads staged through registers,
+// transposed, and stored a step later was measured slower on an H200, 3.375 vs 2.672 ms: the
+// synchronous loads stopped overlapping the wgmma. It was removed; git history has it.)
+//
+// Where the time goes (H200, workload A forward, variants with parts switched off; notes_conv3x3.md):
+// wgmma alone (no fills, no stores) 1.28 ms (~480 TFLOP/s: the layout and the barrier per step
+// cost nothing), + fills 1.93 ms, + stores from the fragments 2.71 ms. The stores run while the
+// tensor cores idle (the accumulators are the next tile's), hence the staged stores (store_tile).
 //
 // TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
 // truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
@@ -75,18 +67,15 @@
 //   - tile end: wait_group 0, accumulators re-bound (fence_operand), stored; the next tile's first
 //     wgmma has scale-d = 0 (no zeroing) and follows a wgmma.fence (the epilogue read them).
 //
-// Shared-memory traffic per stage (2304 tensor clocks at peak): 64 x 2 x 256 reads 18 x (A 2 KB +
-//   B 8 KB) = 180 KB of operands (B is read once per wgmma and serves all 4 warps' M rows) and
-//   fills 52 KB: 1848 of 2304 wavefront-clocks (80% of the port at the tensor peak). The N = 128
-//   tiles read 36 x (2 + 4 KB) = 216 KB and fill 44-53 KB: 2080-2150 (90-93% at the peak, ~56% at
-//   the 2.06 ms target).
-// L2 -> SM: 44-53 KB per 2304 clocks at peak, ~3 TB/s over 132 SMs at 300 TFLOP/s; the weights
-// are 35-68% of it (mostly L2 hits: 295 KB in all).
+// Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
+//   operand reads 18 x (A 2 KB + B 8 KB) = 180 KB = 1440 wavefronts (B is read once per wgmma and
+//   serves all 4 warps' M rows), fills 51.8 KB = 405 wavefronts: 1845 of 2304 wavefront-clocks
+//   (80% of the port at the tensor peak; the register-A kernel needed 93%).
+// L2 -> SM: 51.8 KB per 2304 clocks at peak, ~3.2 TB/s over 132 SMs at 300 TFLOP/s (same order
+// as the register-A kernel; the weights are 35% of it).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <string_view>
 #include <utility>
 
 #include "core/cuda_context.h"
@@ -110,6 +99,19 @@ __device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool p
       : "memory");
 }
 
+// 8 bytes to / from shared memory (8-byte aligned), plain generic-proxy accesses.
+__device__ __forceinline__ void store2_shared(float* dst, float v0, float v1) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1) : "memory");
+}
+__device__ __forceinline__ float2 load2_shared(const float* src) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+               : "=f"(v.x), "=f"(v.y)
+               : "r"(wgmma::shared_address(src))
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float* dynamic_smem() {
   extern __shared__ __align__(128) float smem_buffer[];
   return smem_buffer;
@@ -117,23 +119,20 @@ __device__ __forceinline__ float* dynamic_smem() {
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
-// A block tile: kMGroups x kRowGroups warpgroups; warpgroup (mg, rg) computes output channels
-// [64 mg, 64 mg + 64) of the tile x output row rg x kCols columns (one m64nNk8 wgmma per tap).
-template <int kMGroups_, int kRowGroups_, int kCols_>
+// The block tile: 2 warpgroups (256 threads); warpgroup wg computes the tile's 64 output channels
+// in output row wg, 256 columns: one m64n256k8 wgmma per tap.
 struct SsTile {
-  static constexpr int kMGroups = kMGroups_, kRowGroups = kRowGroups_;
-  static constexpr int kWarpgroups = kMGroups * kRowGroups, kThreads = 128 * kWarpgroups;
-  static constexpr int kRows = kRowGroups;   // output rows per tile
-  static constexpr int kCols = kCols_;       // output columns per tile: the wgmma N
-  static constexpr int kM = 64 * kMGroups;   // output channels per tile
+  static constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
+  static constexpr int kRows = kWarpgroups;  // output rows per tile: one per warpgroup
+  static constexpr int kCols = 256;          // output columns per tile: the wgmma N
+  static constexpr int kM = 64;              // output channels per tile: the wgmma M
   static constexpr int kOutChannels = kM;    // (conv3x3_staging.cuh walks tiles by it)
   static constexpr int kAcc = kCols / 2;     // f32 accumulators per thread
   static constexpr int kChunk = 8;           // input channels per stage: one k8 step per tap
   static constexpr int kStages = 4;          // a stage is refilled 2 steps after its use
   static constexpr int kHaloRows = kRows + 2;
   static constexpr int kHaloCols = kCols + 2;                 // columns the taps read
-  static constexpr int kCopyGroups = ceil_div(kHaloCols, 8);  // 8-column copies per halo row
-  static constexpr int kCopyCols = 8 * kCopyGroups;           // halo row stride in 16-byte pixels
+  static constexpr int kCopyCols = 8 * ceil_div(kHaloCols, 8);  // halo row stride in 16-byte pixels (264)
   static constexpr int kQuadFloats = kHaloRows * kCopyCols * 4;  // one channel quad of the halo
   static constexpr int kXStage = 2 * kQuadFloats;                 // halo floats per stage
   static constexpr int kTapFloats = 2 * kM * 4;                   // A image of one tap
@@ -142,25 +141,15 @@ struct SsTile {
   static constexpr uint32_t kALbo = kM * 16, kASbo = 128;            // weights: next channel quad, next 8 rows
   static constexpr uint32_t kBLbo = kQuadFloats * 4, kBSbo = 128;    // halo: next channel quad, next 8 pixels
   static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
-  // Halo fill: a fill unit = one (channel quad, halo row); kWarpsPerUnit warps share one, each
-  // taking kUnitCopies consecutive 8-column copies; warps past kFillWarps fill no halo.
-  static constexpr int kFillUnits = 2 * kHaloRows;
-  static constexpr int kWarpsPerUnit = kThreads / 32 / kFillUnits;
-  static constexpr int kFillWarps = kFillUnits * kWarpsPerUnit;
-  static constexpr int kUnitCopies = ceil_div(kCopyGroups, kWarpsPerUnit);
-  static_assert(kWarpsPerUnit >= 1, "a warp per (quad, halo row) at least");
+  // Staged stores: each warp's scratch holds 8 output channels x 128 columns, rows padded to
+  // kScratchStride floats (= 8 mod 32: the fragment-order 8-byte writes are conflict-free).
+  static constexpr int kScratchStride = 136, kScratchFloats = 8 * kScratchStride;
+  static_assert(kThreads / 32 == 2 * kHaloRows, "one warp per (channel quad, halo row) of a stage");
+  static_assert(kThreads / 32 * kScratchFloats <= kStageFloats, "the staged stores fit in one stage");
   static_assert(kXStage % 32 == 0 && kStageFloats % 32 == 0, "operand images on 128-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 };
-// The tiles (output channels x rows x columns). 128 x 2 x 128 (4 warpgroups): more than 64 output
-// channels, e.g. workload A's forward; the halo is transposed once for 128 output channels, and 16
-// warps share the fill. 64 x 4 x 128 (4 warpgroups): up to 64 output channels, e.g. workload A's
-// input gradient; 6 halo rows for 4 output rows. 64 x 2 x 256 (2 warpgroups): the first tile
-// (workload A's forward on an H200: 2.67-2.83 ms; ncu: long_scoreboard 2.00, lg_throttle 1.34
-// stalls per instruction, 8 warps per SM, 0.30 eligible), kept for comparison.
-using SsTile128x2x128 = SsTile<2, 2, 128>;
-using SsTile64x4x128 = SsTile<1, 4, 128>;
-using SsTile64x2x256 = SsTile<1, 2, 256>;
+using T = SsTile;
 
 // One implicit-GEMM pass: out (N, Kout, Hout, Wout) = conv3x3(in (N, Cin, Hin, Win), prepared w)
 // with input row = output row + tap row - pad_h (likewise columns); pads may be negative.
@@ -171,39 +160,33 @@ struct SsParams {
   int64_t chunks;  // ceil(Cin / 8)
   int64_t row_tiles, col_tiles, k_tiles, tiles;
   bool pairs;  // Wout even and out 8-byte aligned: two adjacent columns per store
-  int stagger_ns, stagger_phases;  // EXPERIMENT
 };
 
 // Issues the 4-byte copies of the cursor's (tile, chunk) halo into `stage`, each float to its
-// transposed slot; zero-filled (src-size 0) for padding, borders and channels past Cin. This
-// warp: one channel quad x one halo row, kUnitCopies copies of 8 columns from column col0; lane
-// (c = lane % 4, px = lane / 4) takes channel 4 quad + c, columns col0 + 8 i. One copy
-// instruction writes 8 pixels x 4 channels = 128 contiguous bytes of shared memory and reads
-// 4 rows x 32 bytes of global memory.
-template <class T>
+// transposed slot; zero-filled (src-size 0) for padding, borders and channels past Cin. Warp v
+// copies channel quad v / 4, halo row v % 4: lane (c = lane % 4, px = lane / 4) takes channel
+// 4 quad + c, columns px + 8 i (i < 33, the last only for px < 2). One copy instruction writes
+// 8 pixels x 4 channels = 128 contiguous bytes of shared memory and reads 4 rows x 32 bytes of
+// global memory.
 __device__ __forceinline__ void load_halo(float* stage, const float* __restrict__ in, const SsParams& p,
                                           const LoadCursor& cur) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (T::kFillWarps < T::kThreads / 32 && warp >= T::kFillWarps) return;
-  const int unit = warp / T::kWarpsPerUnit, part = warp % T::kWarpsPerUnit;
-  const int quad = unit / T::kHaloRows, hrow = unit % T::kHaloRows;
+  const int quad = warp / T::kHaloRows, hrow = warp % T::kHaloRows;
   const int c = lane % 4, px = lane / 4;
-  const int col0 = 8 * T::kUnitCopies * part + px;  // halo column of copy 0
   const int64_t ci = cur.chunk * T::kChunk + 4 * quad + c;
   const int64_t ih = cur.tc.oh0 - p.pad_h + hrow;
-  const int64_t iw_first = cur.tc.ow0 - p.pad_w + col0;  // input column of copy 0
+  const int64_t iw_first = cur.tc.ow0 - p.pad_w + px;  // column of copy 0
   const bool row_ok = ci < p.Cin && ih >= 0 && ih < p.Hin;
   // Copy i reads column iw_first + 8 i: inside the row for 8 i in [col_lo, col_hi) (32-bit
   // compares against constants in the unrolled loop).
-  const int col_lo = static_cast<int>(clamp_i64(-iw_first, -8, 8 * T::kUnitCopies));
-  const int col_hi = static_cast<int>(clamp_i64(p.Win - iw_first, -8, 8 * T::kUnitCopies));
+  const int col_lo = static_cast<int>(clamp_i64(-iw_first, -8, T::kCopyCols));
+  const int col_hi = static_cast<int>(clamp_i64(p.Win - iw_first, -8, T::kCopyCols));
   // (ci, ih, iw_first); only read through where the copy is valid.
   const float* row = in + (row_ok ? ((cur.tc.n * p.Cin + ci) * p.Hin + ih) * p.Win + iw_first : 0);
-  float* dst = stage + ((quad * T::kHaloRows + hrow) * T::kCopyCols + col0) * 4 + c;
+  float* dst = stage + ((quad * T::kHaloRows + hrow) * T::kCopyCols + px) * 4 + c;
 #pragma unroll
-  for (int i = 0; i < T::kUnitCopies; ++i) {
-    // Columns no tap reads (and the next warp's); the first test is a compile-time bound on col0.
-    if (8 * T::kUnitCopies * (T::kWarpsPerUnit - 1) + 8 * i + 8 > T::kHaloCols && col0 + 8 * i >= T::kHaloCols) break;
+  for (int i = 0; i < T::kCopyCols / 8; ++i) {
+    if (8 * i + 8 > T::kHaloCols && 8 * i + px >= T::kHaloCols) break;  // columns no tap reads
     const bool ok = row_ok && 8 * i >= col_lo && 8 * i < col_hi;
     cp_async<4>(dst + 32 * i, ok ? row + 8 * i : in, ok);
   }
@@ -211,7 +194,6 @@ __device__ __forceinline__ void load_halo(float* stage, const float* __restrict_
 
 // Issues the copies of the cursor's chunk of weight images into `stage` (one contiguous block of
 // the prepared weights, laid out as in shared memory).
-template <class T>
 __device__ __forceinline__ void load_weights(float* stage, const float* __restrict__ wp, const SsParams& p,
                                              const LoadCursor& cur) {
   const float* src = wp + (cur.chunk * p.k_tiles + cur.tc.k0 / T::kM) * T::kWStage;
@@ -226,15 +208,13 @@ __device__ __forceinline__ void load_weights(float* stage, const float* __restri
   }
 }
 
-// Issues the 9 taps of one stage for this warpgroup (output channels 64 mg.., output row rg of
-// the tile), one m64nNk8 each, as one commit group. x_addr / w_addr: shared addresses of the
-// stage's halo and weights. accumulate: false for the first stage of a tile (its first wgmma
-// overwrites the accumulators).
-template <class T>
-__device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_addr, uint32_t w_addr, int mg, int rg,
+// Issues the 9 taps of one stage for this warpgroup (output row wg of the tile), one m64n256k8
+// each, as one commit group. x_addr / w_addr: shared addresses of the stage's halo and weights.
+// accumulate: false for the first stage of a tile (its first wgmma overwrites the accumulators).
+__device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_addr, uint32_t w_addr, int wg,
                                             bool accumulate) {
-  const uint64_t desc_a = wgmma::kmajor_desc(w_addr + 64u * 16u * mg, T::kALbo, T::kASbo);
-  const uint64_t desc_b = wgmma::kmajor_desc(x_addr + 16u * rg * T::kCopyCols, T::kBLbo, T::kBSbo);
+  const uint64_t desc_a = wgmma::kmajor_desc(w_addr, T::kALbo, T::kASbo);
+  const uint64_t desc_b = wgmma::kmajor_desc(x_addr + 16u * wg * T::kCopyCols, T::kBLbo, T::kBSbo);
   wgmma::fence();  // the accumulators were read (epilogue) or written by this thread before
 #pragma unroll
   for (int tap = 0; tap < 9; ++tap) {
@@ -245,31 +225,59 @@ __device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_ad
   wgmma::commit();
 }
 
-// Writes a finished tile (+ bias). This thread holds output channels k0 + 64 mg + 16 wi + g + 8 h
-// of output row oh0 + rg, columns ow0 + 8 j + 2 t + e in acc[4 j + 2 h + e]. Addresses are formed
+// Writes a finished tile (+ bias). This thread holds output channels k0 + 16 wi + g + 8 h of
+// output row oh0 + wg, columns ow0 + 8 j + 2 t + e in acc[4 j + 2 h + e]. Addresses are formed
 // for rows, channels or columns outside the output too, and never stored to.
-template <class T>
+// p.pairs (the workload's case): staged through `scratch` (this warp's kScratchFloats of a free
+// stage) in 4 rounds of 8 channels x 128 columns: fragment-order 8-byte writes, then each store
+// instruction writes 256 contiguous bytes of one output row (2 whole 128-byte lines) instead of 8
+// rows x 32 bytes: a quarter of the L2 write requests. Stored from the fragments, the epilogue
+// took ~0.8 of the 2.7 ms forward of workload A on an H200 (tensor cores idle meanwhile).
+// Otherwise (odd Wout or 4-byte aligned out): one float per store, from the fragments.
 __device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
                                            const SsParams& p, const TileCoord& tc, const float (&acc)[T::kAcc],
-                                           int mg, int rg, int wi, int g, int t) {
-  const int64_t oh = tc.oh0 + rg;
-  const int64_t cols_left64 = p.Wout - tc.ow0 - 2 * t;  // this thread's column 8 j is inside if 8 j < this
+                                           float* scratch, int wg, int wi, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t oh = tc.oh0 + wg;
+  const int64_t cols_left64 = p.Wout - tc.ow0;  // columns of this tile inside the output
   const int cols_left = static_cast<int>(cols_left64 < T::kCols ? cols_left64 : T::kCols);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t k = tc.k0 + 64 * mg + 16 * wi + g + 8 * h;
-    const bool ok = k < p.Kout && oh < p.Hout;
-    const float b = bias && k < p.Kout ? bias[k] : 0.f;
-    float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0 + 2 * t;
+    const int64_t k_frag = tc.k0 + 16 * wi + g + 8 * h;  // this thread's fragment row
+    const float b = bias && k_frag < p.Kout ? bias[k_frag] : 0.f;
     if (p.pairs) {
 #pragma unroll
-      for (int j = 0; j < T::kCols / 8; ++j)
-        store2_if(row + 8 * j, acc[4 * j + 2 * h] + b, acc[4 * j + 2 * h + 1] + b, ok && 8 * j < cols_left);
+      for (int half = 0; half < 2; ++half) {
+        // Fragment order in: row g, columns 8 jj + 2 t + e of this 128-column half.
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+          const int j = 16 * half + jj;
+          store2_shared(scratch + g * T::kScratchStride + 8 * jj + 2 * t, acc[4 * j + 2 * h] + b,
+                        acc[4 * j + 2 * h + 1] + b);
+        }
+        __syncwarp();
+        // Rows out: lane l takes columns 2 l, 2 l + 1 and 64 + 2 l, 65 + 2 l of each of the 8 rows.
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int64_t k = tc.k0 + 16 * wi + r + 8 * h;
+          const bool row_ok = k < p.Kout && oh < p.Hout;
+          float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0 + 128 * half;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int col = 64 * q + 2 * lane;
+            const float2 v = load2_shared(scratch + r * T::kScratchStride + col);
+            store2_if(row + col, v.x, v.y, row_ok && 128 * half + col < cols_left);
+          }
+        }
+        __syncwarp();  // the next round overwrites the scratch
+      }
     } else {
+      const bool ok = k_frag < p.Kout && oh < p.Hout;
+      float* row = out + ((tc.n * p.Kout + k_frag) * p.Hout + oh) * p.Wout + tc.ow0 + 2 * t;
 #pragma unroll
       for (int j = 0; j < T::kCols / 8; ++j) {
-        store_if(row + 8 * j, acc[4 * j + 2 * h] + b, ok && 8 * j < cols_left);
-        store_if(row + 8 * j + 1, acc[4 * j + 2 * h + 1] + b, ok && 8 * j + 1 < cols_left);
+        store_if(row + 8 * j, acc[4 * j + 2 * h] + b, ok && 8 * j + 2 * t < cols_left);
+        store_if(row + 8 * j + 1, acc[4 * j + 2 * h + 1] + b, ok && 8 * j + 2 * t + 1 < cols_left);
       }
     }
   }
@@ -277,34 +285,29 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
 // over the block's (tile, chunk) steps without a break.
-template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
                             const float* __restrict__ in,    // (N, Cin, Hin, Win)
-                            const float* __restrict__ wp,    // (chunks, k_tiles, 9, 2, kM, 4)
+                            const float* __restrict__ wp,    // (chunks, k_tiles, 9, 2, 64, 4)
                             const float* __restrict__ bias,  // (Kout) or null
                             SsParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   float* smem = dynamic_smem();
   const uint32_t smem_addr = wgmma::shared_address(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int g = lane / 4, t = lane % 4;
-  const int wg = warp / 4, wi = warp % 4;  // warpgroup, warp within it
-  const int rg = wg % T::kRowGroups, mg = wg / T::kRowGroups;
+  const int wg = warp / 4, wi = warp % 4;  // warpgroup (= output row of the tile), warp within it
 
   float acc[T::kAcc];
 #pragma unroll
   for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
 
-  if (p.stagger_ns > 0)
-    for (int i = 0; i < static_cast<int>(blockIdx.x) % p.stagger_phases; ++i) __nanosleep(p.stagger_ns);
   LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
   // Steps 0 and 1 into stages 0 and 1.
 #pragma unroll 1
   for (int s = 0; s < 2; ++s) {
     if (cur.tile < p.tiles) {  // the cursor runs past the block's last tile when its steps are all loaded
-      load_halo<T>(smem + s * T::kStageFloats, in, p, cur);
-      load_weights<T>(smem + s * T::kStageFloats, wp, p, cur);
+      load_halo(smem + s * T::kStageFloats, in, p, cur);
+      load_weights(smem + s * T::kStageFloats, wp, p, cur);
       advance<T>(cur, p);
     }
     cp_async_commit();
@@ -319,10 +322,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncthreads();             // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
     const uint32_t stage_addr = smem_addr + 4u * compute_stage * T::kStageFloats;
     compute_stage = compute_stage == T::kStages - 1 ? 0 : compute_stage + 1;
-    issue_stage<T>(acc, stage_addr, stage_addr + 4u * T::kXStage, mg, rg, accumulate);
+    issue_stage(acc, stage_addr, stage_addr + 4u * T::kXStage, wg, accumulate);
     if (cur.tile < p.tiles) {
-      load_halo<T>(smem + load_stage * T::kStageFloats, in, p, cur);
-      load_weights<T>(smem + load_stage * T::kStageFloats, wp, p, cur);
+      load_halo(smem + load_stage * T::kStageFloats, in, p, cur);
+      load_weights(smem + load_stage * T::kStageFloats, wp, p, cur);
       advance<T>(cur, p);
     }
     cp_async_commit();
@@ -340,7 +343,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma::wait<0>();
 #pragma unroll
     for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
-    store_tile<T>(out, bias, p, tile_coord<T>(tile, p), acc, mg, rg, wi, g, t);
+    // Scratch for the staged stores: stage load_stage (= the last step's - 1) was last read by
+    // the previous step, which every warpgroup retired before the last step's barrier, and is
+    // refilled only after the next step's barrier (no copy is in flight into it).
+    float* scratch = smem + load_stage * T::kStageFloats + warp * T::kScratchFloats;
+    store_tile(out, bias, p, tile_coord<T>(tile, p), acc, scratch, wg, wi, lane);
   }
   cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
 #else
@@ -352,7 +359,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // (chunk, kt, tap, h, m, q) belongs to input channel ci = 8 chunk + 4 h + q and output channel
 // o = kM kt + m, zero outside. Forward: w[o][ci][tap]. Grad-input (the convolution of dy with the
 // flipped kernel, channels swapped: Cin = K, Kout = C): w[ci][o][8 - tap].
-template <class T>
 __global__ void prepare_ss_weights_kernel(float* __restrict__ wp, const float* __restrict__ w, int64_t K, int64_t C,
                                           int64_t chunks, int64_t k_tiles, bool for_grad_input) {
   const int64_t total = chunks * k_tiles * T::kWStage;
@@ -390,7 +396,6 @@ inline SsParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, in
   return p;
 }
 
-template <class T>
 SsParams plan(SsParams p, bool out_aligned_8) {
   p.k_tiles = ceil_div(p.Kout, T::kM);
   p.chunks = ceil_div(p.Cin, T::kChunk);
@@ -420,46 +425,25 @@ void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std
   }
 }
 
-// out = conv3x3(in, w re-laid out) with block tile T: the forward pass, or (transposed weights)
-// the input gradient.
-template <class T>
-void run_tile(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p,
-              bool for_grad_input) {
+// out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
+void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p, bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  p = plan<T>(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
-  if (const char* e = std::getenv("TG_SS_STAGGER_NS")) p.stagger_ns = std::atoi(e);
-  if (const char* e = std::getenv("TG_SS_STAGGER_PHASES")) p.stagger_phases = std::atoi(e);
+  p = plan(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
 
   Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
-  prepare_ss_weights_kernel<T><<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
+  prepare_ss_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
       wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, for_grad_input);
   TG_LAUNCH_CHECK();
 
-  auto* kernel = conv3x3_wgmma_ss_kernel<T>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(T::kSmemBytes)));
   // One block per SM (the accumulators take half the registers, the stages most of the smem).
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
-  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(out.data<float>(), in.data<float>(),
-                                                                                  wp.data<float>(), bias, p);
+  conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
   TG_LAUNCH_CHECK();
   // wp is freed stream-ordered, after the kernel that reads it.
-}
-
-// More than 64 output channels take the 128 x 2 x 128 tile, up to 64 the 64 x 4 x 128 one, unless
-// TG_CONV3X3_SS_TILE names one (128x2x128, 64x4x128, 64x2x256: to measure them against each other).
-// Read at every launch (one getenv next to a ~ms kernel) so that a test can switch it.
-void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p, bool for_grad_input) {
-  const char* e = std::getenv("TG_CONV3X3_SS_TILE");
-  const std::string_view tile = e != nullptr ? e : p.Kout > 64 ? "128x2x128" : "64x4x128";
-  if (tile == "128x2x128")
-    run_tile<SsTile128x2x128>(out, in, w, bias, p, for_grad_input);
-  else if (tile == "64x4x128")
-    run_tile<SsTile64x4x128>(out, in, w, bias, p, for_grad_input);
-  else if (tile == "64x2x256")
-    run_tile<SsTile64x2x256>(out, in, w, bias, p, for_grad_input);
-  else
-    TG_CHECK(false, "conv3x3_wgmma_ss: TG_CONV3X3_SS_TILE=", tile, " is none of 128x2x128, 64x4x128, 64x2x256");
 }
 
 }  // namespace

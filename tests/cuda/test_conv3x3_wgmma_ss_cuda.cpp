@@ -1,11 +1,10 @@
 // The TF32 wgmma fast path with both operands in shared memory (ops/cuda/conv3x3_wgmma_ss.h):
 // forward (with and without bias) and grad-input against the CPU reference in f64, at shapes
-// that break every tile (block tiles: 64 output channels x 2 rows x 256 columns for K <= 64, 128 x
-// 2 x 128 above, 8 input channels per stage: odd H, W around 128 and 256, C = 1, 3, 13, 64, 70,
-// K = 1, 64, 65, 128, 200; pads 0 to 3; W >> H), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose
+// that break every tile (block tile: 64 output channels x 2 rows x 256 columns, 8 input channels
+// per stage: odd H, W around 128 and 256, C = 1, 3, 13, 64, 70, K = 1, 64, 65, 128, 200; pads 0
+// to 3; W >> H; the staged stores' edges), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose
 // failure message names the wrong (channel, row, column); argument checks; applies only in TF32
 // on an H100 / H200. The launchers are called directly (conv3x3.cu does not route here).
-#include <cstdlib>
 #include <string>
 
 #include "common/conv3x3_cases.h"
@@ -170,17 +169,14 @@ TEST(CudaConv3x3WgmmaSs, GradInputMatchesReference) {
 
 // The halo fill at every column alignment: W % 4 == 0..3 (each halo row starts at its own offset
 // from a 16-byte boundary), pads 0 to 3 (grad-input pad -1), partial last chunks (channels past
-// Cin), several column tiles of both widths, 25 chunks, K = 9, 65, 70, 128, 200 (grad-input: the
-// 64-channel tile over dy's K channels).
+// Cin), several column tiles, 25 chunks, K = 9, 65, 70, 128, 200.
 const std::vector<Case> kAlignmentCases = {
     {1, 64, 4, 1024, 128, 0, 0},  // workload A's rows: forward W % 4 == 0; grad-input dy 2 x 1022
-    {1, 9, 4, 301, 70, 1, 2},     // W % 4 == 1, pads 1 / 2, three / two column tiles; grad-input dy 4 x 303
+    {1, 9, 4, 301, 70, 1, 2},     // W % 4 == 1, pads 1 / 2, two column tiles; grad-input dy 4 x 303
     {2, 13, 4, 263, 65, 2, 1},    // W % 4 == 3, K = 65, two images (grad-input: dy 6 x 263)
-    {1, 16, 8, 515, 128, 1, 3},   // pad 3 on the columns, five column tiles; grad-input pad -1, dy 8 x 519
+    {1, 16, 8, 515, 128, 1, 3},   // pad 3 on the columns, three column tiles; grad-input pad -1, dy 8 x 519
     {1, 200, 2, 12, 9, 1, 1},     // 25 chunks (the last partial), tiny image
-    {1, 24, 4, 20, 200, 2, 1},    // K = 200: two 128-channel tiles (grad-input: 25 chunks over dy 6 x 20)
-    {1, 8, 3, 130, 72, 1, 1},     // Wo = 130: two columns past a 128-column tile
-    {1, 8, 5, 129, 130, 0, 0},    // Wo = 127 (one 128-column tile, one column short); K = 130
+    {1, 24, 4, 20, 200, 2, 1},    // K = 200: four channel tiles (grad-input: 25 chunks over dy 6 x 20)
 };
 
 TEST(CudaConv3x3WgmmaSs, AlignmentsMatchReference) {
@@ -194,8 +190,7 @@ TEST(CudaConv3x3WgmmaSs, AlignmentsMatchReference) {
 TEST(CudaConv3x3WgmmaSs, AlignmentsOneHotAreExact) {
   REQUIRE_WGMMA_SS();
   PrecisionGuard guard(Precision::TF32);
-  for (const Case& c : {Case{1, 9, 4, 301, 70, 1, 2}, Case{1, 16, 8, 515, 128, 1, 3}, Case{1, 64, 4, 1024, 128, 0, 0},
-                        Case{1, 8, 5, 129, 130, 0, 0}}) {
+  for (const Case& c : {Case{1, 9, 4, 301, 70, 1, 2}, Case{1, 16, 8, 515, 128, 1, 3}, Case{1, 64, 4, 1024, 128, 0, 0}}) {
     SCOPED_TRACE(name(c));
     const ConvShape s = shape_of(c);
     Tensor w = one_hot_weights(c.K, c.C);
@@ -214,32 +209,17 @@ TEST(CudaConv3x3WgmmaSs, AlignmentsOneHotAreExact) {
   }
 }
 
-// TG_CONV3X3_SS_TILE forces one of the three block tiles (128x2x128 for more than 64 output
-// channels, 64x4x128 up to 64, 64x2x256 for comparison): every tile on every pass must match the
-// reference, above and below 64 output channels, at odd sizes. An unknown name is an error.
-// Sets TG_CONV3X3_SS_TILE for its lifetime (also when an assertion leaves the test early).
-struct TileOverride {
-  explicit TileOverride(const char* tile) { EXPECT_EQ(setenv("TG_CONV3X3_SS_TILE", tile, 1), 0); }
-  ~TileOverride() { unsetenv("TG_CONV3X3_SS_TILE"); }
-};
-
-TEST(CudaConv3x3WgmmaSs, EveryTileMatchesReference) {
+// The staged stores (Wout even, output 8-byte aligned) against the per-float stores (odd Wout),
+// at their edges: output channels past Kout inside a staging round (K = 5, 13, 70), a last row
+// past Hout (odd Ho), columns ending inside the first or the second 128-column half of a tile,
+// at its end, or 2 columns into the next (Wo = 100, 130, 256, 386; 385 takes the per-float
+// stores), bias per channel; grad-input the same for dx (C = 3 .. 8 output channels).
+TEST(CudaConv3x3WgmmaSs, StagedStoresMatchReferenceAtTheEdges) {
   REQUIRE_WGMMA_SS();
-  for (const char* tile : {"128x2x128", "64x4x128", "64x2x256"}) {
-    SCOPED_TRACE(tile);
-    TileOverride forced(tile);
-    for (const Case& c : {Case{1, 13, 5, 300, 128, 1, 1}, Case{2, 9, 7, 130, 65, 0, 2}, Case{1, 70, 6, 41, 24, 1, 1}}) {
-      check_forward(c, /*with_bias=*/true);
-      check_grad_input(c);
-    }
-  }
-  TileOverride unknown("96x1x64");
-  const ConvShape s = shape_of({1, 3, 7, 9, 4, 1, 1});
-  Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
-  Tensor y = poisoned(s.y_shape());
-  {
-    PrecisionGuard guard(Precision::TF32);
-    TG_EXPECT_ERROR(cuda::conv3x3_wgmma_ss_forward(y, x, w, Tensor(), s), "TG_CONV3X3_SS_TILE=96x1x64");
+  for (const Case& c : {Case{1, 5, 5, 100, 13, 1, 1}, Case{1, 8, 3, 130, 70, 1, 1}, Case{2, 3, 6, 258, 5, 0, 0},
+                        Case{1, 4, 4, 386, 9, 1, 1}, Case{1, 4, 4, 385, 9, 1, 1}}) {
+    check_forward(c, /*with_bias=*/true);
+    check_grad_input(c);
   }
 }
 
