@@ -164,6 +164,11 @@ struct WgTile {
   static constexpr uint32_t kLboBytes = kN * 16;  // k 4..7 of a row after k 0..3 (core matrices along K)
   static constexpr uint32_t kSboBytes = 8 * 16;   // the next 8 output channels (core matrices along N)
   static constexpr size_t kSmemBytes = sizeof(float) * kStages * kStageFloats;
+  // Staged stores: a warpgroup's scratch (32 channels x its kMT * 64 pixels, rows padded by 4);
+  // two retired stages hold all warpgroups' (warpgroups 2 i and 2 i + 1 at offset i).
+  static constexpr int kScratchFloats = 32 * (kMT * 64 + 4);
+  static_assert((kWarpgroups + 1) / 2 * kScratchFloats <= kStageFloats, "staged stores fit in two stages");
+  static_assert(kN % 32 == 0, "staged stores: rounds of 32 channels");
   // Halo offset of m64 tile m (row m / 2, column 64 (m % 2)); of this warpgroup's tile mt
   // relative to its first one (compile-time: kMT is 1 or even).
   __host__ __device__ static constexpr int tile_offset(int m) { return (m / 2) * kRowLen + 64 * (m % 2); }
@@ -184,7 +189,8 @@ struct WgParams {
   int64_t pad_h, pad_w;
   int64_t chunks;  // ceil(Cin / 8)
   int64_t row_tiles, col_tiles, k_tiles, tiles;
-  int vec;  // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
+  int vec;     // floats per input copy (4, 2 or 1): rows of `in` allow this alignment
+  bool pairs;  // Wout even and out 8-byte aligned: staged stores, two adjacent columns per store
 };
 
 // Issues the copies of the cursor's (tile, chunk) into `stage`: the halo, then the chunk's
@@ -326,6 +332,53 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
   }
 }
 
+// Writes a finished tile (+ bias) through `scratch` (this warpgroup's, in a stage the pipeline
+// has retired), for outputs whose rows allow 8-byte stores (p.pairs). The fragments (lane g, t of
+// warp wi: pixel 16 wi + g + 8 half of m64 tile mt, channel 8 j + 2 t + e) go into a
+// [channel][pixel] image of 32 channels at a time (row stride kPx + 4 = 4 mod 32 words: the 32
+// lanes of a write hit 32 banks); after a warpgroup barrier each warp reads 8 channel rows back
+// and writes, per m64 tile, 64 consecutive pixels of one output row with one 8-byte store per
+// lane (256 contiguous bytes per instruction). From the fragments (store_tile) every 4-byte store
+// instruction covered 4 channels x 8 pixels (32-byte pieces of 4 rows): the SS kernel's version of
+// this change took workload A's TF32 forward from 2.71 to 2.38 ms on an H200.
+template <class T>
+__device__ __forceinline__ void store_tile_staged(float* __restrict__ out, const float* __restrict__ bias,
+                                                  const WgParams& p, const TileCoord& tc,
+                                                  const float (&acc)[T::kMT][T::kAcc], float* scratch, int wg, int wi,
+                                                  int lane) {
+  constexpr int kPx = T::kMT * 64, kStride = kPx + 4, kRoundChannels = 32;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int round = 0; round < T::kN / kRoundChannels; ++round) {
+#pragma unroll
+    for (int jj = 0; jj < kRoundChannels / 8; ++jj)
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            scratch[(8 * jj + 2 * t + e) * kStride + 64 * mt + 16 * wi + g + 8 * half] =
+                acc[mt][4 * (4 * round + jj) + 2 * half + e];
+    named_barrier_sync(1 + wg, 128);  // the warpgroup's fragments are in
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int c = 8 * wi + r;  // channel of the round
+      const int64_t k = tc.k0 + kRoundChannels * round + c;
+      const float b = bias && k < p.Kout ? bias[k] : 0.f;
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt) {
+        const int m = wg * T::kMT + mt;  // m64 tile of the block tile: row m / 2, columns 64 (m % 2) ..
+        const int64_t oh = tc.oh0 + m / 2, ow = tc.ow0 + 64 * (m % 2) + 2 * lane;
+        const float2 v = *reinterpret_cast<const float2*>(scratch + c * kStride + 64 * mt + 2 * lane);
+        store2_if(out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + ow, v.x + b, v.y + b,
+                  k < p.Kout && oh < p.Hout && ow < p.Wout);
+      }
+    }
+    named_barrier_sync(1 + wg, 128);  // read back before the next round overwrites
+  }
+}
+
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
 // over the block's (tile, chunk) steps without a break.
 template <class T>
@@ -396,7 +449,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           acc[mt][i] += cross[mt][i];  // rounded to nearest (the tensor core's sums truncate)
         }
       }
-    store_tile<T>(out, bias, p, tile_coord<T>(tile, p), acc, wg, wi, g, t);
+    if (p.pairs) {
+      // Both warpgroups retired the last step: its stage and the one before (loaded next only
+      // after the next step's barrier; no copy is in flight into either) hold the scratch.
+      __syncthreads();
+      const int last = compute_stage == 0 ? kStages - 1 : compute_stage - 1;
+      float* scratch = smem + (wg % 2 ? last : load_stage) * T::kStageFloats + (wg / 2) * T::kScratchFloats;
+      store_tile_staged<T>(out, bias, p, tile_coord<T>(tile, p), acc, scratch, wg, wi, lane);
+    } else {
+      store_tile<T>(out, bias, p, tile_coord<T>(tile, p), acc, wg, wi, g, t);
+    }
   }
   cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
 #else
@@ -452,13 +514,14 @@ inline WgParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, in
 inline bool use_narrow_tile(const WgParams& p) { return p.Kout <= NarrowWg::kN; }
 
 template <class T>
-WgParams plan(WgParams p, int vec) {
+WgParams plan(WgParams p, int vec, bool out_aligned_8) {
   p.k_tiles = ceil_div(p.Kout, T::kN);
   p.chunks = ceil_div(p.Cin, T::kChunk);
   p.row_tiles = ceil_div(p.Hout, T::kRows);
   p.col_tiles = ceil_div(p.Wout, T::kCols);
   p.tiles = p.N * p.row_tiles * p.col_tiles * p.k_tiles;
   p.vec = vec;
+  p.pairs = p.Wout % 2 == 0 && out_aligned_8;
   return p;
 }
 
@@ -494,7 +557,7 @@ template <class T>
 void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, WgParams p, bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  p = plan<T>(p, vector_width(in.data<float>(), p.Win));
+  p = plan<T>(p, vector_width(in.data<float>(), p.Win), reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
 
   Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
   prepare_wgmma_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(

@@ -91,14 +91,6 @@ namespace {
 
 // ---- primitives (besides ops/cuda/wgmma.cuh and conv3x3_staging.cuh) ----
 
-// (ptr[0], ptr[1]) = (v0, v1) if pred (ptr 8-byte aligned), predicated like store_if.
-__device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool pred) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(ptr), "f"(v0),
-      "f"(v1), "r"(static_cast<int>(pred))
-      : "memory");
-}
-
 // 8 bytes to / from shared memory (8-byte aligned), plain generic-proxy accesses.
 __device__ __forceinline__ void store2_shared(float* dst, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1) : "memory");

@@ -185,6 +185,22 @@ TEST(CudaConv3x3Wgmma, GradInputMatchesReference) {
       if (runs_in(c, prec)) check_grad_input(c, prec);
 }
 
+// The staged stores (even Wo, output 8-byte aligned: rounds of 32 channels through shared
+// memory, 64 pixels per store instruction) at their edges, both precisions and every tile:
+// channels past Kout inside a round (K = 13, 70, 40), output rows past Hout (odd Ho), columns
+// ending inside an m64 tile or exactly at one (Wo = 100, 130, 64), bias per channel; grad-input
+// the same for dx. Odd Wo (the per-float stores) is covered by the cases above.
+TEST(CudaConv3x3Wgmma, StagedStoresMatchReferenceAtTheEdges) {
+  REQUIRE_WGMMA();
+  for (Precision prec : kModes)
+    for (const Case& c : {Case{1, 5, 5, 100, 13, 1, 1}, Case{1, 8, 3, 130, 70, 1, 1}, Case{1, 4, 5, 66, 9, 0, 0},
+                          Case{2, 3, 7, 200, 40, 1, 1}}) {
+      if (!runs_in(c, prec)) continue;
+      check_forward(c, /*with_bias=*/true, prec);
+      check_grad_input(c, prec);
+    }
+}
+
 TEST(CudaConv3x3Wgmma, Fp32LongestChainsStayAccurate) {
   REQUIRE_WGMMA();
   // 128 input channels: 144 truncating tensor-core sums in the hi*hi' chain of each output (the
