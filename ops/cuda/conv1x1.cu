@@ -35,8 +35,8 @@
 // - Forward stores: each warp writes its accumulators into its slice of the tile's
 //   (consumed) stage, then reads them back as rows: every 16-byte store instruction writes
 //   four whole 128-byte lines (a quarter of the L2 write requests of fragment-order stores).
-//   The backward's dx (a quarter of its bytes) is stored straight from the fragments as
-//   8-byte pairs (each 32-byte sector whole).
+//   The backward's dx warps do the same in their stage once the dw warps are done with it
+//   (both roles meet at a named barrier after their GEMMs).
 // - Backward: per 128-pixel tile, dx = w^T dy is stored and dw += dy x^T stays in registers:
 //   dy is read once. Each block writes its dw partial; a second kernel sums the partials in a
 //   fixed order (deterministic). Tensor-core sums are flushed into a plain fp32 sum every
@@ -124,6 +124,15 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   else if (pending == 1) cp_async_wait<1>();
   else cp_async_wait<2>();
 }
+// Named barrier `id` (1..15; 0 is __syncthreads): waits until `threads` threads arrived. The
+// fused backward's two roles meet there once both GEMMs have read the tile (the dx warps then
+// reuse the stage for staged stores). A plain __syncthreads would do too, but the roles reach
+// it from different code paths; one id for both keeps them paired.
+constexpr int kDwDoneBarrier = 1;
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Four 8 x (4 x 32-bit) matrices from shared memory: lane 8j + r gives the 16-byte row r of
 // matrix j; register j of lane 4r + c receives word c of row r of matrix j (PTX ISA, ldmatrix
 // .m8n8 .b16: each 32-bit word is a pair of b16 elements, so f32 data passes through unchanged).
@@ -581,23 +590,6 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
         dst += step;
       }
       __syncwarp();  // the next block overwrites what this one read
-    }
-  }
-}
-
-// A full tile with 16-byte-aligned rows, straight from the fragments: each lane stores its
-// (c0, c1) and (c2, c3) pairs as 8 bytes; the 4 lanes of a row cover one whole 32-byte sector.
-template <int kMT, int kNT>
-__device__ __forceinline__ void store_acc_pairs(float (&acc)[kMT][kNT][4], float* out, int64_t row_stride, int g,
-                                                int t) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-    float* p0 = out + (mt * 16 + g) * row_stride + 2 * t;
-    float* p1 = p0 + 8 * row_stride;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      __stcs(reinterpret_cast<float2*>(p0 + nt * 8), make_float2(acc[mt][nt][0], acc[mt][nt][1]));
-      __stcs(reinterpret_cast<float2*>(p1 + nt * 8), make_float2(acc[mt][nt][2], acc[mt][nt][3]));
     }
   }
 }
@@ -1166,8 +1158,15 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
         const TilePos q = tile_pos<kNHWC>(cur, p.pixels, rows);
         const OutTile o = out_tile(kNHWC, p.dx, q, p.C, p.pixels, 0, Ct, p.vec_dx);
         const int row0 = wm * 2 * 16, col0 = wn * 4 * 8;
-        if (q.pixels == kTilePixels && Ct == kDwCols && p.vec_dx)
-          store_acc_pairs(acc, o.base + row0 * o.row_stride + col0, o.row_stride, g, t);
+        // The dw warps are done with this stage (they meet here after their GEMM); its first 20 KB
+        // then serve as the dx warps' scratch for staged stores (the stage is refilled only
+        // after the next tile's block barrier): each store instruction writes 4 whole 128-byte
+        // lines instead of 8 rows x 32 bytes. Stages smaller than that (few channels) take the
+        // general stores.
+        named_barrier_sync(kDwDoneBarrier, 2 * kThreads);
+        if (q.pixels == kTilePixels && Ct == kDwCols && p.vec_dx && stage_floats >= 8 * kScratchFloats)
+          store_acc_staged<2, 4, kNoBias>(acc, const_cast<float*>(dy_s) + rw * kScratchFloats,
+                                          o.base + row0 * o.row_stride + col0, o.row_stride, lane, nullptr);
         else
           store_acc(acc, o, row0, col0, g, t, nullptr, nullptr, false);
       }
@@ -1187,6 +1186,7 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
         dw_tile_mma<kNHWC, kSplit, true>(acc, SmemTile{const_cast<float*>(dy_s), dy_stride},
                                          SmemTile{const_cast<float*>(x_s), x_stride}, Kpad, Cpad, wm, wn, lane);
       }
+      if constexpr (kWithDx) named_barrier_sync(kDwDoneBarrier, 2 * kThreads);  // this stage's reads are done
       // Flush the tensor-core sum (a chain of 16 steps) into the plain fp32 running sum.
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
