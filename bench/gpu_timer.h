@@ -41,6 +41,7 @@ class EventPair {
 struct Timing {
   double median_ms = 0, min_ms = 0;
   int repeats = 0;
+  std::vector<double> in_order_ms;  // every repeat, in the order run (tg_bench --verbose prints them)
 };
 
 // Runs `run` warmup + repeats times; `run` calls start() and stop() around what it times.
@@ -55,8 +56,9 @@ inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::f
     run(events);
     ms.push_back(events.elapsed_ms());
   }
-  std::sort(ms.begin(), ms.end());
   Timing t;
+  t.in_order_ms = ms;
+  std::sort(ms.begin(), ms.end());
   t.repeats = repeats;
   t.min_ms = ms.front();
   t.median_ms = repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]);

@@ -10,6 +10,7 @@
 //   tg_bench                                  # everything: A, B (NCHW and NHWC), C, D
 //   tg_bench --workloads A,D --precision fp32 --quick
 //   tg_bench --json > rows.json               # one JSON object (bench/compare_torch.py reads it)
+//   tg_bench --workloads B --passes backward --repeats 30 --verbose   # checks and every repeat's time
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -259,6 +260,12 @@ int main(int argc, char** argv) {
                             r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.failed.c_str());
             }
             log << line << std::flush;
+            if (verbose && r.ok && !check_only) {
+              // Repeats drift within one process (bench/notes_conv1x1.md, round 4): show them.
+              log << "    repeats in order (ms):";
+              for (double ms : r.timing.in_order_ms) log << ' ' << ms;
+              log << '\n';
+            }
             rows.push_back(r);
           }
         }
