@@ -44,10 +44,11 @@
 // transposed, and stored a step later was measured slower on an H200, 3.375 vs 2.672 ms: the
 // synchronous loads stopped overlapping the wgmma. It was removed; git history has it.)
 //
-// Where the time goes (H200, workload A forward, variants with parts switched off; notes_conv3x3.md):
-// wgmma alone (no fills, no stores) 1.28 ms (~480 TFLOP/s: the layout and the barrier per step
-// cost nothing), + fills 1.93 ms, + stores from the fragments 2.71 ms. The stores run while the
-// tensor cores idle (the accumulators are the next tile's), hence the staged stores (store_tile).
+// Where the time goes (H200, workload A forward, variants with parts switched off; notes_conv3x3.md
+// round 6): wgmma alone (no fills, no stores) 1.28 ms (~480 TFLOP/s: the no-swizzle layout and
+// the tap offsets cost nothing), + fills 1.93 ms, + stores from the fragments 2.71 ms. The stores
+// run while the tensor cores idle (the accumulators are the next tile's); staged (store_tile)
+// they take the forward to 2.32-2.41 ms alone, 2.56 ms inside the full benchmark run.
 //
 // TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
 // truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
@@ -64,8 +65,10 @@
 //   - stage (s + 2) % 4 was last read by step s - 2, which every warpgroup retired (its wait at
 //     the end of step s - 1) before the barrier of step s: refilled only after every wgmma
 //     reading it retired.
-//   - tile end: wait_group 0, accumulators re-bound (fence_operand), stored; the next tile's first
-//     wgmma has scale-d = 0 (no zeroing) and follows a wgmma.fence (the epilogue read them).
+//   - tile end: wait_group 0, accumulators re-bound (fence_operand), staged through stage
+//     load_stage (= (s + 3) % 4: read by step s - 1, retired before step s's barrier; refilled
+//     only after the next step's barrier) and stored; the next tile's first wgmma has scale-d = 0
+//     (no zeroing) and follows a wgmma.fence (the epilogue read them).
 //
 // Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
 //   operand reads 18 x (A 2 KB + B 8 KB) = 180 KB = 1440 wavefronts (B is read once per wgmma and
