@@ -51,6 +51,7 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/named_barrier.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -124,14 +125,11 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   else if (pending == 1) cp_async_wait<1>();
   else cp_async_wait<2>();
 }
-// Named barrier `id` (1..15; 0 is __syncthreads): waits until `threads` threads arrived. The
-// fused backward's two roles meet there once both GEMMs have read the tile (the dx warps then
-// reuse the stage for staged stores). A plain __syncthreads would do too, but the roles reach
-// it from different code paths; one id for both keeps them paired.
+// The named barrier (named_barrier.cuh) where the fused backward's two roles meet once both
+// GEMMs have read the tile (the dx warps then reuse the stage for staged stores). A plain
+// __syncthreads would do too, but the roles reach it from different code paths; one id for
+// both keeps them paired.
 constexpr int kDwDoneBarrier = 1;
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Four 8 x (4 x 32-bit) matrices from shared memory: lane 8j + r gives the 16-byte row r of
 // matrix j; register j of lane 4r + c receives word c of row r of matrix j (PTX ISA, ldmatrix

@@ -8,6 +8,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cuda/named_barrier.cuh"
+
 namespace tg::cuda {
 namespace {
 
@@ -151,12 +153,6 @@ __device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool p
       "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(ptr), "f"(v0),
       "f"(v1), "r"(static_cast<int>(pred))
       : "memory");
-}
-
-// Waits until `threads` threads (a multiple of 32) arrived at named barrier `id` (1..15; 0 is
-// __syncthreads): e.g. one warpgroup's warps, without stopping the others.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
