@@ -5,6 +5,8 @@
 // exactly the bytes the convolution must move, so the best of them is the real floor a
 // convolution kernel can be judged against.
 //   tg_stream_probe [--repeats N]
+//   tg_stream_probe --alloc-compare   # the same pattern on cudaMalloc vs stream-ordered pool memory,
+//                                     # zero vs random data, every repeat in order
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,6 +61,17 @@ __global__ void nchw_tile_kernel(const float4* __restrict__ x, float4* __restric
   }
 }
 
+// Non-zero, incompressible data (a hash of the index).
+__global__ void fill_random_kernel(float* __restrict__ p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(i >> 32) * 40503u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = static_cast<float>(h & 0xffffff) * (1.f / 16777216.f) - 0.5f;
+  }
+}
+
 struct Timer {
   cudaEvent_t a, b;
   Timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
@@ -85,15 +98,69 @@ double median_ms(int repeats, F&& launch) {
   return ms[ms.size() / 2];
 }
 
+// Every repeat's time, in order, of the NCHW-tile pattern (128 px, 256 threads) on buffers from
+// cudaMalloc or from the device's stream-ordered pool (what tapegrad's tensors use), holding zeros
+// or random data: the allocator (compressible memory?) and the data must not change the rate.
+int alloc_compare(int sms, int repeats) {
+  const int64_t N = 16, C = 64, K = 128, HW = int64_t(1) << 20, x_elems = N * C * HW, y_elems = N * K * HW;
+  cudaStream_t stream;
+  PROBE_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaMemPool_t pool;
+  PROBE_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t threshold = UINT64_MAX;
+  PROBE_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  for (bool from_pool : {false, true}) {
+    for (bool random : {false, true}) {
+      float *x = nullptr, *y = nullptr;
+      if (from_pool) {
+        PROBE_CHECK(cudaMallocAsync(&x, x_elems * 4, stream));
+        PROBE_CHECK(cudaMallocAsync(&y, y_elems * 4, stream));
+      } else {
+        PROBE_CHECK(cudaMalloc(&x, x_elems * 4));
+        PROBE_CHECK(cudaMalloc(&y, y_elems * 4));
+      }
+      if (random) fill_random_kernel<<<sms * 8, 256, 0, stream>>>(x, x_elems);
+      else PROBE_CHECK(cudaMemsetAsync(x, 0, x_elems * 4, stream));
+      const int64_t tpi = HW / 128, tiles = N * tpi;
+      Timer t;
+      std::printf("%-6s %-6s ms:", from_pool ? "pool" : "malloc", random ? "random" : "zeros");
+      for (int i = 0; i < repeats; ++i) {
+        cudaEventRecord(t.a, stream);
+        nchw_tile_kernel<<<sms * 8, 256, 0, stream>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y),
+                                                     HW / 4, int(C), int(K), 32, tpi, tiles, false);
+        cudaEventRecord(t.b, stream);
+        PROBE_CHECK(cudaEventSynchronize(t.b));
+        float m = 0;
+        cudaEventElapsedTime(&m, t.a, t.b);
+        std::printf(" %.3f", m);
+      }
+      std::printf("\n");
+      if (from_pool) {
+        PROBE_CHECK(cudaFreeAsync(x, stream));
+        PROBE_CHECK(cudaFreeAsync(y, stream));
+        PROBE_CHECK(cudaStreamSynchronize(stream));
+      } else {
+        cudaFree(x);
+        cudaFree(y);
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int repeats = 10;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
+  bool compare = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--alloc-compare")) compare = true;
+  }
   cudaDeviceProp prop{};
   PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
+  if (compare) return alloc_compare(sms, repeats);
   // Workload B: N = 16, C = 64, K = 128, H x W = 1024 x 1024.
   const int64_t N = 16, C = 64, K = 128, HW = int64_t(1) << 20;
   const int64_t x_elems = N * C * HW, y_elems = N * K * HW;
