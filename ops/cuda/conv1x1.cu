@@ -52,6 +52,7 @@
 #include "core/cuda_context.h"
 #include "core/precision.h"
 #include "ops/cuda/named_barrier.cuh"
+#include "ops/cuda/sum_partials.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -1214,15 +1215,7 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   }
 }
 
-// dw[e] = sum over groups of partial[g][e], always in the order g = 0, 1, ...
-__global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restrict__ partial, int64_t count,
-                                    int groups) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
-    double s = 0;
-    for (int g = 0; g < groups; ++g) s += partial[g * count + e];
-    dw[e] = static_cast<float>(s);
-  }
-}
+// The blocks' dw partials are added in block order by sum_partials_kernel (ops/cuda/sum_partials.cuh).
 
 // ---------------------------------------------------------------------------------------------
 // Host side

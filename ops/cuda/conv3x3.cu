@@ -42,8 +42,10 @@
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
+#include "ops/cuda/conv3x3_wgmma_dw.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/mma_sync.cuh"
+#include "ops/cuda/sum_partials.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -577,15 +579,7 @@ __global__ void __launch_bounds__(WgradTileFor<kSplit>::kThreads, 1)
       }
 }
 
-// dw[e] = sum over splits of part[split][e], in split order (f64: the sum adds no error).
-__global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restrict__ part, int64_t count,
-                                    int64_t splits) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
-    double sum = 0;
-    for (int64_t s = 0; s < splits; ++s) sum += part[s * count + e];
-    dw[e] = static_cast<float>(sum);
-  }
-}
+// The slices' partials are summed by sum_partials_kernel (ops/cuda/sum_partials.cuh).
 
 // ---- planning (host): the derived fields of each pass ----
 
@@ -784,6 +778,15 @@ bool tf32_ss_enabled() {
   }();
   return enabled;
 }
+// TF32 grad-weight on Hopper runs on wgmma (conv3x3_wgmma_dw); TG_CONV3X3_TF32_WGRAD=mma selects
+// the mma.sync kernel (run_wgrad<false>), to measure one against the other.
+bool tf32_wgmma_wgrad_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("TG_CONV3X3_TF32_WGRAD");
+    return e == nullptr || std::strcmp(e, "mma") != 0;
+  }();
+  return enabled;
+}
 }  // namespace
 
 void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
@@ -807,8 +810,11 @@ void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, con
 
 void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   check_tensors("conv3x3_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
-  if (precision() == Precision::FP32) run_wgrad<true>(dw, dy, x, s);
-  else run_wgrad<false>(dw, dy, x, s);
+  if (precision() == Precision::FP32) return run_wgrad<true>(dw, dy, x, s);
+  if (tf32_wgmma_wgrad_enabled() && conv3x3_wgmma_dw_applies(s, dw.device())) {
+    return conv3x3_wgmma_grad_weight(dw, dy, x, s);
+  }
+  run_wgrad<false>(dw, dy, x, s);
 }
 
 }  // namespace tg::cuda

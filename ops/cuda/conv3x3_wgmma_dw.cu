@@ -1,0 +1,474 @@
+// Grad-weight of 3x3 stride-1 convolutions in NCHW on Hopper's warpgroup MMA with both operands in
+// shared memory (wgmma SS, sm_90a), TF32:
+//   dw[k][c][r][s] = sum over n, p, q of dy[n][k][p][q] * x[n][c][p + r - pad_h][q + s - pad_w].
+//
+// Floor, workload A (x 8x64x512x1024, dy 8x128x510x1022, pad 0): 2 * 4.17M pixels * 128 * 576 =
+// 615 GFLOP; x 1.07 GB + dy 2.13 GB = 0.75 ms at 4.3 TB/s (H200); TF32 dense wgmma peak ~495
+// TFLOP/s: 1.24 ms. Target ~2.2-2.5 ms (the mma.sync kernel, conv3x3.cu run_wgrad<false>: ~4.5).
+//
+// GEMM view: M = output channels k (A = dy), N = (column tap s, input channel c) (B = x),
+// reduction = output pixels. .tf32 wgmma operands must be K-major, i.e. pixels contiguous: NCHW
+// rows are exactly that, so nothing is transposed (unlike the forward).
+//
+// Block (384 threads = 3 warpgroups, one block per SM): 64 output channels (one k tile) x 64
+// input channels (one c tile) x 9 taps; warpgroup r owns tap row r. The block walks a column
+// strip of 32 output columns down consecutive output rows p (a "segment"); per output row
+// warpgroup r issues 4 wgmma.m64n192k8 (8 pixels each): A = dy row p (64 k x 32 pixels),
+// B = x row p + r - pad_h as an N = 192 image whose rows n = 64 s + c hold channel c shifted by s
+// columns. 96 f32 accumulators per thread = dw[k][c][r][0..2] of the tile.
+//   Why 3 shifted copies: a descriptor start is a 16-byte unit and a column tap moves the operand
+//   by 4 bytes. (Storing each row once in a 4-phase interleaved order, unit u = pixels u, u + L,
+//   u + 2L, u + 3L, would make a tap a whole-unit start offset and cut the x fill to ~1/3, but
+//   then the 3 taps can only share one N = 192 wgmma with LBO = 8 SBO, which puts every unit in
+//   the same banks: the 4-byte fills would conflict 8-way. 3 x m64n64 instead re-read A per tap:
+//   128 B/clk of operand reads, the whole port.)
+//
+// Shared-memory images (K-major, no swizzle; ops/cuda/wgmma.cuh: element (row, k) at start +
+// (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4), SBO = 128 B for both, so row n of a
+// 16-byte pixel unit lies at n * 16 bytes:
+//   x row image  [unit (8)][n (192)][4 pixels], LBO = 192 * 16 + 16 = 3088 B (24.1 KB per row)
+//   dy row image [unit (8)][k (64)][4 pixels],  LBO =  64 * 16 + 16 = 1040 B (8.1 KB per row)
+// The extra 16 bytes per unit make LBO / 4 = 4 (mod 32) words: a warp's 32 consecutive-pixel
+// 4-byte copies into one row land in 32 distinct banks. k8 step u of a row: start + 2 u LBO.
+// Rings: 6 x rows (each x row is loaded once per segment and read by warpgroups 2, 1, 0 at three
+// consecutive output rows) and 4 dy rows: 148.2 + 33.3 = 181.5 KB.
+//
+// Fill: cp.async from global at the shifted addresses, zero-filled (src-size 0) for padding,
+// columns past the strip's end, channels past C and output channels past K; 16 or 8 bytes per
+// copy where the rows allow it (width W, resp. Wo, a multiple of 4 or 2, the tensor aligned, and
+// for x the shift's column s - pad_w a multiple of 4 or 2), else 4. Workload A (pad 0, W = 1024,
+// Wo = 1022): x shift 0 by 16 bytes, shift 2 by 8, shift 1 by 4; dy by 8. Warp w copies x rows
+// n = 16 w .. 16 w + 15 (shift w / 4: its copy width is uniform over the warp); lane j of a 4-byte
+// copy takes pixel j of one row: 128 contiguous bytes of global memory (the 3 shifts of a channel
+// read the same lines: L1 hits with .ca) into 32 banks of shared memory (vector copies: 2 or 4
+// rows per instruction, conflict-free per 8- or 16-lane phase, as LBO / 4 = 4 mod 32).
+//
+// Ordering (PTX ISA, wgmma and the async proxy), per output row t of a segment:
+//   cp.async.wait_group 1 (this thread's copies of row t landed) -> fence.proxy.async ->
+//   __syncthreads -> wgmma.fence -> 4 wgmma -> commit -> copies of row t + 2 (x row image t + 4
+//   into x slot (t + 4) % 6, dy row t + 2 into dy slot (t + 2) % 4) -> commit -> wgmma.wait_group 1
+//   (retires row t - 1).
+//   - x slot (t + 4) % 6 last held x image t - 2, read only by warpgroup 0 at row t - 2; dy slot
+//     (t + 2) % 4 held dy row t - 2. Every warpgroup retired row t - 2 (its wait at the end of row
+//     t - 1) before the barrier of row t, after which the copies are issued.
+//   - segment end: wgmma.wait_group 0; the next segment's prologue refills slots 0-3 only after a
+//     __syncthreads (every warpgroup has drained).
+//   - the accumulators run on over all of a block's segments (zeroed once, wgmma.fence before each
+//     row's first wgmma); after the last segment's wait_group 0 they are re-bound (fence_operand)
+//     and stored.
+//
+// Traffic per output row of a block (12 x m64n192k8 = 1152 tensor clocks at the peak):
+//   shared memory: wgmma operand reads 12 x (A 2 KB + B 6 KB) = 96 KB = 768 wavefronts, fills
+//   32 KB = 256 conflict-free wavefronts: 1024 of 1152 wavefront-clocks (89% of the port at the
+//   tensor peak; the SS forward: 80%). At the 2.2 ms target (~56% of the peak) ~50%.
+//   copy instructions: 256 warp-level cp.async per 1152 clocks if every copy is 4 bytes; workload
+//   A: x 16 (shift 0, 16 B) + 64 (shift 1) + 32 (shift 2, 8 B) + dy 32 (8 B) = 144, i.e. 0.125 per
+//   clock (the SS forward's halo fill: ~300 per 2304 clocks = 0.13, but each of those gathered 4
+//   rows x 32 bytes). This is the part most likely to set the pace (the forward's fill cost it
+//   0.65 ms of tensor time).
+//   L2 -> SM: x 8 KB (the shifts hit L1) + dy 8 KB per 1152 clocks: ~14 B/clk per SM at the
+//   peak, ~2 TB/s over 132 SMs at 300 TFLOP/s. x is read once per k tile (twice for A, the two
+//   k tiles' blocks are adjacent in the grid and share it in L2), dy once per c tile.
+//   Registers: 96 accumulators + addresses under the 168-register cap of 384 threads (ptxas, CUDA
+//   13.0: 160 registers, no spills; 181.5 KB dynamic shared memory).
+//
+// Work split: per (k tile, c tile), the rows of all (image, strip) segments are one list of
+// N x strips x Ho output rows, cut into `splits` contiguous slices of at most kMaxRowsPerSplit
+// rows (bounded tensor-core accumulation chains), rounded up to whole waves of one block per SM.
+// Block (tile, split) walks its slice segment by segment (a pipeline restart at each, ~2 of ~500
+// rows) and writes its partial dw tile; sum_partials_kernel adds the slices in order (f64).
+// Workload A: 2 tiles x 264 splits of 495 rows = 528 blocks = 4 waves of 132; partials 78 MB.
+//
+// TF32: the tensor core reads the top 19 bits of each operand, i.e. truncates (relative error in
+// [0, 2^-10), mean ~3.5e-4, rms ~4.2e-4 for log-uniform mantissas). With both operands truncated
+// the products would be biased by ~-7e-4 relative on average, coherently over the reduction: rel.
+// L2 error 6.7-7.3e-4 (up to 8.8e-4 on tiny problems) in a host emulation of this kernel, too close
+// to the 1e-3 TF32 tolerance. So dy is rounded to nearest in shared memory (kRoundDy): each thread,
+// after its cp.async.wait_group, rewrites the dy elements it copied itself (no extra barrier),
+// before the fence.proxy.async; x stays truncated (as in the SS forward): emulated error 4.0-4.3e-4.
+// Cost per output row: 8 KB read + 8 KB written = 128 more wavefronts (1152 of 1152 at the tensor
+// peak with the counts above; ~65% of the port at the 2.2 ms target) and 64 LDS/STS warp
+// instructions for workload A's 8-byte dy copies. kRoundDy = false removes the pass (measure both).
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_context.h"
+#include "core/precision.h"
+#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3_staging.cuh"
+#include "ops/cuda/conv3x3_wgmma_dw.h"
+#include "ops/cuda/hopper.h"
+#include "ops/cuda/sum_partials.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace tg::cuda {
+namespace {
+
+// ---- primitives (besides ops/cuda/wgmma.cuh and conv3x3_staging.cuh) ----
+
+__device__ __forceinline__ float* dynamic_smem() {
+  extern __shared__ __align__(128) float smem_buffer[];
+  return smem_buffer;
+}
+
+// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+
+struct DwTile {
+  static constexpr int kWarpgroups = 3, kThreads = 128 * kWarpgroups;  // warpgroup r: tap row r
+  static constexpr int kM = 64;         // output channels per tile: the wgmma M
+  static constexpr int kC = 64;         // input channels per tile
+  static constexpr int kShifts = 3;     // column taps
+  static constexpr int kN = kShifts * kC;  // the wgmma N: rows n = 64 s + c of an x image
+  static constexpr int kAcc = kN / 2;      // f32 accumulators per thread
+  static constexpr int kCols = 32;         // output columns per strip: pixels of one row image
+  static constexpr int kUnits = kCols / 4;  // 16-byte pixel units along the reduction
+  static constexpr int kSteps = kCols / 8;  // k8 wgmma per row
+  static constexpr uint32_t kSbo = 128;                       // next 8 rows (n or k)
+  static constexpr uint32_t kXLbo = kN * 16 + 16;             // next pixel unit of an x image (3088 B)
+  static constexpr uint32_t kDyLbo = kM * 16 + 16;            // next pixel unit of a dy image (1040 B)
+  static constexpr int kXSlotFloats = kUnits * kXLbo / 4;     // 6176
+  static constexpr int kDySlotFloats = kUnits * kDyLbo / 4;   // 2080
+  static constexpr int kXSlots = 6, kDySlots = 4;
+  // dy rounded to TF32 in shared memory before use (x stays truncated by the tensor core): halves
+  // the products' bias (emulated rel. error ~7e-4 -> ~4.2e-4) for one pass over the dy image per row.
+  static constexpr bool kRoundDy = true;
+  static constexpr int kDyBase = kXSlots * kXSlotFloats;      // dy ring after the x ring
+  static constexpr size_t kSmemBytes = sizeof(float) * (kXSlots * kXSlotFloats + kDySlots * kDySlotFloats);
+  static constexpr int kXRowsPerWarp = kN / (kThreads / 32);  // 16: one shift per 4 warps
+  static_assert(kXRowsPerWarp * (kThreads / 32) == kN && kC % kXRowsPerWarp == 0,
+                "x rows split evenly, one shift per warp");
+  static_assert(kCols == 32, "one lane per pixel of a row image");
+  static_assert((kXLbo / 4) % 32 == 4 && (kDyLbo / 4) % 32 == 4, "consecutive pixel units 4 banks apart");
+  static_assert((kXSlotFloats * 4) % 128 == 0 && (kDySlotFloats * 4) % 128 == 0, "images on 128-byte boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+};
+using T = DwTile;
+
+struct DwParams {
+  int64_t N, C, H, W;  // x
+  int64_t K, Ho, Wo;   // dy
+  int64_t pad_h, pad_w;
+  int64_t k_tiles, c_tiles, strips;  // strips: ceil(Wo / kCols)
+  int64_t rows;                      // N x strips x Ho: output rows of one tile's reduction
+  int64_t rows_per_split, splits;
+  int x_vec[3];  // floats per copy of x rows for column shift s (4, 2 or 1)
+  int dy_vec;    // floats per copy of dy rows
+};
+
+// One run of consecutive output rows of one column strip of one image.
+struct Segment {
+  int64_t n, p0, q0;  // image, first output row, first output column
+  int64_t len;        // output rows
+};
+
+// Issues the copies of x image v of the segment (x row p0 + v - pad_h, the 3 shifts of the
+// tile's 64 channels) into `slot`, kVec floats per copy (p.x_vec[s]: the widest that the shift's
+// global rows allow). Warp w copies rows n = 16 w .. 16 w + 15 (shift s = w / 4); a copy
+// instruction covers kVec rows of 32 pixels, lane (row rho, pixel j = kVec (lane % (32 / kVec))).
+template <int kVec>
+__device__ __forceinline__ void load_x_rows(float* slot, const float* __restrict__ x, const DwParams& p,
+                                            const Segment& seg, int64_t v, int64_t c0, int warp, int lane) {
+  constexpr int kLanesPerRow = 32 / kVec;
+  const int rho = lane / kLanesPerRow, j = kVec * (lane % kLanesPerRow);
+  const int s = warp / 4, c_first = T::kXRowsPerWarp * (warp % 4) + rho;  // channel of copy 0
+  const int64_t ih = seg.p0 + v - p.pad_h, iw = seg.q0 + j + s - p.pad_w;
+  // With kVec > 1, iw and W are multiples of kVec: a vector lies wholly inside or outside the row.
+  const bool pixel_ok = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
+  const int64_t plane = p.H * p.W;
+  // (c0 + c_first, ih, iw); only read through where the copy is valid.
+  const float* src = x + (pixel_ok ? ((seg.n * p.C + c0 + c_first) * p.H + ih) * p.W + iw : 0);
+  // Copy i is channel c_first + kVec i (32-bit compares against constants in the unrolled loop).
+  const int channels_left = static_cast<int>(min_i64(p.C - c0 - c_first, T::kXRowsPerWarp));
+  float* dst = slot + (j / 4) * (T::kXLbo / 4) + 4 * (T::kXRowsPerWarp * warp + rho) + j % 4;
+#pragma unroll
+  for (int i = 0; i < T::kXRowsPerWarp / kVec; ++i) {
+    const bool ok = pixel_ok && kVec * i < channels_left;
+    cp_async<4 * kVec>(dst + 4 * kVec * i, ok ? src : x, ok);
+    src += kVec * plane;  // (past the tensor once the channels run out: not read then)
+  }
+}
+__device__ __forceinline__ void load_x_image(float* slot, const float* __restrict__ x, const DwParams& p,
+                                             const Segment& seg, int64_t v, int64_t c0) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int vec = p.x_vec[warp / 4];  // uniform over the warp: no divergence
+  if (vec == 4) load_x_rows<4>(slot, x, p, seg, v, c0, warp, lane);
+  else if (vec == 2) load_x_rows<2>(slot, x, p, seg, v, c0, warp, lane);
+  else load_x_rows<1>(slot, x, p, seg, v, c0, warp, lane);
+}
+
+// Issues the copies of dy row p0 + t of the segment (the tile's 64 output channels) into `slot`,
+// kVec floats per copy (p.dy_vec). Copy instruction m (= warp + 12 i) covers rows k = kVec m + rho.
+template <int kVec>
+__device__ __forceinline__ void load_dy_rows(float* slot, const float* __restrict__ dy, const DwParams& p,
+                                             const Segment& seg, int64_t t, int64_t k0, int warp, int lane) {
+  constexpr int kLanesPerRow = 32 / kVec, kWarps = T::kThreads / 32, kInstructions = T::kM / kVec;
+  constexpr int kRounds = (kInstructions + kWarps - 1) / kWarps;
+  const int rho = lane / kLanesPerRow, j = kVec * (lane % kLanesPerRow);
+  const int k_first = kVec * warp + rho;  // row of copy 0
+  const int64_t oh = seg.p0 + t, ow = seg.q0 + j;
+  const bool pixel_ok = ow < p.Wo;  // (with kVec > 1, Wo is a multiple of kVec)
+  const int64_t plane = p.Ho * p.Wo;
+  const float* src = dy + (pixel_ok ? ((seg.n * p.K + k0 + k_first) * p.Ho + oh) * p.Wo + ow : 0);
+  // Copy i is row k_first + kVec kWarps i (32-bit compares against constants in the unrolled loop).
+  const int rows_left = static_cast<int>(min_i64(p.K - k0, T::kM)) - k_first;
+  float* dst = slot + (j / 4) * (T::kDyLbo / 4) + 4 * k_first + j % 4;
+#pragma unroll
+  for (int i = 0; i < kRounds; ++i) {
+    if (kInstructions % kWarps != 0 && i == kRounds - 1 && warp + kWarps * i >= kInstructions) break;
+    const bool ok = pixel_ok && kVec * kWarps * i < rows_left;
+    cp_async<4 * kVec>(dst + 4 * kVec * kWarps * i, ok ? src : dy, ok);
+    src += kVec * kWarps * plane;  // (past the tensor once the rows run out: not read then)
+  }
+}
+__device__ __forceinline__ void load_dy_image(float* slot, const float* __restrict__ dy, const DwParams& p,
+                                              const Segment& seg, int64_t t, int64_t k0) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p.dy_vec == 4) load_dy_rows<4>(slot, dy, p, seg, t, k0, warp, lane);
+  else if (p.dy_vec == 2) load_dy_rows<2>(slot, dy, p, seg, t, k0, warp, lane);
+  else load_dy_rows<1>(slot, dy, p, seg, t, k0, warp, lane);
+}
+
+// Rounds this thread's own copies of a dy image to TF32 in place (the elements load_dy_rows<kVec>
+// copied: they have landed for this thread after its cp.async.wait_group; zero-filled ones stay 0).
+template <int kVec>
+__device__ __forceinline__ void round_dy_rows(float* slot, int warp, int lane) {
+  constexpr int kLanesPerRow = 32 / kVec, kWarps = T::kThreads / 32, kInstructions = T::kM / kVec;
+  constexpr int kRounds = (kInstructions + kWarps - 1) / kWarps;
+  const int rho = lane / kLanesPerRow, j = kVec * (lane % kLanesPerRow);
+  float* dst = slot + (j / 4) * (T::kDyLbo / 4) + 4 * (kVec * warp + rho) + j % 4;
+#pragma unroll
+  for (int i = 0; i < kRounds; ++i) {
+    if (kInstructions % kWarps != 0 && i == kRounds - 1 && warp + kWarps * i >= kInstructions) break;
+    float* v = dst + 4 * kVec * kWarps * i;
+    if constexpr (kVec == 4) {
+      float4 q = *reinterpret_cast<float4*>(v);
+      q = make_float4(__uint_as_float(tf32_round(q.x)), __uint_as_float(tf32_round(q.y)),
+                      __uint_as_float(tf32_round(q.z)), __uint_as_float(tf32_round(q.w)));
+      *reinterpret_cast<float4*>(v) = q;
+    } else if constexpr (kVec == 2) {
+      float2 q = *reinterpret_cast<float2*>(v);
+      q = make_float2(__uint_as_float(tf32_round(q.x)), __uint_as_float(tf32_round(q.y)));
+      *reinterpret_cast<float2*>(v) = q;
+    } else {
+      *v = __uint_as_float(tf32_round(*v));
+    }
+  }
+}
+__device__ __forceinline__ void round_dy_image(float* slot, const DwParams& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p.dy_vec == 4) round_dy_rows<4>(slot, warp, lane);
+  else if (p.dy_vec == 2) round_dy_rows<2>(slot, warp, lane);
+  else round_dy_rows<1>(slot, warp, lane);
+}
+
+// Issues the 4 k8 steps of one output row for this warpgroup as one commit group.
+// x_addr / dy_addr: shared addresses of its x image and of the row's dy image.
+__device__ __forceinline__ void issue_row(float (&acc)[T::kAcc], uint32_t x_addr, uint32_t dy_addr) {
+  const uint64_t desc_a = wgmma::kmajor_desc(dy_addr, T::kDyLbo, T::kSbo);
+  const uint64_t desc_b = wgmma::kmajor_desc(x_addr, T::kXLbo, T::kSbo);
+  wgmma::fence();  // the accumulators were written by this thread before (zeroing)
+#pragma unroll
+  for (int u = 0; u < T::kSteps; ++u) {
+    wgmma::mma_ss_tf32<T::kN>(acc, wgmma::desc_advance(desc_a, 2 * u * T::kDyLbo),
+                              wgmma::desc_advance(desc_b, 2 * u * T::kXLbo), true);
+  }
+  wgmma::commit();
+}
+
+// Accumulates one segment: a prologue that loads x images 0-3 and dy rows 0-1, then one output
+// row per iteration (the ordering in the header).
+__device__ __forceinline__ void run_segment(float (&acc)[T::kAcc], float* smem, const float* __restrict__ dy,
+                                            const float* __restrict__ x, const DwParams& p, const Segment& seg,
+                                            int64_t k0, int64_t c0, int wg) {
+  const uint32_t smem_addr = wgmma::shared_address(smem);
+  float* dy_ring = smem + T::kDyBase;
+  __syncthreads();  // every warpgroup drained the previous segment (wait_group 0): slots 0-3 are free
+  for (int v = 0; v < 3; ++v) load_x_image(smem + v * T::kXSlotFloats, x, p, seg, v, c0);
+  load_dy_image(dy_ring, dy, p, seg, 0, k0);
+  cp_async_commit();
+  if (seg.len > 1) {
+    load_x_image(smem + 3 * T::kXSlotFloats, x, p, seg, 3, c0);
+    load_dy_image(dy_ring + T::kDySlotFloats, dy, p, seg, 1, k0);
+  }
+  cp_async_commit();
+  int x_read = wg, x_load = 4, dy_read = 0, dy_load = 2;  // slots: (t + wg) % 6, (t + 4) % 6, t % 4, (t + 2) % 4
+#pragma unroll 1
+  for (int64_t t = 0; t < seg.len; ++t) {
+    cp_async_wait<1>();          // this thread's copies of row t have landed (row t + 1's may be open)
+    if (T::kRoundDy) round_dy_image(dy_ring + dy_read * T::kDySlotFloats, p);
+    wgmma::fence_proxy_async();  // ... and are visible (rounded) to the wgmma's operand reads
+    __syncthreads();             // everyone's are; row t - 2 retired by every warpgroup: its slots are free
+    issue_row(acc, smem_addr + 4u * x_read * T::kXSlotFloats,
+              smem_addr + 4u * (T::kDyBase + dy_read * T::kDySlotFloats));
+    if (t + 2 < seg.len) {
+      load_x_image(smem + x_load * T::kXSlotFloats, x, p, seg, t + 4, c0);
+      load_dy_image(dy_ring + dy_load * T::kDySlotFloats, dy, p, seg, t + 2, k0);
+    }
+    cp_async_commit();
+    x_read = x_read == T::kXSlots - 1 ? 0 : x_read + 1;
+    x_load = x_load == T::kXSlots - 1 ? 0 : x_load + 1;
+    dy_read = dy_read == T::kDySlots - 1 ? 0 : dy_read + 1;
+    dy_load = dy_load == T::kDySlots - 1 ? 0 : dy_load + 1;
+    wgmma::wait<1>();  // row t - 1 retired: its slots may be refilled after the next barrier
+  }
+  wgmma::wait<0>();
+}
+
+// Writes the block's partial tile: this thread holds output channel k0 + 16 wi + g + 8 h, input
+// channel c0 + 2 t + 8 (j % 8) + e, tap (wg, j / 8) in acc[4 j + 2 h + e]. The element offsets
+// from the thread's first (k, c) are constants, so the 96 stores need one pointer per h.
+// Addresses are formed for channels past K or C too, and never stored to.
+__device__ __forceinline__ void store_partial(float* __restrict__ dst, const DwParams& p, int64_t k0, int64_t c0,
+                                              const float (&acc)[T::kAcc], int wg, int wi, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const int c_left = static_cast<int>(min_i64(p.C - c0, T::kC)) - 2 * t;  // this thread's channels: 2 t + i < ...
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t k = k0 + 16 * wi + g + 8 * h;
+    const bool k_ok = k < p.K;
+    float* first = dst + ((k * p.C + c0 + 2 * t) * 3 + wg) * 3;
+#pragma unroll
+    for (int j = 0; j < T::kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ci = 8 * (j % 8) + e;  // channel offset from c0 + 2 t
+        store_if(first + ci * 9 + j / 8, acc[4 * j + 2 * h + e], k_ok && ci < c_left);
+      }
+    }
+  }
+}
+
+// part[split] (K, C, 3, 3) = the block's slice of the reduction over its (k tile, c tile).
+// Block b: tile b % tiles (the k tiles of one slice run side by side and share x in L2), slice
+// b / tiles.
+__global__ void __launch_bounds__(T::kThreads, 1)
+    conv3x3_wgmma_dw_kernel(float* __restrict__ part,      // (splits, K, C, 3, 3)
+                            const float* __restrict__ dy,  // (N, K, Ho, Wo)
+                            const float* __restrict__ x,   // (N, C, H, W)
+                            DwParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float* smem = dynamic_smem();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wg = warp / 4, wi = warp % 4;  // warpgroup (= tap row), warp within it
+  const int64_t tiles = p.k_tiles * p.c_tiles;
+  const int64_t tile = blockIdx.x % tiles, split = blockIdx.x / tiles;
+  const int64_t k0 = tile % p.k_tiles * T::kM, c0 = tile / p.k_tiles * T::kC;
+
+  float acc[T::kAcc];
+#pragma unroll
+  for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
+
+  const int64_t end = min_i64(p.rows, (split + 1) * p.rows_per_split);
+#pragma unroll 1
+  for (int64_t row = split * p.rows_per_split; row < end;) {
+    const int64_t column = row / p.Ho, p0 = row % p.Ho;  // column = n * strips + strip
+    const Segment seg{column / p.strips, p0, column % p.strips * T::kCols, min_i64(end - row, p.Ho - p0)};
+    run_segment(acc, smem, dy, x, p, seg, k0, c0, wg);
+    row += seg.len;
+  }
+#pragma unroll
+  for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
+  store_partial(part + split * p.K * p.C * 9, p, k0, c0, acc, wg, wi, lane);
+  cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
+#else
+  __trap();  // conv3x3_wgmma_dw_applies is false for builds without sm_90a code
+#endif
+}
+
+// ---- planning (host) ----
+
+// At most this many output rows per slice: each accumulator chain then has at most
+// 4 x kMaxRowsPerSplit accumulating wgmma (~2k, as the mma.sync kernel's 8192-pixel slices);
+// and at most this many bytes of partials.
+constexpr int64_t kMaxRowsPerSplit = 512;
+constexpr int64_t kMaxPartialBytes = int64_t(512) << 20;
+
+// Widest copy (floats) for rows of length row_len of a tensor at byte address base, starting at
+// column col of a strip (col: the column of the strip's first pixel minus a multiple of 32).
+inline int copy_width(uintptr_t base, int64_t row_len, int64_t col) {
+  for (int vec : {4, 2})
+    if (base % (4 * vec) == 0 && row_len % vec == 0 && pos_mod(col, vec) == 0) return vec;
+  return 1;
+}
+
+// x_addr, dy_addr: the tensors' addresses (their alignment picks the copy widths).
+DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo, int64_t pad_h,
+                 int64_t pad_w, int64_t sms, uintptr_t x_addr, uintptr_t dy_addr) {
+  DwParams p{};
+  p.N = N, p.C = C, p.H = H, p.W = W;
+  p.K = K, p.Ho = Ho, p.Wo = Wo;
+  p.pad_h = pad_h, p.pad_w = pad_w;
+  p.k_tiles = ceil_div(K, T::kM);
+  p.c_tiles = ceil_div(C, T::kC);
+  p.strips = ceil_div(Wo, T::kCols);
+  p.rows = N * p.strips * Ho;
+  for (int sh = 0; sh < T::kShifts; ++sh) p.x_vec[sh] = copy_width(x_addr, W, sh - pad_w);
+  p.dy_vec = copy_width(dy_addr, Wo, 0);
+  // Enough slices for bounded chains, rounded up to whole waves of one block per SM, then
+  // limited by the partials' size and by the row count.
+  const int64_t tiles = p.k_tiles * p.c_tiles;
+  int64_t splits = ceil_div(p.rows, kMaxRowsPerSplit);
+  splits = ceil_div(ceil_div(splits * tiles, sms) * sms, tiles);
+  splits = std::min(splits, std::max<int64_t>(1, kMaxPartialBytes / (K * C * 9 * int64_t(sizeof(float)))));
+  splits = std::max<int64_t>(1, std::min(splits, p.rows));
+  p.rows_per_split = ceil_div(p.rows, splits);
+  p.splits = ceil_div(p.rows, p.rows_per_split);  // no empty slices
+  return p;
+}
+
+// ---- END KERNELS ----
+
+constexpr int kSumThreads = 256;
+
+void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
+  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
+  const Device d = ts.begin()->first->device();
+  TG_CHECK(conv3x3_wgmma_dw_applies(s, d), op,
+           ": needs a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a "
+           "code; got x ",
+           s.x_shape(), ", w ", s.w_shape(), " on ", d);
+  for (const auto& [t, shape] : ts) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device() == d, op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
+             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
+  }
+}
+
+}  // namespace
+
+bool conv3x3_wgmma_dw_applies(const ConvShape& s, Device d) {
+  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
+}
+
+void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+  check_tensors("conv3x3_wgmma_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
+  const int dev = dw.device().index;
+  set_device(dev);
+  const DwParams p =
+      plan_dw(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2], sm_count(dev),
+              reinterpret_cast<uintptr_t>(x.data<float>()), reinterpret_cast<uintptr_t>(dy.data<float>()));
+  const int64_t count = dw.numel();
+  Tensor part;
+  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
+  if (p.splits > 1) {
+    part = Tensor::empty({p.splits, count}, {.dtype = DType::f32, .device = dw.device()});
+    part_ptr = part.data<float>();
+  }
+  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(T::kSmemBytes)));
+  const int64_t grid = p.k_tiles * p.c_tiles * p.splits;
+  conv3x3_wgmma_dw_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      part_ptr, dy.data<float>(), x.data<float>(), p);
+  TG_LAUNCH_CHECK();
+  if (p.splits > 1) {
+    sum_partials_kernel<<<grid_for(count, kSumThreads), kSumThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
+                                                                                        count, p.splits);
+    TG_LAUNCH_CHECK();
+  }
+  // part is freed stream-ordered, after the kernels that use it.
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,22 @@
+// The fixed-order reduction of split grad-weight partials, shared by the mma.sync (conv3x3.cu)
+// and wgmma (conv3x3_wgmma_dw.cu) grad-weight kernels: each block of those writes its slice's
+// sum into part[split], and this kernel adds the slices in split order, so the result is the
+// same bits on every run (no atomics).
+#pragma once
+#include <cstdint>
+
+namespace tg::cuda {
+namespace {
+
+// dw[e] = sum over splits of part[split][e], in split order (f64: the sum adds no error).
+__global__ void sum_partials_kernel(float* __restrict__ dw, const float* __restrict__ part, int64_t count,
+                                    int64_t splits) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
+    double sum = 0;
+    for (int64_t s = 0; s < splits; ++s) sum += part[s * count + e];
+    dw[e] = static_cast<float>(sum);
+  }
+}
+
+}  // namespace
+}  // namespace tg::cuda
