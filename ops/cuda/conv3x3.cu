@@ -668,17 +668,9 @@ int vector_width(const float* base, int64_t row_len) {
   return 1;
 }
 
-void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
-  TG_CHECK(conv3x3_applies(s), op, ": not a 3x3 stride-1 NCHW 2-D convolution: x ", s.x_shape(), ", w ",
-           s.w_shape());
-  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
-  const Device d = ts.begin()->first->device();
-  for (const auto& [t, shape] : ts) {
-    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
-    TG_CHECK(t->device() == d && d.is_cuda(), op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
-    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
-             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
-  }
+bool takes_3x3(const ConvShape& s, Device) { return conv3x3_applies(s); }
+void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, takes_3x3, "a 3x3 stride-1 NCHW 2-D convolution", ts);
 }
 
 template <class T, bool kSplit>
@@ -755,6 +747,19 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
 // measured on an H200, see conv3x3_wgrad_kernel): 128 channels -> 288 adds, ~5e-6. More
 // channels would exceed 1e-5, so those go to the general (FFMA) kernels.
 constexpr int64_t kMaxFp32Channels = 128;
+void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(const ConvShape&, Device),
+                           const char* needs, ExpectedTensors ts) {
+  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
+  const Device d = ts.begin()->first->device();
+  TG_CHECK(applies(s, d), op, ": needs ", needs, "; got x ", s.x_shape(), ", w ", s.w_shape(), " on ", d);
+  for (const auto& [t, shape] : ts) {
+    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
+    TG_CHECK(t->device() == d && d.is_cuda(), op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
+    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
+             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
+  }
+}
+
 
 bool conv3x3_applies(const ConvShape& s) {
   if (precision() == Precision::FP32 && (s.C > kMaxFp32Channels || s.K > kMaxFp32Channels)) return false;

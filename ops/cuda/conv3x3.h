@@ -12,6 +12,9 @@
 //
 // The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true.
 #pragma once
+#include <initializer_list>
+#include <utility>
+
 #include "core/tensor.h"
 #include "ops/conv.h"
 
@@ -30,5 +33,13 @@ void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Te
 void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
 // dw (K, C, 3, 3) = gradient of the output dy with respect to w (overwritten).
 void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+
+// The argument checks of every 3x3 launcher (conv3x3*.cu), before any kernel runs: each tensor
+// defined; `applies` (does that kernel take problem s on the tensors' device?) or an error that
+// names the op, what the kernel `needs` and the shapes; then each tensor f32, on that one GPU and
+// of its expected shape.
+using ExpectedTensors = std::initializer_list<std::pair<const Tensor*, Shape>>;
+void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(const ConvShape&, Device),
+                           const char* needs, ExpectedTensors ts);
 
 }  // namespace tg::cuda

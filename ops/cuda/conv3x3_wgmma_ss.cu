@@ -405,19 +405,11 @@ SsParams plan(SsParams p, bool out_aligned_8) {
 
 constexpr int kPrepThreads = 256;
 
-void check_tensors(const char* op, const ConvShape& s, std::initializer_list<std::pair<const Tensor*, Shape>> ts) {
-  for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
-  const Device d = ts.begin()->first->device();
-  TG_CHECK(conv3x3_wgmma_ss_applies(s, d), op,
-           ": needs a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a "
-           "code; got x ",
-           s.x_shape(), ", w ", s.w_shape(), " on ", d);
-  for (const auto& [t, shape] : ts) {
-    TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
-    TG_CHECK(t->device() == d, op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
-    TG_CHECK(t->shape() == shape, op, ": tensor ", describe(*t), " does not match the problem x ", s.x_shape(),
-             ", w ", s.w_shape(), " -> y ", s.y_shape(), ": expected ", shape);
-  }
+void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, conv3x3_wgmma_ss_applies,
+                        "a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with "
+                        "sm_90a code",
+                        ts);
 }
 
 // out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
