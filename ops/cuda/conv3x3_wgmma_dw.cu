@@ -33,24 +33,26 @@
 // Rings: 6 x rows (each x row is loaded once per segment and read by warpgroups 2, 1, 0 at three
 // consecutive output rows) and 4 dy rows: 148.2 + 33.3 = 181.5 KB.
 //
-// Fill: cp.async from global at the shifted addresses, zero-filled (src-size 0) for padding,
-// columns past the strip's end, channels past C and output channels past K; 16 or 8 bytes per
-// copy where the rows allow it (width W, resp. Wo, a multiple of 4 or 2, the tensor aligned, and
-// for x the shift's column s - pad_w a multiple of 4 or 2), else 4. Workload A (pad 0, W = 1024,
-// Wo = 1022): x shift 0 by 16 bytes, shift 2 by 8, shift 1 by 4; dy by 8. Warp w copies x rows
+// Fill: x by cp.async from global at the shifted addresses, zero-filled (src-size 0) for padding,
+// columns past the strip's end and channels past C; 16 or 8 bytes per copy where the rows allow
+// it (width W a multiple of 4 or 2, the tensor aligned, the shift's column s - pad_w a multiple of
+// 4 or 2), else 4; dy through registers (8 or 4 bytes per load, zero past Wo and K; see TF32
+// below). Workload A (pad 0, W = 1024, Wo = 1022): x shift 0 by 16 bytes, shift 2 by 8, shift 1
+// by 4; dy by 8. Warp w copies x rows
 // n = 16 w .. 16 w + 15 (shift w / 4: its copy width is uniform over the warp); lane j of a 4-byte
 // copy takes pixel j of one row: 128 contiguous bytes of global memory (the 3 shifts of a channel
 // read the same lines: L1 hits with .ca) into 32 banks of shared memory (vector copies: 2 or 4
 // rows per instruction, conflict-free per 8- or 16-lane phase, as LBO / 4 = 4 mod 32).
 //
 // Ordering (PTX ISA, wgmma and the async proxy), per output row t of a segment:
-//   cp.async.wait_group 1 (this thread's copies of row t landed) -> fence.proxy.async ->
-//   __syncthreads -> wgmma.fence -> 4 wgmma -> commit -> copies of row t + 2 (x row image t + 4
-//   into x slot (t + 4) % 6, dy row t + 2 into dy slot (t + 2) % 4) -> commit -> wgmma.wait_group 1
-//   (retires row t - 1).
+//   cp.async.wait_group 1 (this thread's x copies of row t landed) -> fence.proxy.async (they and
+//   this thread's dy stores are visible to the async proxy) -> __syncthreads -> wgmma.fence -> 4
+//   wgmma -> commit -> copies of x row image t + 4 into x slot (t + 4) % 6, stores of dy row t + 2
+//   (loaded into registers at row t - 1) into dy slot (t + 2) % 4, loads of dy row t + 3 -> commit
+//   -> wgmma.wait_group 1 (retires row t - 1).
 //   - x slot (t + 4) % 6 last held x image t - 2, read only by warpgroup 0 at row t - 2; dy slot
 //     (t + 2) % 4 held dy row t - 2. Every warpgroup retired row t - 2 (its wait at the end of row
-//     t - 1) before the barrier of row t, after which the copies are issued.
+//     t - 1) before the barrier of row t, after which the copies and stores are issued.
 //   - segment end: wgmma.wait_group 0; the next segment's prologue refills slots 0-3 only after a
 //     __syncthreads (every warpgroup has drained).
 //   - the accumulators run on over all of a block's segments (zeroed once, wgmma.fence before each
@@ -62,8 +64,8 @@
 //   32 KB = 256 conflict-free wavefronts: 1024 of 1152 wavefront-clocks (89% of the port at the
 //   tensor peak; the SS forward: 80%). At the 2.2 ms target (~56% of the peak) ~50%.
 //   copy instructions: 256 warp-level cp.async per 1152 clocks if every copy is 4 bytes; workload
-//   A: x 16 (shift 0, 16 B) + 64 (shift 1) + 32 (shift 2, 8 B) + dy 32 (8 B) = 144, i.e. 0.125 per
-//   clock (the SS forward's halo fill: ~300 per 2304 clocks = 0.13, but each of those gathered 4
+//   A: x 16 (shift 0, 16 B) + 64 (shift 1) + 32 (shift 2, 8 B) = 112 (+ 32 8-byte dy loads and
+//   stores through registers), i.e. ~0.1 per clock (the SS forward's halo fill: ~300 per 2304 clocks = 0.13, but each of those gathered 4
 //   rows x 32 bytes). This is the part most likely to set the pace (the forward's fill cost it
 //   0.65 ms of tensor time).
 //   L2 -> SM: x 8 KB (the shifts hit L1) + dy 8 KB per 1152 clocks: ~14 B/clk per SM at the
@@ -83,12 +85,11 @@
 // [0, 2^-10), mean ~3.5e-4, rms ~4.2e-4 for log-uniform mantissas). With both operands truncated
 // the products would be biased by ~-7e-4 relative on average, coherently over the reduction: rel.
 // L2 error 6.7-7.3e-4 (up to 8.8e-4 on tiny problems) in a host emulation of this kernel, too close
-// to the 1e-3 TF32 tolerance. So dy is rounded to nearest in shared memory (kRoundDy): each thread,
-// after its cp.async.wait_group, rewrites the dy elements it copied itself (no extra barrier),
-// before the fence.proxy.async; x stays truncated (as in the SS forward): emulated error 4.0-4.3e-4.
-// Cost per output row: 8 KB read + 8 KB written = 128 more wavefronts (1152 of 1152 at the tensor
-// peak with the counts above; ~65% of the port at the 2.2 ms target) and 64 LDS/STS warp
-// instructions for workload A's 8-byte dy copies. kRoundDy = false removes the pass (measure both).
+// to the 1e-3 TF32 tolerance. So dy is rounded to nearest on its way into shared memory: its rows
+// pass through registers (8-byte loads a row ahead, rounded and stored the next row, before the
+// fence.proxy.async) instead of cp.async; x stays truncated (as in the SS forward): emulated error
+// 4.0-4.3e-4. Measured on an H200 (workload A): cp.async copies plus an in-place rounding pass over
+// the landed dy took 2.91 ms, 2.55 without rounding; most of the pass's cost was its loads.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -131,9 +132,6 @@ struct DwTile {
   static constexpr int kXSlotFloats = kUnits * kXLbo / 4;     // 6176
   static constexpr int kDySlotFloats = kUnits * kDyLbo / 4;   // 2080
   static constexpr int kXSlots = 6, kDySlots = 4;
-  // dy rounded to TF32 in shared memory before use (x stays truncated by the tensor core): halves
-  // the products' bias (emulated rel. error ~7e-4 -> ~4.2e-4) for one pass over the dy image per row.
-  static constexpr bool kRoundDy = true;
   static constexpr int kDyBase = kXSlots * kXSlotFloats;      // dy ring after the x ring
   static constexpr size_t kSmemBytes = sizeof(float) * (kXSlots * kXSlotFloats + kDySlots * kDySlotFloats);
   static constexpr int kXRowsPerWarp = kN / (kThreads / 32);  // 16: one shift per 4 warps
@@ -198,69 +196,81 @@ __device__ __forceinline__ void load_x_image(float* slot, const float* __restric
   else load_x_rows<1>(slot, x, p, seg, v, c0, warp, lane);
 }
 
-// Issues the copies of dy row p0 + t of the segment (the tile's 64 output channels) into `slot`,
-// kVec floats per copy (p.dy_vec). Copy instruction m (= warp + 12 i) covers rows k = kVec m + rho.
+// dy rows pass through registers, a row ahead of their store, and are rounded to TF32 on the way
+// into shared memory (measured on an H200: cp.async copies followed by an in-place rounding pass
+// cost 0.35 ms of 2.9, most of it the loads of the just-landed data). Copy instruction m (= warp +
+// 12 i) covers rows k = kVec m + rho: kVec floats per lane (2 where Wo and the tensor allow 8-byte
+// loads, else 1), 32 pixels per row. DyRegs holds one thread's share of a row (zero outside the
+// tensor).
+struct DyRegs {
+  static constexpr int kMax = 6;  // 64 rows x 32 pixels / 384 threads, rounded up to whole loads
+  float v[kMax];
+};
 template <int kVec>
-__device__ __forceinline__ void load_dy_rows(float* slot, const float* __restrict__ dy, const DwParams& p,
+struct DyLanes {
+  static constexpr int kLanesPerRow = 32 / kVec, kWarps = T::kThreads / 32, kInstructions = T::kM / kVec;
+  static constexpr int kRounds = (kInstructions + kWarps - 1) / kWarps;
+  static_assert(kRounds * kVec <= DyRegs::kMax, "a thread's share of a dy row fits DyRegs");
+  int rho, j, k_first;
+  __device__ DyLanes(int warp, int lane)
+      : rho(lane / kLanesPerRow), j(kVec * (lane % kLanesPerRow)), k_first(kVec * warp + lane / kLanesPerRow) {}
+  // Round i exists for this warp (the last round covers only some warps).
+  __device__ bool has(int i, int warp) const {
+    return kInstructions % kWarps == 0 || i < kRounds - 1 || warp + kWarps * i < kInstructions;
+  }
+};
+
+template <int kVec>
+__device__ __forceinline__ void load_dy_rows(DyRegs& r, const float* __restrict__ dy, const DwParams& p,
                                              const Segment& seg, int64_t t, int64_t k0, int warp, int lane) {
-  constexpr int kLanesPerRow = 32 / kVec, kWarps = T::kThreads / 32, kInstructions = T::kM / kVec;
-  constexpr int kRounds = (kInstructions + kWarps - 1) / kWarps;
-  const int rho = lane / kLanesPerRow, j = kVec * (lane % kLanesPerRow);
-  const int k_first = kVec * warp + rho;  // row of copy 0
-  const int64_t oh = seg.p0 + t, ow = seg.q0 + j;
-  const bool pixel_ok = ow < p.Wo;  // (with kVec > 1, Wo is a multiple of kVec)
+  using L = DyLanes<kVec>;
+  const L l(warp, lane);
+  const int64_t oh = seg.p0 + t, ow = seg.q0 + l.j;
+  const bool pixel_ok = ow < p.Wo;  // (with kVec = 2, Wo is even)
   const int64_t plane = p.Ho * p.Wo;
-  const float* src = dy + (pixel_ok ? ((seg.n * p.K + k0 + k_first) * p.Ho + oh) * p.Wo + ow : 0);
-  // Copy i is row k_first + kVec kWarps i (32-bit compares against constants in the unrolled loop).
-  const int rows_left = static_cast<int>(min_i64(p.K - k0, T::kM)) - k_first;
-  float* dst = slot + (j / 4) * (T::kDyLbo / 4) + 4 * k_first + j % 4;
+  const float* src = dy + (pixel_ok ? ((seg.n * p.K + k0 + l.k_first) * p.Ho + oh) * p.Wo + ow : 0);
+  const int rows_left = static_cast<int>(min_i64(p.K - k0, T::kM)) - l.k_first;
 #pragma unroll
-  for (int i = 0; i < kRounds; ++i) {
-    if (kInstructions % kWarps != 0 && i == kRounds - 1 && warp + kWarps * i >= kInstructions) break;
-    const bool ok = pixel_ok && kVec * kWarps * i < rows_left;
-    cp_async<4 * kVec>(dst + 4 * kVec * kWarps * i, ok ? src : dy, ok);
-    src += kVec * kWarps * plane;  // (past the tensor once the rows run out: not read then)
+  for (int i = 0; i < L::kRounds; ++i) {
+    const bool ok = l.has(i, warp) && pixel_ok && kVec * L::kWarps * i < rows_left;
+    if constexpr (kVec == 2) {
+      const float2 q = ok ? __ldg(reinterpret_cast<const float2*>(src)) : make_float2(0.f, 0.f);
+      r.v[2 * i] = q.x;
+      r.v[2 * i + 1] = q.y;
+    } else {
+      r.v[i] = ok ? __ldg(src) : 0.f;
+    }
+    src += kVec * L::kWarps * plane;  // (past the tensor once the rows run out: not read then)
   }
 }
-__device__ __forceinline__ void load_dy_image(float* slot, const float* __restrict__ dy, const DwParams& p,
-                                              const Segment& seg, int64_t t, int64_t k0) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p.dy_vec == 4) load_dy_rows<4>(slot, dy, p, seg, t, k0, warp, lane);
-  else if (p.dy_vec == 2) load_dy_rows<2>(slot, dy, p, seg, t, k0, warp, lane);
-  else load_dy_rows<1>(slot, dy, p, seg, t, k0, warp, lane);
-}
-
-// Rounds this thread's own copies of a dy image to TF32 in place (the elements load_dy_rows<kVec>
-// copied: they have landed for this thread after its cp.async.wait_group; zero-filled ones stay 0).
 template <int kVec>
-__device__ __forceinline__ void round_dy_rows(float* slot, int warp, int lane) {
-  constexpr int kLanesPerRow = 32 / kVec, kWarps = T::kThreads / 32, kInstructions = T::kM / kVec;
-  constexpr int kRounds = (kInstructions + kWarps - 1) / kWarps;
-  const int rho = lane / kLanesPerRow, j = kVec * (lane % kLanesPerRow);
-  float* dst = slot + (j / 4) * (T::kDyLbo / 4) + 4 * (kVec * warp + rho) + j % 4;
+__device__ __forceinline__ void store_dy_rows(float* slot, const DyRegs& r, int warp, int lane) {
+  using L = DyLanes<kVec>;
+  const L l(warp, lane);
+  float* dst = slot + (l.j / 4) * (T::kDyLbo / 4) + 4 * l.k_first + l.j % 4;
 #pragma unroll
-  for (int i = 0; i < kRounds; ++i) {
-    if (kInstructions % kWarps != 0 && i == kRounds - 1 && warp + kWarps * i >= kInstructions) break;
-    float* v = dst + 4 * kVec * kWarps * i;
-    if constexpr (kVec == 4) {
-      float4 q = *reinterpret_cast<float4*>(v);
-      q = make_float4(__uint_as_float(tf32_round(q.x)), __uint_as_float(tf32_round(q.y)),
-                      __uint_as_float(tf32_round(q.z)), __uint_as_float(tf32_round(q.w)));
-      *reinterpret_cast<float4*>(v) = q;
-    } else if constexpr (kVec == 2) {
-      float2 q = *reinterpret_cast<float2*>(v);
-      q = make_float2(__uint_as_float(tf32_round(q.x)), __uint_as_float(tf32_round(q.y)));
-      *reinterpret_cast<float2*>(v) = q;
+  for (int i = 0; i < L::kRounds; ++i) {
+    if (!l.has(i, warp)) break;
+    float* d = dst + 4 * kVec * L::kWarps * i;
+    if constexpr (kVec == 2) {
+      *reinterpret_cast<float2*>(d) =
+          make_float2(__uint_as_float(tf32_round(r.v[2 * i])), __uint_as_float(tf32_round(r.v[2 * i + 1])));
     } else {
-      *v = __uint_as_float(tf32_round(*v));
+      *d = __uint_as_float(tf32_round(r.v[i]));
     }
   }
 }
-__device__ __forceinline__ void round_dy_image(float* slot, const DwParams& p) {
+// p.dy_vec: 2 (8-byte loads) or 1, uniform over the block.
+__device__ __forceinline__ void load_dy_row(DyRegs& r, const float* __restrict__ dy, const DwParams& p,
+                                            const Segment& seg, int64_t t, int64_t k0) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p.dy_vec == 4) round_dy_rows<4>(slot, warp, lane);
-  else if (p.dy_vec == 2) round_dy_rows<2>(slot, warp, lane);
-  else round_dy_rows<1>(slot, warp, lane);
+  if (p.dy_vec == 2) load_dy_rows<2>(r, dy, p, seg, t, k0, warp, lane);
+  else load_dy_rows<1>(r, dy, p, seg, t, k0, warp, lane);
+}
+__device__ __forceinline__ void store_dy_row(float* slot, const DyRegs& r, const DwParams& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p.dy_vec == 2) store_dy_rows<2>(slot, r, warp, lane);
+  else store_dy_rows<1>(slot, r, warp, lane);
 }
 
 // Issues the 4 k8 steps of one output row for this warpgroup as one commit group.
@@ -277,40 +287,41 @@ __device__ __forceinline__ void issue_row(float (&acc)[T::kAcc], uint32_t x_addr
   wgmma::commit();
 }
 
-// Accumulates one segment: a prologue that loads x images 0-3 and dy rows 0-1, then one output
-// row per iteration (the ordering in the header).
+// Accumulates one segment: a prologue that loads x images 0-3 (two cp.async groups) and stores dy
+// rows 0-1, then one output row per iteration (the ordering in the header).
 __device__ __forceinline__ void run_segment(float (&acc)[T::kAcc], float* smem, const float* __restrict__ dy,
                                             const float* __restrict__ x, const DwParams& p, const Segment& seg,
                                             int64_t k0, int64_t c0, int wg) {
   const uint32_t smem_addr = wgmma::shared_address(smem);
   float* dy_ring = smem + T::kDyBase;
-  __syncthreads();  // every warpgroup drained the previous segment (wait_group 0): slots 0-3 are free
+  __syncthreads();  // every warpgroup drained the previous segment (wait_group 0): every slot is free
   for (int v = 0; v < 3; ++v) load_x_image(smem + v * T::kXSlotFloats, x, p, seg, v, c0);
-  load_dy_image(dy_ring, dy, p, seg, 0, k0);
   cp_async_commit();
-  if (seg.len > 1) {
-    load_x_image(smem + 3 * T::kXSlotFloats, x, p, seg, 3, c0);
-    load_dy_image(dy_ring + T::kDySlotFloats, dy, p, seg, 1, k0);
+  if (seg.len > 1) load_x_image(smem + 3 * T::kXSlotFloats, x, p, seg, 3, c0);
+  cp_async_commit();
+  DyRegs dy_next;  // dy row t + 2 between its load (row t - 1) and its store (row t)
+  for (int r = 0; r < 3 && r < seg.len; ++r) {
+    load_dy_row(dy_next, dy, p, seg, r, k0);
+    if (r < 2) store_dy_row(dy_ring + r * T::kDySlotFloats, dy_next, p);
   }
-  cp_async_commit();
-  int x_read = wg, x_load = 4, dy_read = 0, dy_load = 2;  // slots: (t + wg) % 6, (t + 4) % 6, t % 4, (t + 2) % 4
+  int x_read = wg, x_load = 4, dy_read = 0, dy_store = 2;  // slots: (t + wg) % 6, (t + 4) % 6, t % 4, (t + 2) % 4
 #pragma unroll 1
   for (int64_t t = 0; t < seg.len; ++t) {
-    cp_async_wait<1>();          // this thread's copies of row t have landed (row t + 1's may be open)
-    if (T::kRoundDy) round_dy_image(dy_ring + dy_read * T::kDySlotFloats, p);
-    wgmma::fence_proxy_async();  // ... and are visible (rounded) to the wgmma's operand reads
+    cp_async_wait<1>();          // this thread's x copies of row t have landed (row t + 1's may be open)
+    wgmma::fence_proxy_async();  // ... and, with its dy stores, are visible to the wgmma's operand reads
     __syncthreads();             // everyone's are; row t - 2 retired by every warpgroup: its slots are free
     issue_row(acc, smem_addr + 4u * x_read * T::kXSlotFloats,
               smem_addr + 4u * (T::kDyBase + dy_read * T::kDySlotFloats));
     if (t + 2 < seg.len) {
       load_x_image(smem + x_load * T::kXSlotFloats, x, p, seg, t + 4, c0);
-      load_dy_image(dy_ring + dy_load * T::kDySlotFloats, dy, p, seg, t + 2, k0);
+      store_dy_row(dy_ring + dy_store * T::kDySlotFloats, dy_next, p);  // row t + 2, loaded at row t - 1
+      if (t + 3 < seg.len) load_dy_row(dy_next, dy, p, seg, t + 3, k0);
     }
     cp_async_commit();
     x_read = x_read == T::kXSlots - 1 ? 0 : x_read + 1;
     x_load = x_load == T::kXSlots - 1 ? 0 : x_load + 1;
     dy_read = dy_read == T::kDySlots - 1 ? 0 : dy_read + 1;
-    dy_load = dy_load == T::kDySlots - 1 ? 0 : dy_load + 1;
+    dy_store = dy_store == T::kDySlots - 1 ? 0 : dy_store + 1;
     wgmma::wait<1>();  // row t - 1 retired: its slots may be refilled after the next barrier
   }
   wgmma::wait<0>();
@@ -405,7 +416,7 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
   p.strips = ceil_div(Wo, T::kCols);
   p.rows = N * p.strips * Ho;
   for (int sh = 0; sh < T::kShifts; ++sh) p.x_vec[sh] = copy_width(x_addr, W, sh - pad_w);
-  p.dy_vec = copy_width(dy_addr, Wo, 0);
+  p.dy_vec = copy_width(dy_addr, Wo, 0) >= 2 ? 2 : 1;  // dy goes through registers: 8-byte loads at most
   // Enough slices for bounded chains, rounded up to whole waves of one block per SM, then
   // limited by the partials' size and by the row count.
   const int64_t tiles = p.k_tiles * p.c_tiles;
