@@ -39,6 +39,9 @@ void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, co
 // names the op, what the kernel `needs` and the shapes; then each tensor f32, on that one GPU and
 // of its expected shape.
 using ExpectedTensors = std::initializer_list<std::pair<const Tensor*, Shape>>;
+// What the TF32-only wgmma kernels (conv3x3_wgmma_ss, conv3x3_wgmma_dw) need, for their messages.
+inline constexpr const char* kNeedsTf32Wgmma =
+    "a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with sm_90a code";
 void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(const ConvShape&, Device),
                            const char* needs, ExpectedTensors ts);
 

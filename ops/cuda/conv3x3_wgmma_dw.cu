@@ -434,10 +434,7 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
 constexpr int kSumThreads = 256;
 
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, conv3x3_wgmma_dw_applies,
-                        "a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with "
-                        "sm_90a code",
-                        ts);
+  check_conv3x3_tensors(op, s, conv3x3_wgmma_dw_applies, kNeedsTf32Wgmma, ts);
 }
 
 }  // namespace

@@ -406,10 +406,7 @@ SsParams plan(SsParams p, bool out_aligned_8) {
 constexpr int kPrepThreads = 256;
 
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, conv3x3_wgmma_ss_applies,
-                        "a 3x3 stride-1 NCHW 2-D convolution in TF32 mode on a compute capability 9.0 GPU with "
-                        "sm_90a code",
-                        ts);
+  check_conv3x3_tensors(op, s, conv3x3_wgmma_ss_applies, kNeedsTf32Wgmma, ts);
 }
 
 // out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
