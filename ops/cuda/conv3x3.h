@@ -10,7 +10,9 @@
 // sizes, channel counts as conv3x3_applies says; f32 tensors (the caller checks the dtype
 // before asking conv3x3_applies).
 //
-// The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true.
+// The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true. On an
+// H100 / H200 with sm_90a code they route to the wgmma kernels: forward and input gradient to
+// conv3x3_wgmma_ss (TF32) or conv3x3_wgmma (FP32), the TF32 weight gradient to conv3x3_wgmma_dw.
 #pragma once
 #include <initializer_list>
 #include <utility>
