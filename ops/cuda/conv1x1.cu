@@ -1443,10 +1443,7 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
       else launch_backward<false, false, kTf32>(p, plan.smem, gx, gy, st);
     }
   }
-  const int64_t count = K * C;
-  sum_partials_kernel<<<grid_for(count, kThreads), kThreads, 0, st>>>(dw.data<float>(), p.partial, count,
-                                                                      static_cast<int>(groups));
-  TG_LAUNCH_CHECK();
+  sum_partials(dw.data<float>(), p.partial, K * C, groups, st);
 }
 
 // Launcher-level checks: the shape class, f32, one CUDA device, shapes as the problem says.

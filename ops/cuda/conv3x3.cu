@@ -661,12 +661,6 @@ int sm_count(int dev) {
 }
 
 // Widest copy (floats) that rows of length row_len starting at base allow.
-int vector_width(const float* base, int64_t row_len) {
-  const auto a = reinterpret_cast<uintptr_t>(base);
-  if (row_len % 4 == 0 && a % 16 == 0) return 4;
-  if (row_len % 2 == 0 && a % 8 == 0) return 2;
-  return 1;
-}
 
 bool takes_3x3(const ConvShape& s, Device) { return conv3x3_applies(s); }
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
@@ -689,7 +683,7 @@ void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float*
               bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  p = plan_gemm<T>(p, vector_width(in.data<float>(), p.Win));
+  p = plan_gemm<T>(p, row_copy_width(in.data<float>(), p.Win));
 
   Tensor wp = Tensor::empty({p.chunks * T::kChunk, 9, p.kout_pad}, {.dtype = DType::f32, .device = out.device()});
   prepare_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(
@@ -719,25 +713,16 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
   set_device(dev);
   int64_t splits = 1;
   const WgradParams p = plan_wgrad<T>(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2],
-                                      vector_width(x.data<float>(), s.in[2]),
-                                      vector_width(dy.data<float>(), s.out[2]), sm_count(dev), splits);
-  const int64_t count = dw.numel();
-  Tensor part;
-  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
-  if (splits > 1) {
-    part = Tensor::empty({splits, count}, {.dtype = DType::f32, .device = dw.device()});
-    part_ptr = part.data<float>();
-  }
+                                      row_copy_width(x.data<float>(), s.in[2]),
+                                      row_copy_width(dy.data<float>(), s.out[2]), sm_count(dev), splits);
+  Tensor scratch;
+  float* part = partial_slices(scratch, dw, splits);
   const auto kernel = conv3x3_wgrad_kernel<kSplit>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
   kernel<<<static_cast<unsigned>(p.k_tiles * p.c_tiles * splits), T::kThreads, T::kSmemBytes, stream(dev)>>>(
-      part_ptr, dy.data<float>(), x.data<float>(), p);
+      part, dy.data<float>(), x.data<float>(), p);
   TG_LAUNCH_CHECK();
-  if (splits > 1) {
-    sum_partials_kernel<<<grid_for(count, kPrepThreads), kPrepThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
-                                                                                         count, splits);
-    TG_LAUNCH_CHECK();
-  }
+  sum_partials(dw.data<float>(), part, dw.numel(), splits, stream(dev));
 }
 
 }  // namespace
@@ -747,6 +732,13 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
 // measured on an H200, see conv3x3_wgrad_kernel): 128 channels -> 288 adds, ~5e-6. More
 // channels would exceed 1e-5, so those go to the general (FFMA) kernels.
 constexpr int64_t kMaxFp32Channels = 128;
+int row_copy_width(const float* base, int64_t row_len, int64_t first_col) {
+  const auto a = reinterpret_cast<uintptr_t>(base);
+  for (int vec : {4, 2})
+    if (a % (4 * vec) == 0 && row_len % vec == 0 && ((first_col % vec) + vec) % vec == 0) return vec;
+  return 1;
+}
+
 void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(const ConvShape&, Device),
                            const char* needs, ExpectedTensors ts) {
   for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");

@@ -36,6 +36,10 @@ void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, con
 // dw (K, C, 3, 3) = gradient of the output dy with respect to w (overwritten).
 void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
 
+// The widest copy (4, 2 or 1 floats) that every row of a tensor at `base` with rows of length
+// row_len allows when copies start at column first_col of a row, plus multiples of the width.
+int row_copy_width(const float* base, int64_t row_len, int64_t first_col = 0);
+
 // The argument checks of every 3x3 launcher (conv3x3*.cu), before any kernel runs: each tensor
 // defined; `applies` (does that kernel take problem s on the tensors' device?) or an error that
 // names the op, what the kernel `needs` and the shapes; then each tensor f32, on that one GPU and

@@ -529,13 +529,6 @@ WgParams plan(WgParams p, int vec, bool out_aligned_8) {
 
 constexpr int kPrepThreads = 256;
 
-// Widest copy (floats) that rows of length row_len starting at base allow.
-int vector_width(const float* base, int64_t row_len) {
-  const auto a = reinterpret_cast<uintptr_t>(base);
-  if (row_len % 4 == 0 && a % 16 == 0) return 4;
-  if (row_len % 2 == 0 && a % 8 == 0) return 2;
-  return 1;
-}
 
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
   check_conv3x3_tensors(op, s, conv3x3_wgmma_applies,
@@ -549,7 +542,7 @@ template <class T>
 void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, WgParams p, bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
-  p = plan<T>(p, vector_width(in.data<float>(), p.Win), reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
+  p = plan<T>(p, row_copy_width(in.data<float>(), p.Win), reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
 
   Tensor wp = Tensor::empty(Shape{p.chunks * p.k_tiles * T::kWStage}, {.dtype = DType::f32, .device = out.device()});
   prepare_wgmma_weights_kernel<<<grid_for(wp.numel(), kPrepThreads), kPrepThreads, 0, stream(dev)>>>(

@@ -396,17 +396,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 constexpr int64_t kMaxRowsPerSplit = 512;
 constexpr int64_t kMaxPartialBytes = int64_t(512) << 20;
 
-// Widest copy (floats) for rows of length row_len of a tensor at byte address base, starting at
-// column col of a strip (col: the column of the strip's first pixel minus a multiple of 32).
-inline int copy_width(uintptr_t base, int64_t row_len, int64_t col) {
-  for (int vec : {4, 2})
-    if (base % (4 * vec) == 0 && row_len % vec == 0 && pos_mod(col, vec) == 0) return vec;
-  return 1;
-}
-
-// x_addr, dy_addr: the tensors' addresses (their alignment picks the copy widths).
+// x, dy: the tensors' data (their alignment picks the copy widths).
 DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t Ho, int64_t Wo, int64_t pad_h,
-                 int64_t pad_w, int64_t sms, uintptr_t x_addr, uintptr_t dy_addr) {
+                 int64_t pad_w, int64_t sms, const float* x, const float* dy) {
   DwParams p{};
   p.N = N, p.C = C, p.H = H, p.W = W;
   p.K = K, p.Ho = Ho, p.Wo = Wo;
@@ -415,8 +407,8 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
   p.c_tiles = ceil_div(C, T::kC);
   p.strips = ceil_div(Wo, T::kCols);
   p.rows = N * p.strips * Ho;
-  for (int sh = 0; sh < T::kShifts; ++sh) p.x_vec[sh] = copy_width(x_addr, W, sh - pad_w);
-  p.dy_vec = copy_width(dy_addr, Wo, 0) >= 2 ? 2 : 1;  // dy goes through registers: 8-byte loads at most
+  for (int sh = 0; sh < T::kShifts; ++sh) p.x_vec[sh] = row_copy_width(x, W, sh - pad_w);
+  p.dy_vec = row_copy_width(dy, Wo) >= 2 ? 2 : 1;  // dy goes through registers: 8-byte loads at most
   // Enough slices for bounded chains, rounded up to whole waves of one block per SM, then
   // limited by the partials' size and by the row count.
   const int64_t tiles = p.k_tiles * p.c_tiles;
@@ -430,8 +422,6 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
 }
 
 // ---- END KERNELS ----
-
-constexpr int kSumThreads = 256;
 
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
   check_conv3x3_tensors(op, s, conv3x3_wgmma_dw_applies, kNeedsTf32Wgmma, ts);
@@ -449,26 +439,16 @@ void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor&
   set_device(dev);
   const DwParams p =
       plan_dw(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2], sm_count(dev),
-              reinterpret_cast<uintptr_t>(x.data<float>()), reinterpret_cast<uintptr_t>(dy.data<float>()));
-  const int64_t count = dw.numel();
-  Tensor part;
-  float* part_ptr = dw.data<float>();  // one slice: the kernel writes dw directly
-  if (p.splits > 1) {
-    part = Tensor::empty({p.splits, count}, {.dtype = DType::f32, .device = dw.device()});
-    part_ptr = part.data<float>();
-  }
+              x.data<float>(), dy.data<float>());
+  Tensor scratch;
+  float* part = partial_slices(scratch, dw, p.splits);
   TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      int(T::kSmemBytes)));
   const int64_t grid = p.k_tiles * p.c_tiles * p.splits;
   conv3x3_wgmma_dw_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
-      part_ptr, dy.data<float>(), x.data<float>(), p);
+      part, dy.data<float>(), x.data<float>(), p);
   TG_LAUNCH_CHECK();
-  if (p.splits > 1) {
-    sum_partials_kernel<<<grid_for(count, kSumThreads), kSumThreads, 0, stream(dev)>>>(dw.data<float>(), part_ptr,
-                                                                                        count, p.splits);
-    TG_LAUNCH_CHECK();
-  }
-  // part is freed stream-ordered, after the kernels that use it.
+  sum_partials(dw.data<float>(), part, dw.numel(), p.splits, stream(dev));
 }
 
 }  // namespace tg::cuda
