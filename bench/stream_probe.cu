@@ -7,6 +7,7 @@
 //   tg_stream_probe [--repeats N]
 //   tg_stream_probe --alloc-compare   # the same pattern on cudaMalloc vs stream-ordered pool memory,
 //                                     # zero vs random data, every repeat in order
+//   tg_stream_probe --sustained --repeats 60  # back-to-back repeats vs repeats 5 ms apart, in order
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #define PROBE_CHECK(call)                                                                         \
   do {                                                                                            \
@@ -148,19 +151,64 @@ int alloc_compare(int sms, int repeats) {
   return 0;
 }
 
+// Does the memory system slow down under sustained load? tg_bench's back-to-back repeats of B
+// drift up by steps after ~40-70 ms (bench/notes_conv1x1.md, round 5) while ncu, which leaves
+// gaps between launches, times every launch the same. Here the copy and the NCHW-tile pattern
+// run `repeats` times back to back (one event pair each, synchronized: a ~10 us host gap), then
+// again with `gap_ms` of idle time before each launch; printed: every time in order.
+int sustained(int sms, int repeats, int gap_ms) {
+  const int64_t N = 16, C = 64, K = 128, HW = int64_t(1) << 20, x_elems = N * C * HW, y_elems = N * K * HW;
+  float *x = nullptr, *y = nullptr;
+  PROBE_CHECK(cudaMalloc(&x, x_elems * 4));
+  PROBE_CHECK(cudaMalloc(&y, y_elems * 4));
+  fill_random_kernel<<<sms * 8, 256>>>(x, x_elems);
+  const int64_t tpi = HW / 128, tiles = N * tpi;
+  auto copy = [&] { PROBE_CHECK(cudaMemcpyAsync(y, x, x_elems * 4, cudaMemcpyDeviceToDevice)); };
+  auto nchw = [&] {
+    nchw_tile_kernel<<<sms * 8, 256>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), HW / 4,
+                                       int(C), int(K), 32, tpi, tiles, false);
+  };
+  Timer t;
+  for (int pattern = 0; pattern < 2; ++pattern) {
+    for (int gap : {0, gap_ms}) {
+      PROBE_CHECK(cudaDeviceSynchronize());
+      usleep(500 * 1000);  // start each series from an idle GPU
+      std::printf("%-24s gap %2d ms, ms in order:", pattern == 0 ? "copy 4.3 GB" : "nchw tiles 128 px", gap);
+      for (int i = 0; i < repeats; ++i) {
+        if (gap > 0) usleep(gap * 1000);
+        cudaEventRecord(t.a);
+        if (pattern == 0) copy();
+        else nchw();
+        cudaEventRecord(t.b);
+        PROBE_CHECK(cudaEventSynchronize(t.b));
+        float m = 0;
+        cudaEventElapsedTime(&m, t.a, t.b);
+        std::printf(" %.3f", m);
+      }
+      std::printf("\n");
+    }
+  }
+  PROBE_CHECK(cudaGetLastError());
+  cudaFree(x);
+  cudaFree(y);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int repeats = 10;
-  bool compare = false;
+  bool compare = false, sustain = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--alloc-compare")) compare = true;
+    if (!std::strcmp(argv[i], "--sustained")) sustain = true;
   }
   cudaDeviceProp prop{};
   PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   if (compare) return alloc_compare(sms, repeats);
+  if (sustain) return sustained(sms, repeats, 5);
   // Workload B: N = 16, C = 64, K = 128, H x W = 1024 x 1024.
   const int64_t N = 16, C = 64, K = 128, HW = int64_t(1) << 20;
   const int64_t x_elems = N * C * HW, y_elems = N * K * HW;

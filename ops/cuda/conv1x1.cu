@@ -31,7 +31,10 @@
 //   (1.5x the f32 bytes); the bf16 hi pairs are one byte permute of the hi words.
 // - Activation tiles carry an XOR swizzle that makes every fragment access pattern
 //   conflict-free without padding; fragments whose rows are 16-byte chunks (NHWC activations
-//   as A, the backward's NCHW dw operands) come with one ldmatrix.x4 per two or four registers.
+//   as A, the backward's NCHW dw operands) come with one ldmatrix.x4 per two or four registers;
+//   fragments whose reduction index is the tile's row (NCHW activations / dy as B, the NHWC dw
+//   operands) with 16-byte loads of 4 consecutive columns that serve 4 fragments at once, the
+//   GEMM's columns being permuted inside each warp's 32 (RowsKQuads).
 // - Forward stores: each warp writes its accumulators into its slice of the tile's
 //   (consumed) stage, then reads them back as rows: every 16-byte store instruction writes
 //   four whole 128-byte lines (a quarter of the L2 write requests of fragment-order stores).
@@ -308,19 +311,35 @@ __device__ __forceinline__ FragB tile_b_rows_n(const SmemTile& T, int k0, int n0
   return make_b<kSplit>(T.at(n0, g, k0 + t), T.at(n0, g, k0 + t + 4));
 }
 
-// Per-lane offsets (floats) of B fragments read from a tile whose rows are k and whose 32
-// columns n = 32 w + 8 nt + g belong to this warp (nt = 0..3): element (8 ks + t + 4 h, 8 v + g),
-// v = 4 w + nt, sits at 8 ks S + 32 w + ((t + 4h) S + 8 (nt ^ t) + (g ^ 4h)).
-struct RowsKOffsets {
-  int off[4][2];
-  __device__ __forceinline__ RowsKOffsets(int stride, int w, int lane) {
+// NCHW B fragments 4 n-tiles at a time (the forward's activations, the grad-input's dy): the
+// order of a warp's 32 pixel columns inside its GEMM is ours to choose, so n-tile v's column g
+// ("virtual" column 8 v + g) is taken to be pixel 4 g + v. A lane's b0 for all four n-tiles is
+// then one 16-byte load (pixels 4g..4g+3 of row t), b1 another (row t + 4): 2 LDS.128 per
+// k-step instead of 8 LDS.32 (the same bytes, a quarter of the instructions; the forward is
+// limited by the shared-memory instruction queue, notes_conv1x1.md round 3). Swizzled chunk
+// g ^ (2t + h) (h: row t + 4h): each quarter-warp (g = 2i, 2i+1; t = 0..3) reads 8 distinct
+// chunks, and row strides are multiples of 32 floats: conflict-free.
+// The accumulators' columns are virtual too: c0..c3 of n-tile v sit at pixels 4 (2t + e) + v,
+// so over v = 0..3 a lane holds pixels 8t + 4e .. + 3 of rows g (e = 0, 1: c0, c1) and g + 8
+// (c2, c3) -- see store_acc_quads / store_acc_staged_quads.
+struct RowsKQuads {
+  int off[2];  // floats: row t + 4h, pixels 4g..4g+3 of the warp's 32 columns
+  __device__ __forceinline__ RowsKQuads(int stride, int w, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) off[nt][h] = 32 * w + (t + 4 * h) * stride + 8 * (nt ^ t) + (g ^ (4 * h));
+    for (int h = 0; h < 2; ++h) off[h] = 32 * w + (t + 4 * h) * stride + ((4 * g) ^ SmemTile::swz(t + 4 * h));
   }
 };
+// The four n-tiles' B fragments of k-step rows k0.. (k0 a multiple of 8) from `tile`.
+template <bool kSplit>
+__device__ __forceinline__ void quad_b_fragments(FragB (&b)[4], const float* tile, const RowsKQuads& q, int row_off) {
+  const float4 v0 = *reinterpret_cast<const float4*>(tile + q.off[0] + row_off);
+  const float4 v1 = *reinterpret_cast<const float4*>(tile + q.off[1] + row_off);
+  b[0] = make_b<kSplit>(v0.x, v1.x);
+  b[1] = make_b<kSplit>(v0.y, v1.y);
+  b[2] = make_b<kSplit>(v0.z, v1.z);
+  b[3] = make_b<kSplit>(v0.w, v1.w);
+}
 
 // Where a tile comes from: tile element (r, c) is src[r * row_stride + c] for r < valid_rows and
 // c < valid_cols, zero elsewhere; fill_rows x fill_cols elements are written (fill_cols % 4 == 0).
@@ -593,6 +612,66 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
   }
 }
 
+// store_acc for accumulators whose 32 columns are in RowsKQuads order (NCHW: the forward and
+// the grad-input): lane (g, t) holds columns 8t..8t+7 of rows g and g + 8, so no lanes trade.
+template <int kMT>
+__device__ __forceinline__ void store_acc_quads(float (&acc)[kMT][4][4], const OutTile& o, int row0, int col0, int g,
+                                                int t, const float* bias_rows, bool accumulate) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v[4] = {acc[mt][0][e], acc[mt][1][e], acc[mt][2][e], acc[mt][3][e]};
+      store4(o, row0 + mt * 16 + g + (e >= 2 ? 8 : 0), col0 + 8 * t + 4 * (e & 1), v, bias_rows, nullptr, accumulate);
+    }
+}
+
+// store_acc_staged for RowsKQuads order: each 16 x 32 block is written as 16-byte row pieces
+// (row g: columns 8t + 4e, e = 0, 1; row g + 8 likewise) -- half the shared-memory store
+// instructions of fragment order -- then read back and stored exactly as store_acc_staged does.
+// Row stride 36 floats (4 mod 32): the 8 lanes of a quarter-warp (g = 2i, 2i+1, t = 0..3) write
+// 16-byte chunks 9g + 2t + e, distinct mod 8: conflict-free.
+// The four values come from four accumulator tiles (not adjacent registers); through a plain
+// float4 store ptxas split some of them into 4-byte stores at the 128-register cap, which
+// conflict 2-way here (ncu on B's forward: 4x the store bank conflicts): st.shared.v4 keeps
+// one 16-byte store (the register moves it needs are cheap).
+__device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+constexpr int kQuadScratchStride = 36;
+static_assert(16 * kQuadScratchStride <= kScratchFloats, "fits the warp's scratch");
+template <int kMT, int kBias>
+__device__ __forceinline__ void store_acc_staged_quads(float (&acc)[kMT][4][4], float* scratch, float* out,
+                                                       int64_t row_stride, int lane, const float* bias) {
+  static_assert(kBias != kBiasCols, "NCHW: bias per row");
+  constexpr int S = kQuadScratchStride;
+  const int g = lane >> 2, t = lane & 3;
+  const int rr = lane >> 3, cc = 4 * (lane & 7);  // read-back: rows rr + 4i, columns cc..cc+3
+  float* wr = scratch + g * S + 8 * t;
+  const float* rd = scratch + rr * S + cc;
+  const int64_t step = 4 * row_stride;
+  float* dst = out + rr * row_stride + cc;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      st_shared_v4(wr + (e >= 2 ? 8 * S : 0) + 4 * (e & 1), acc[mt][0][e], acc[mt][1][e], acc[mt][2][e], acc[mt][3][e]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * S);
+      if constexpr (kBias == kBiasRows) {
+        const float b = bias[mt * 16 + 4 * i + rr];
+        v.x += b, v.y += b, v.z += b, v.w += b;
+      }
+      __stcs(reinterpret_cast<float4*>(dst), v);
+      dst += step;
+    }
+    __syncwarp();  // the next block overwrites what this one read
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tiles: which 128 pixels a block works on
 
@@ -738,7 +817,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
   const int wm = warp % kWM, wn = warp / kWM;
   const int row0 = wm * kMT * 16, col0 = wn * kNT * 8;  // the warp tile's origin
   const bool has_bias = p.bias != nullptr;
-  const RowsKOffsets pb(stride, wn, lane);  // NCHW: B fragments of the activation tile
+  const RowsKQuads pb(stride, wn, lane);  // NCHW: B fragments of the activation tile
   int stage = 0;
   for (TileCursor cur = cursor_at<kNHWC>(blockIdx.x, p.grid); cur.tile < p.grid.num_tiles;
        advance<kNHWC>(cur, p.grid)) {
@@ -804,9 +883,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
       // B (reduction channels x pixels) from the tile through per-lane offsets.
       auto kstep = [&](int ks, auto first) {
         FragB b[kNT];
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          b[nt] = make_b<kSplit>(X[pb.off[nt][0] + 8 * ks * stride], X[pb.off[nt][1] + 8 * ks * stride]);
+        quad_b_fragments<kSplit>(b, X, pb, 8 * ks * stride);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           const FragA a = res.a(wm * kMT + mt, ks, lane);
@@ -834,11 +911,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
       float* scratch = X + warp * kScratchFloats;
       float* out = o.base + row0 * o.row_stride + col0;
       const int64_t rs = o.row_stride;
-      if (!has_bias) store_acc_staged<kMT, kNT, kNoBias>(acc, scratch, out, rs, lane, nullptr);
-      else if constexpr (kNHWC) store_acc_staged<kMT, kNT, kBiasCols>(acc, scratch, out, rs, lane, bias_s + col0);
-      else store_acc_staged<kMT, kNT, kBiasRows>(acc, scratch, out, rs, lane, bias_s + row0);
+      if constexpr (kNHWC) {
+        if (!has_bias) store_acc_staged<kMT, kNT, kNoBias>(acc, scratch, out, rs, lane, nullptr);
+        else store_acc_staged<kMT, kNT, kBiasCols>(acc, scratch, out, rs, lane, bias_s + col0);
+      } else {
+        if (!has_bias) store_acc_staged_quads<kMT, kNoBias>(acc, scratch, out, rs, lane, nullptr);
+        else store_acc_staged_quads<kMT, kBiasRows>(acc, scratch, out, rs, lane, bias_s + row0);
+      }
+    } else if constexpr (kNHWC) {
+      store_acc(acc, o, row0, col0, g, t, nullptr, bias_s, p.accumulate);
     } else {
-      store_acc(acc, o, row0, col0, g, t, kNHWC ? nullptr : bias_s, kNHWC ? bias_s : nullptr, p.accumulate);
+      store_acc_quads(acc, o, row0, col0, g, t, bias_s, p.accumulate);
     }
     stage = stage + 1 == p.stages ? 0 : stage + 1;
   }
@@ -873,15 +956,15 @@ __device__ __forceinline__ void dx_tile_mma(float (&acc)[2][4][4], const Residen
   constexpr bool kSplit = kMode != kTf32;
   constexpr int kMT = 2, kNT = 4;
   const int g = lane >> 2, t = lane & 3;
+  const RowsKQuads pb(DY.stride, wn, lane);  // NCHW
   auto kstep = [&](int ks) {
     FragB b[kNT];
+    if constexpr (kNHWC) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      if constexpr (kNHWC) {
+      for (int nt = 0; nt < kNT; ++nt)
         if (!kGuard || (wn * kNT + nt) * 8 < Cpad) b[nt] = res.b(wn * kNT + nt, ks, lane);
-      } else {
-        b[nt] = tile_b_rows_k<kSplit>(DY, ks * 8, (wn * kNT + nt) * 8, g, t);
-      }
+    } else {
+      quad_b_fragments<kSplit>(b, DY.base, pb, 8 * ks * DY.stride);
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -936,12 +1019,10 @@ __device__ __forceinline__ void dx_tile_mma_full(float (&acc)[2][4][4], const Re
       kstep(4 * jj + 3, 3, jj, Later{});
     }
   } else {
-    const RowsKOffsets pb(S, wn, lane);
+    const RowsKQuads pb(S, wn, lane);
     auto kstep = [&](int ks, auto first) {
       FragB b[kNT];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        b[nt] = make_b<kSplit>(dy[pb.off[nt][0] + 8 * ks * S], dy[pb.off[nt][1] + 8 * ks * S]);
+      quad_b_fragments<kSplit>(b, dy, pb, 8 * ks * S);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         const FragA a = res.a(wm * kMT + mt, ks, lane);
@@ -996,7 +1077,7 @@ __device__ __forceinline__ void dw_tile_mma(float (&acc)[2][4][4], const SmemTil
 // The same product for a full 128 x 64 block (the hot path); writes acc. NCHW: both operands'
 // rows are their M / N index and their 16-byte chunks run along the pixels, so ldmatrix.x4
 // loads an A fragment or two B fragments at once. NHWC: the tiles' rows are pixels (the
-// reduction index); each value is one LDS at a per-lane offset plus a constant.
+// reduction index); both operands come as 16-byte loads in RowsKQuads order.
 template <bool kNHWC, bool kSplit>
 __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const float* dy, const float* x, int wm,
                                                  int wn, int lane) {
@@ -1040,21 +1121,21 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
       kstep(3, jj, Later{});
     }
   } else {
-    // A(m, k) = dy[k][m], columns m = 32 wm + 8 v + g; B(k, n) = x[k][n], columns n = 32 wn + 8 v + g.
-    const RowsKOffsets pa(SA, wm, lane), pb(SB, wn, lane);
+    // A(m, k) = dy[k][m], B(k, n) = x[k][n], both in RowsKQuads order (16-byte loads): the
+    // warp's 32 dw rows and 32 dw columns are permuted (virtual 8 v + g = channel 4 g + v; an
+    // A m-tile mt holds v = 2 mt (rows g) and 2 mt + 1 (rows g + 8)); the partial is written
+    // back in channel order (the partial's store at the end of backward_kernel).
+    const RowsKQuads pa(SA, wm, lane), pb(SB, wn, lane);
     auto kstep = [&](int ks, auto first) {
       FragB b[kNT];
+      quad_b_fragments<kSplit>(b, x, pb, 8 * ks * SB);
+      const float4 a0 = *reinterpret_cast<const float4*>(dy + pa.off[0] + 8 * ks * SA);
+      const float4 a1 = *reinterpret_cast<const float4*>(dy + pa.off[1] + 8 * ks * SA);
+      const FragA a[kMT] = {make_a<kSplit>(a0.x, a0.y, a1.x, a1.y), make_a<kSplit>(a0.z, a0.w, a1.z, a1.w)};
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        b[nt] = make_b<kSplit>(x[pb.off[nt][0] + 8 * ks * SB], x[pb.off[nt][1] + 8 * ks * SB]);
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        const int row = 8 * ks * SA;
-        const FragA a = make_a<kSplit>(dy[pa.off[2 * mt][0] + row], dy[pa.off[2 * mt + 1][0] + row],
-                                       dy[pa.off[2 * mt][1] + row], dy[pa.off[2 * mt + 1][1] + row]);
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a, b[nt]);
-      }
+        for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a[mt], b[nt]);
     };
     kstep(0, First{});
     // Fully unrolled, the TF32 variant hoists enough loads to spill a few running dw sums.
@@ -1163,11 +1244,17 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
         // lines instead of 8 rows x 32 bytes. Stages smaller than that (few channels) take the
         // general stores.
         named_barrier_sync(kDwDoneBarrier, 2 * kThreads);
-        if (q.pixels == kTilePixels && Ct == kDwCols && p.vec_dx && stage_floats >= 8 * kScratchFloats)
-          store_acc_staged<2, 4, kNoBias>(acc, const_cast<float*>(dy_s) + rw * kScratchFloats,
-                                          o.base + row0 * o.row_stride + col0, o.row_stride, lane, nullptr);
-        else
+        // NCHW: the columns are in RowsKQuads order (both dx GEMMs read dy that way).
+        float* scratch = const_cast<float*>(dy_s) + rw * kScratchFloats;
+        float* out = o.base + row0 * o.row_stride + col0;
+        if (q.pixels == kTilePixels && Ct == kDwCols && p.vec_dx && stage_floats >= 8 * kScratchFloats) {
+          if constexpr (kNHWC) store_acc_staged<2, 4, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
+          else store_acc_staged_quads<2, kNoBias>(acc, scratch, out, o.row_stride, lane, nullptr);
+        } else if constexpr (kNHWC) {
           store_acc(acc, o, row0, col0, g, t, nullptr, nullptr, false);
+        } else {
+          store_acc_quads(acc, o, row0, col0, g, t, nullptr, false);
+        }
       }
     } else {
       // dw block += dy_tile (K side x pixels) * x_tile^T (pixels x C side)
@@ -1202,14 +1289,16 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   if (!dx_role) {
     const int wm = rw % 4, wn = rw / 4;
     float* part = p.partial + blockIdx.x * p.K * p.C;
+    const bool quads = kNHWC && dw_full;  // dw_tile_mma_full's NHWC order (RowsKQuads)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = (wm * 2 + mt) * 16 + g + (e >= 2 ? 8 : 0);
-          const int c = (wn * 4 + nt) * 8 + 2 * t + (e & 1);
+          const int half = e >= 2 ? 1 : 0, col = 2 * t + (e & 1);
+          const int r = quads ? 32 * wm + 4 * g + 2 * mt + half : (wm * 2 + mt) * 16 + g + 8 * half;
+          const int c = quads ? 32 * wn + 4 * col + nt : (wn * 4 + nt) * 8 + col;
           if (r < Kt && c < Ct) part[(k0 + r) * p.C + c0 + c] = dw[mt][nt][e];
         }
   }
