@@ -27,6 +27,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 
 
 def parse_args():
@@ -42,6 +43,8 @@ def parse_args():
                    help="backward_dx makes rows only for C (A, B, D's backward already has dx)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (5) on both sides")
     p.add_argument("--repeats", type=int, help="repeats on both sides (default 20, 5 with --quick)")
+    p.add_argument("--idle-ms", type=int, default=0,
+                   help="idle GPU time before each timed repeat, on both sides (bench/gpu_timer.h says why)")
     p.add_argument("--out", help="write the table (with GPU, date and command) to this markdown file")
     return p.parse_args()
 
@@ -53,6 +56,8 @@ def run_tg_bench(args):
         cmd.append("--quick")
     if args.repeats:
         cmd += ["--repeats", str(args.repeats)]
+    if args.idle_ms:
+        cmd += ["--idle-ms", str(args.idle_ms)]
     print("running:", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     # tg_bench prints its progress on stderr (passed through) and the JSON object on stdout.
     # Exit code 2 means some row failed its check: those rows are reported, not timed.
@@ -93,7 +98,9 @@ def write_results(path, tg, torch, table, probe, repeats):
         f.write(f"- command (on the GPU machine, from a Release build): `{command}` (`scripts/gpu-check --bench` runs "
                 f"the same)\n")
         f.write(f"- PyTorch {torch.__version__} eager, `cudnn.benchmark` on, TF32 flags set per row; median of "
-                f"{repeats} repeats after warm-up, CUDA events; both sides in one run on one GPU. Every tapegrad row "
+                f"{repeats} repeats after warm-up"
+                f"{f', the GPU idle {IDLE_MS} ms before each repeat' if IDLE_MS else ', back to back'}, CUDA events; "
+                f"both sides in one run on one GPU. Every tapegrad row "
                 f"was checked against an f64 reference (sampled outputs and gradients) before it was timed.\n")
         f.write(f"- ceilings measured by tg_bench in the same run: copy {c['copy_gbps']:.0f} GB/s (device-to-device, "
                 f"read + write), FP32 GEMM {c['fp32_tflops']:.1f} TFLOP/s, TF32 GEMM {c['tf32_tflops']:.1f} TFLOP/s "
@@ -167,11 +174,16 @@ class TorchWorkload:
         del y
 
 
+IDLE_MS = 0  # --idle-ms: set in main, the same as tg_bench's
+
+
 def time_events(torch, warmup, repeats, run):
     """run(start, end) records the two events around what it times; returns the median ms."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(warmup + repeats):
+        if i >= warmup and IDLE_MS:
+            time.sleep(IDLE_MS / 1000)  # the previous repeat has synchronized
         run(start, end)
         end.synchronize()
         if i >= warmup:
@@ -268,6 +280,8 @@ def main():
     args = parse_args()
     tg = json.load(open(args.tg_json)) if args.tg_json else run_tg_bench(args)
     repeats, warmup = tg.get("repeats", 20), tg.get("warmup", 3)
+    global IDLE_MS
+    IDLE_MS = tg.get("idle_ms", 0)
 
     import torch  # after tg_bench exits, so the two never share the GPU's memory
     torch.backends.cudnn.benchmark = True

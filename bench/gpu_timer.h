@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "core/cuda_context.h"
@@ -45,7 +47,11 @@ struct Timing {
 };
 
 // Runs `run` warmup + repeats times; `run` calls start() and stop() around what it times.
-inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::function<void(EventPair&)>& run) {
+// idle_ms > 0 leaves the GPU idle that long before each timed repeat. Back to back, A's and B's
+// kernels drive this H200 into its software power cap within ~40-70 ms and run 5-13% slower
+// from then on (bench/notes_conv1x1.md, round 6); with idle gaps every repeat runs as the first.
+inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::function<void(EventPair&)>& run,
+                      int idle_ms = 0) {
   EventPair events(stream);
   for (int i = 0; i < warmup; ++i) {
     run(events);
@@ -53,6 +59,7 @@ inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::f
   }
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) {
+    if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));  // the last repeat has synced
     run(events);
     ms.push_back(events.elapsed_ms());
   }

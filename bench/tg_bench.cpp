@@ -111,14 +111,14 @@ std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
   return checks;
 }
 
-bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats) {
+bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats, int idle_ms) {
   cudaStream_t stream = tg::cuda::stream(w.x.device().index);
   if (pass == Pass::forward)
     return bench::measure(stream, warmup, repeats, [&](bench::EventPair& e) {
       e.start();
       tg::Tensor y = w.forward(w.x);
       e.stop();
-    });
+    }, idle_ms);
   if (pass == Pass::backward || pass == Pass::backward_dx) {
     w.x.requires_grad_(w.input_grad(pass));
     auto t = bench::measure(stream, warmup, repeats, [&](bench::EventPair& e) {
@@ -128,7 +128,7 @@ bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats) 
       e.start();
       tape.backward(y, w.dy);
       e.stop();
-    });
+    }, idle_ms);
     zero_grads(w);
     w.x.requires_grad_(false);
     return t;
@@ -144,7 +144,7 @@ bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats) 
     sgd.step();
     sgd.zero_grad();
     e.stop();
-  });
+  }, idle_ms);
   w.parameters_changed();
   return t;
 }
@@ -177,13 +177,15 @@ int main(int argc, char** argv) {
     const bool quick = args.has("quick"), json = args.has("json");
     const int repeats = static_cast<int>(args.get_int("repeats", quick ? 5 : 20));
     const int warmup = static_cast<int>(args.get_int("warmup", quick ? 1 : 3));
+    // --idle-ms N: N ms of idle GPU before each timed repeat (gpu_timer.h says why).
+    const int idle_ms = static_cast<int>(args.get_int("idle-ms", 0));
     // --small runs the examples' small shapes; --check-only skips the timing, and with
     // --device cpu tests the benchmark's own checks on a machine without a GPU.
     const bool small = args.has("small"), check_only = args.has("check-only"), verbose = args.has("verbose");
     const tg::Device device = tg::parse_device(args.get("device", "cuda"));
     args.finish("[--workloads A,B,C,D] [--layout nchw|nhwc|both] [--precision fp32,tf32] "
-                "[--passes forward,backward,backward_dx,step] [--quick] [--repeats N] [--warmup N] [--json] "
-                "[--small] [--check-only] [--device cuda|cpu] [--verbose]");
+                "[--passes forward,backward,backward_dx,step] [--quick] [--repeats N] [--warmup N] [--idle-ms N] "
+                "[--json] [--small] [--check-only] [--device cuda|cpu] [--verbose]");
     TG_CHECK(check_only || (device.is_cuda() && tg::cuda_available()), "tg_bench needs a GPU (or --check-only)");
     TG_CHECK(layout_arg == "nchw" || layout_arg == "nhwc" || layout_arg == "both", "--layout: nchw, nhwc or both");
     std::vector<Pass> passes;
@@ -205,8 +207,8 @@ int main(int argc, char** argv) {
     char line[512];
     std::snprintf(line, sizeof line,
                   "%s: copy %.0f GB/s, FP32 GEMM %.1f TFLOP/s, TF32 GEMM %.1f TFLOP/s (cuBLAS 8192^3); "
-                  "median of %d repeats after %d warm-up\n",
-                  ceil.gpu.c_str(), ceil.copy_gbps, ceil.fp32_tflops, ceil.tf32_tflops, repeats, warmup);
+                  "median of %d repeats after %d warm-up, %d ms idle before each\n",
+                  ceil.gpu.c_str(), ceil.copy_gbps, ceil.fp32_tflops, ceil.tf32_tflops, repeats, warmup, idle_ms);
     if (check_only) std::snprintf(line, sizeof line, "checks only, on %s: nothing is timed\n", device.str().c_str());
     log << line;
     std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10s %10s %9s %6s %9s %6s\n", "wl", "lay", "pass", "prec",
@@ -249,7 +251,7 @@ int main(int argc, char** argv) {
               std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e  (check only)\n", r.workload.c_str(),
                             r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.check_error);
             } else if (r.ok) {
-              r.timing = time_pass(*w, pass, warmup, repeats);
+              r.timing = time_pass(*w, pass, warmup, repeats, idle_ms);
               const double s = r.timing.median_ms * 1e-3, peak = prec == "tf32" ? ceil.tf32_tflops : ceil.fp32_tflops;
               const double tflops = r.cost.flops / s / 1e12, gbps = r.cost.bytes / s / 1e9;
               std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e %10.3f %9.2f %5.0f%% %9.0f %5.0f%%\n",
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
     if (json) {
       std::ostringstream os;
       os.precision(6);
-      os << "{\"gpu\": " << json_string(ceil.gpu) << ", \"repeats\": " << repeats << ", \"warmup\": " << warmup
+      os << "{\"gpu\": " << json_string(ceil.gpu) << ", \"repeats\": " << repeats << ", \"warmup\": " << warmup << ", \"idle_ms\": " << idle_ms
          << ",\n \"ceilings\": {\"copy_gbps\": " << ceil.copy_gbps << ", \"fp32_tflops\": " << ceil.fp32_tflops
          << ", \"tf32_tflops\": " << ceil.tf32_tflops << "},\n \"rows\": [";
       for (size_t i = 0; i < rows.size(); ++i) {
