@@ -317,7 +317,7 @@ def main():
         if r.get("ok"):
             ratio = r["ms"] / ms
             verdict = "" if target is None else f'<= {target:.2f}: {"met" if ratio <= target else "missed"}'
-            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | {r["ms"]:.3f} | {ratio:.2f} '
+            lines.append(f'| {name} | {r["pass"]} | {r["precision"]} | {ms:.3f} | {r["ms"]:.3f} | {ratio:.3f} '
                          f'| {verdict} |')
         else:
             verdict = "" if target is None else f"<= {target:.2f}"
