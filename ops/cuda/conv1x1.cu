@@ -380,6 +380,9 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
     uint32_t smem = smem_addr(dst.base + ld.smem_off0);
     const uint32_t smem_step = 4u * ld.smem_step;
     if (col_bytes == 16 && s.valid_rows >= s.fill_rows) {  // the usual case: every copy whole
+      // Unrolled: rolled (as ptxas left the NHWC forward's loop), each copy's address update waited
+      // for the previous copy to leave the MIO queue (ncu: 9% of the warps' stall samples).
+#pragma unroll 8
       for (int r = ld.row0; r < s.fill_rows; r += ld.row_step, g += g_step, smem += smem_step)
         cp_async_16_full(smem, g, policy);
       return;
@@ -415,9 +418,9 @@ struct WeightView {
   }
 };
 
-// Entry e = (ks * kTiles + tile) * 32 + lane holds one lane's fragment of 16-row (A) or 8-column
-// (B) tile `tile` at k-step ks (k-step major: a warp's tiles at one k-step are neighbours, at
-// offsets known at compile time): hi words; then, for kSplitPre, the rounded bf16 lo pairs of
+// Entry e = (ks * kTiles + tile) * 32 + lane holds one lane's fragment of 16-row (A) tile `tile`
+// at k-step ks (k-step major: a warp's tiles at one k-step are neighbours, at offsets known at
+// compile time); B's 8-column tiles likewise, two neighbouring tiles per lane (b_entry): hi words; then, for kSplitPre, the rounded bf16 lo pairs of
 // all entries (A: bf[0], bf[1]; B: bf[1]). The bf16 hi pairs are the hi words' top halves.
 template <int kMode, int kTiles>
 struct Resident {
@@ -442,8 +445,32 @@ struct Resident {
       return f;
     }
   }
+  // B entries come in pairs of neighbouring tiles (2p, 2p + 1) per lane, so that b_pair is one
+  // 16-byte load (b_entry says where a single tile's 8 bytes are).
+  __device__ __forceinline__ static int b_entry(int tile, int ks, int lane) {
+    static_assert(kTiles % 2 == 0, "B tiles come in pairs");
+    return ((ks * (kTiles / 2) + (tile >> 1)) * 32 + lane) * 2 + (tile & 1);
+  }
+  __device__ __forceinline__ void b_pair(FragB& b0, FragB& b1, int pair, int ks, int lane) const {
+    const int e = (ks * (kTiles / 2) + pair) * 32 + lane;  // b_entry(2 pair, ...) / 2
+    if constexpr (kMode == kSplitRaw) {
+      const float4 v = reinterpret_cast<const float4*>(base)[e];
+      b0 = make_b<true>(v.x, v.y);
+      b1 = make_b<true>(v.z, v.w);
+    } else {
+      const uint4 h = reinterpret_cast<const uint4*>(base)[e];
+      b0.hi[0] = h.x, b0.hi[1] = h.y, b1.hi[0] = h.z, b1.hi[1] = h.w;
+      if constexpr (kMode == kSplitPre) {
+        const uint2 lo = reinterpret_cast<const uint2*>(base + entries * 8)[e];
+        b0.bf[0] = bf16_pair_trunc(h.x, h.y);
+        b0.bf[1] = lo.x;
+        b1.bf[0] = bf16_pair_trunc(h.z, h.w);
+        b1.bf[1] = lo.y;
+      }
+    }
+  }
   __device__ __forceinline__ FragB b(int tile, int ks, int lane) const {
-    const int e = (ks * kTiles + tile) * 32 + lane;
+    const int e = b_entry(tile, ks, lane);
     if constexpr (kMode == kSplitRaw) {
       const float2 v = reinterpret_cast<const float2*>(base)[e];
       return make_b<true>(v.x, v.y);
@@ -486,7 +513,9 @@ template <int kMode, int kTiles>
 __device__ int fill_resident_b(unsigned char* base, int KS, const WeightView& M) {
   const int entries = kTiles * KS * 32;
   for (int e = threadIdx.x; e < entries; e += blockDim.x) {
-    const int lane = e & 31, tile = (e >> 5) % kTiles, ks = (e >> 5) / kTiles;
+    // e = Resident::b_entry(tile, ks, lane): pairs of tiles per lane.
+    const int lane = (e >> 1) & 31, pair = (e >> 6) % (kTiles / 2), ks = (e >> 6) / (kTiles / 2);
+    const int tile = 2 * pair + (e & 1);
     const int n = tile * 8 + (lane >> 2), r = ks * 8 + (lane & 3);
     const float v0 = M(n, r), v1 = M(n, r + 4);
     if constexpr (kMode == kSplitRaw) {
@@ -565,6 +594,19 @@ __device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTi
   }
 }
 
+// Shared-memory stores of values from different accumulator registers: through plain float2 /
+// float4 stores ptxas split some into 4-byte stores at the 128-register cap, which conflict
+// here (ncu, B's forward: NCHW store bank conflicts 4x with float4; NHWC 8 scalar stores with
+// 1 M excess wavefronts each with float2). The PTX vector stores stay whole (the register moves
+// they need are cheap).
+__device__ __forceinline__ void st_shared_v2(float* p, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_addr(p)), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 // A full tile with 16-byte-aligned rows: a warp's kMT x kNT accumulator tiles, whose top-left
 // element is out[0] (rows row_stride apart), go through `scratch` (kScratchFloats of shared
 // memory that only this warp touches): each 16 x 32 block is written in fragment order, then
@@ -591,8 +633,8 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const float* c = acc[mt][4 * cg + nt];
-        *reinterpret_cast<float2*>(wr + nt * 8) = make_float2(c[0], c[1]);
-        *reinterpret_cast<float2*>(wr + 8 * kScratchStride + nt * 8) = make_float2(c[2], c[3]);
+        st_shared_v2(wr + nt * 8, c[0], c[1]);
+        st_shared_v2(wr + 8 * kScratchStride + nt * 8, c[2], c[3]);
       }
       __syncwarp();
 #pragma unroll
@@ -631,14 +673,6 @@ __device__ __forceinline__ void store_acc_quads(float (&acc)[kMT][4][4], const O
 // instructions of fragment order -- then read back and stored exactly as store_acc_staged does.
 // Row stride 36 floats (4 mod 32): the 8 lanes of a quarter-warp (g = 2i, 2i+1, t = 0..3) write
 // 16-byte chunks 9g + 2t + e, distinct mod 8: conflict-free.
-// The four values come from four accumulator tiles (not adjacent registers); through a plain
-// float4 store ptxas split some of them into 4-byte stores at the 128-register cap, which
-// conflict 2-way here (ncu on B's forward: 4x the store bank conflicts): st.shared.v4 keeps
-// one 16-byte store (the register moves it needs are cheap).
-__device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
 constexpr int kQuadScratchStride = 36;
 static_assert(16 * kQuadScratchStride <= kScratchFloats, "fits the warp's scratch");
 template <int kMT, int kBias>
@@ -843,10 +877,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
             a[mt] = make_a<kSplit>(r);
           }
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            const FragB b = res.b(wn * kNT + nt, ks, lane);
+          for (int np = 0; np < kNT / 2; ++np) {
+            FragB b[2];
+            res.b_pair(b[0], b[1], wn * kNT / 2 + np, ks, lane);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a[mt], b);
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int mt = 0; mt < kMT; ++mt) mma<kSplit, decltype(first)::value>(acc[mt][2 * np + h], a[mt], b[h]);
           }
         };
         kstep(0, 0, 0, First{});
@@ -998,7 +1035,7 @@ __device__ __forceinline__ void dx_tile_mma_full(float (&acc)[2][4][4], const Re
     auto kstep = [&](int ks, int u, int jj, auto first) {
       FragB b[kNT];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) b[nt] = res.b(wn * kNT + nt, ks, lane);
+      for (int np = 0; np < kNT / 2; ++np) res.b_pair(b[2 * np], b[2 * np + 1], wn * kNT / 2 + np, ks, lane);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         uint32_t r[4];
