@@ -451,39 +451,29 @@ struct Resident {
     static_assert(kTiles % 2 == 0, "B tiles come in pairs");
     return ((ks * (kTiles / 2) + (tile >> 1)) * 32 + lane) * 2 + (tile & 1);
   }
+  // A lane's B fragment from its resident words: w0, w1 (tf32 hi words; raw f32 bits for
+  // kSplitRaw) and, for kSplitPre, the rounded bf16 lo pair.
+  __device__ __forceinline__ static FragB unpack_b(uint32_t w0, uint32_t w1, uint32_t lo) {
+    if constexpr (kMode == kSplitRaw) return make_b<true>(as_float(w0), as_float(w1));
+    FragB f;  // kTf32: bf is never read (mma<false> takes hi only)
+    f.hi[0] = w0, f.hi[1] = w1;
+    if constexpr (kMode == kSplitPre) f.bf[0] = bf16_pair_trunc(w0, w1), f.bf[1] = lo;
+    return f;
+  }
   __device__ __forceinline__ void b_pair(FragB& b0, FragB& b1, int pair, int ks, int lane) const {
     const int e = (ks * (kTiles / 2) + pair) * 32 + lane;  // b_entry(2 pair, ...) / 2
-    if constexpr (kMode == kSplitRaw) {
-      const float4 v = reinterpret_cast<const float4*>(base)[e];
-      b0 = make_b<true>(v.x, v.y);
-      b1 = make_b<true>(v.z, v.w);
-    } else {
-      const uint4 h = reinterpret_cast<const uint4*>(base)[e];
-      b0.hi[0] = h.x, b0.hi[1] = h.y, b1.hi[0] = h.z, b1.hi[1] = h.w;
-      if constexpr (kMode == kSplitPre) {
-        const uint2 lo = reinterpret_cast<const uint2*>(base + entries * 8)[e];
-        b0.bf[0] = bf16_pair_trunc(h.x, h.y);
-        b0.bf[1] = lo.x;
-        b1.bf[0] = bf16_pair_trunc(h.z, h.w);
-        b1.bf[1] = lo.y;
-      }
-    }
+    const uint4 h = reinterpret_cast<const uint4*>(base)[e];
+    uint2 lo{};
+    if constexpr (kMode == kSplitPre) lo = reinterpret_cast<const uint2*>(base + entries * 8)[e];
+    b0 = unpack_b(h.x, h.y, lo.x);
+    b1 = unpack_b(h.z, h.w, lo.y);
   }
   __device__ __forceinline__ FragB b(int tile, int ks, int lane) const {
     const int e = b_entry(tile, ks, lane);
-    if constexpr (kMode == kSplitRaw) {
-      const float2 v = reinterpret_cast<const float2*>(base)[e];
-      return make_b<true>(v.x, v.y);
-    } else {
-      FragB f{};
-      const uint2 h = reinterpret_cast<const uint2*>(base)[e];
-      f.hi[0] = h.x, f.hi[1] = h.y;
-      if constexpr (kMode == kSplitPre) {
-        f.bf[0] = bf16_pair_trunc(h.x, h.y);
-        f.bf[1] = reinterpret_cast<const uint32_t*>(base + entries * 8)[e];
-      }
-      return f;
-    }
+    const uint2 h = reinterpret_cast<const uint2*>(base)[e];
+    uint32_t lo = 0;
+    if constexpr (kMode == kSplitPre) lo = reinterpret_cast<const uint32_t*>(base + entries * 8)[e];
+    return unpack_b(h.x, h.y, lo);
   }
 };
 
