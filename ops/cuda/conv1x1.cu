@@ -353,20 +353,30 @@ struct TileSource {
 // fixed chunk column and every row_step-th row from row0. row_step is a multiple of 8, so the
 // swizzle of row0 holds for all of the thread's rows and shared-memory offsets are computed once.
 struct TileLoader {
-  int col, row0, row_step, smem_off0, smem_step;  // smem in floats
-  bool active;                                     // the chunk lies inside the filled columns
+  int col, row0, row_step, row_shift, smem_off0, smem_step;  // row_step = 2^row_shift; smem in floats
+  bool active;                                                // the chunk lies inside the filled columns
 
+  // threads: a power of two (every kernel here runs 256 or 512).
   __device__ TileLoader(int fill_cols, int stride, int threads) {
     const int chunks = fill_cols >> 2;                          // <= 32
     const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;  // chunks rounded up to 2^shift
     col = (static_cast<int>(threadIdx.x) & ((1 << shift) - 1)) << 2;
     row0 = static_cast<int>(threadIdx.x) >> shift;
     row_step = threads >> shift;
+    row_shift = 31 - __clz(row_step);
     active = col < fill_cols;
     smem_off0 = row0 * stride + (col ^ SmemTile::swz(row0 & 7));
     smem_step = row_step * stride;
   }
 };
+
+// n whole 16-byte copies, rows smem_step bytes / g_step floats apart.
+template <int N>
+__device__ __forceinline__ void copy_whole_rows(uint32_t smem, uint32_t smem_step, const float* g, int64_t g_step,
+                                                uint64_t policy) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cp_async_16_full(smem + i * smem_step, g + i * g_step, policy);
+}
 
 // Issues this thread's share of the cp.async copies of one tile (no commit). `vec`: rows start
 // 16-byte aligned, so 16-byte copies are legal (through `ld`); otherwise 4-byte copies.
@@ -380,9 +390,13 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
     uint32_t smem = smem_addr(dst.base + ld.smem_off0);
     const uint32_t smem_step = 4u * ld.smem_step;
     if (col_bytes == 16 && s.valid_rows >= s.fill_rows) {  // the usual case: every copy whole
-      // Unrolled: rolled (as ptxas left the NHWC forward's loop), each copy's address update waited
-      // for the previous copy to leave the MIO queue (ncu: 9% of the warps' stall samples).
-#pragma unroll 8
+      // The usual counts fully unrolled, every copy at its own address register: a loop that advances
+      // one register after each copy waits until that copy has left the MIO queue and read it (ncu:
+      // the NHWC kernels' copy loops, rolled or unrolled by ptxas into such a chain, 3-9% of their
+      // warps' stall samples).
+      const int copies = (s.fill_rows - ld.row0 + ld.row_step - 1) >> ld.row_shift;
+      if (copies == 8) return copy_whole_rows<8>(smem, smem_step, g, g_step, policy);
+      if (copies == 4) return copy_whole_rows<4>(smem, smem_step, g, g_step, policy);
       for (int r = ld.row0; r < s.fill_rows; r += ld.row_step, g += g_step, smem += smem_step)
         cp_async_16_full(smem, g, policy);
       return;
@@ -969,7 +983,7 @@ struct BackwardParams {
   int res_bytes;       // resident w^T (fused only)
   int dy_floats, x_floats;  // per stage, sized for the largest dw block
   int stages;
-  bool vec_dy, vec_x, vec_dx;
+  bool vec_dx;
   TileGrid grid;
 };
 
@@ -1179,7 +1193,11 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
 // The fused variant runs 16 warps: warps 0-7 compute and store dx, warps 8-15 dw, on the same
 // shared-memory stage (each role needs half the registers, and 4 warps per scheduler hide
 // each other's latencies); the dw-only variant runs the 8 dw warps.
-template <bool kNHWC, bool kWithDx, int kMode>
+// kVec: dy's and x's rows start 16-byte aligned (16-byte copies), else both take 4-byte copies.
+// A template flag, not a parameter: as a runtime flag ptxas kept it in a register across the tile
+// loop and, at 128 registers, spilled it; its reload at every tile waited behind the tile's
+// copies (ncu, B TF32 NHWC backward: 11% of all stall samples on that one load).
+template <bool kNHWC, bool kWithDx, int kMode, bool kVec>
 __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward_kernel(const BackwardParams p) {
   constexpr bool kSplit = kMode != kTf32;
   constexpr int kBlockThreads = kWithDx ? 2 * kThreads : kThreads;
@@ -1215,9 +1233,9 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
       const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
       load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad),
-                p.dy, p.vec_dy, policy);
+                p.dy, kVec, policy);
       load_tile(x_loader, SmemTile{base + p.dy_floats, x_stride},
-                tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x, p.vec_x, policy);
+                tile_source(kNHWC, p.x, q, p.C, p.pixels, c0, Ct, Cpad), p.x, kVec, policy);
     }
     cp_async_commit();
   };
@@ -1465,8 +1483,9 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
 }
 
 template <bool kNHWC, bool kWithDx, int kMode>
-void launch_backward(const BackwardParams& p, int smem, unsigned groups, unsigned blocks_y, cudaStream_t st) {
-  auto kernel = backward_kernel<kNHWC, kWithDx, kMode>;
+void launch_backward(const BackwardParams& p, bool vec, int smem, unsigned groups, unsigned blocks_y,
+                     cudaStream_t st) {
+  auto kernel = vec ? backward_kernel<kNHWC, kWithDx, kMode, true> : backward_kernel<kNHWC, kWithDx, kMode, false>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<dim3(groups, blocks_y), kWithDx ? 2 * kThreads : kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
@@ -1528,8 +1547,8 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
   p.dy_floats = plan.dy_floats;
   p.x_floats = plan.x_floats;
   p.stages = plan.stages;
-  p.vec_dy = aligned16(p.dy) && (nhwc ? K % 4 == 0 : P % 4 == 0);
-  p.vec_x = aligned16(p.x) && (nhwc ? C % 4 == 0 : P % 4 == 0);
+  // 16-byte copies need both operands' rows 16-byte aligned (otherwise both take 4-byte copies).
+  const bool vec = aligned16(p.dy) && aligned16(p.x) && (nhwc ? K % 4 == 0 && C % 4 == 0 : P % 4 == 0);
   p.vec_dx = with_dx && aligned16(p.dx) && (nhwc ? C % 4 == 0 : P % 4 == 0);
 
   // One block per SM in all; the pixel tiles are spread over `groups` blocks per dw block.
@@ -1544,19 +1563,19 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
   cudaStream_t st = stream(dev);
   if (with_dx) {
     if (split) {
-      if (nhwc) launch_backward<true, true, kSplitRaw>(p, plan.smem, gx, gy, st);
-      else launch_backward<false, true, kSplitRaw>(p, plan.smem, gx, gy, st);
+      if (nhwc) launch_backward<true, true, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
+      else launch_backward<false, true, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
     } else {
-      if (nhwc) launch_backward<true, true, kTf32>(p, plan.smem, gx, gy, st);
-      else launch_backward<false, true, kTf32>(p, plan.smem, gx, gy, st);
+      if (nhwc) launch_backward<true, true, kTf32>(p, vec, plan.smem, gx, gy, st);
+      else launch_backward<false, true, kTf32>(p, vec, plan.smem, gx, gy, st);
     }
   } else {
     if (split) {
-      if (nhwc) launch_backward<true, false, kSplitRaw>(p, plan.smem, gx, gy, st);
-      else launch_backward<false, false, kSplitRaw>(p, plan.smem, gx, gy, st);
+      if (nhwc) launch_backward<true, false, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
+      else launch_backward<false, false, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
     } else {
-      if (nhwc) launch_backward<true, false, kTf32>(p, plan.smem, gx, gy, st);
-      else launch_backward<false, false, kTf32>(p, plan.smem, gx, gy, st);
+      if (nhwc) launch_backward<true, false, kTf32>(p, vec, plan.smem, gx, gy, st);
+      else launch_backward<false, false, kTf32>(p, vec, plan.smem, gx, gy, st);
     }
   }
   sum_partials(dw.data<float>(), p.partial, K * C, groups, st);
