@@ -1179,9 +1179,9 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
         for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a[mt], b[nt]);
     };
     kstep(0, First{});
-    // Fully unrolled, the TF32 variant hoists enough loads to spill a few running dw sums.
-    constexpr int kUnroll = kSplit ? kTilePixels / 8 : 5;
-#pragma unroll kUnroll
+    // Fully unrolled. (Unrolled 5, as it was while full unrolling spilled more, the TF32 variant
+    // kept 3 running dw sums in local memory; fully unrolled it keeps 2.)
+#pragma unroll
     for (int ks = 1; ks < kTilePixels / 8; ++ks) kstep(ks, Later{});
   }
 }
