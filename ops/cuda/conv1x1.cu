@@ -611,13 +611,33 @@ __device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c
                : "memory");
 }
 
+// The read-back half of a staged store: one 16-row block of a warp's scratch (rows `stride`
+// floats apart; this lane reads rows rr + 4i, i < 4, from rd) stored as whole rows at dst, which
+// advances by `step` per row read, plus bias: bias[row0 + 4i] per row or bc per column.
+enum BiasKind : int { kNoBias = 0, kBiasRows = 1, kBiasCols = 2 };
+template <int kBias>
+__device__ __forceinline__ void store_scratch_rows(const float* rd, int stride, float*& dst, int64_t step,
+                                                   const float* bias, int row0, float4 bc) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * stride);
+    if constexpr (kBias == kBiasRows) {
+      const float b = bias[row0 + 4 * i];
+      v.x += b, v.y += b, v.z += b, v.w += b;
+    } else if constexpr (kBias == kBiasCols) {
+      v.x += bc.x, v.y += bc.y, v.z += bc.z, v.w += bc.w;
+    }
+    __stcs(reinterpret_cast<float4*>(dst), v);
+    dst += step;
+  }
+}
+
 // A full tile with 16-byte-aligned rows: a warp's kMT x kNT accumulator tiles, whose top-left
 // element is out[0] (rows row_stride apart), go through `scratch` (kScratchFloats of shared
 // memory that only this warp touches): each 16 x 32 block is written in fragment order, then
 // read back by rows, 8 lanes x 16 bytes per row, so every store instruction writes four whole
 // 128-byte lines. kBias: 0 none, 1 bias[row], 2 bias[column] (shared memory, from the warp's
 // first row / column); a template argument, because even a zero bias costs an add per value.
-enum BiasKind : int { kNoBias = 0, kBiasRows = 1, kBiasCols = 2 };
 template <int kMT, int kNT, int kBias>
 __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], float* scratch, float* out,
                                                  int64_t row_stride, int lane, const float* bias) {
@@ -641,18 +661,7 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
         st_shared_v2(wr + 8 * kScratchStride + nt * 8, c[2], c[3]);
       }
       __syncwarp();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * kScratchStride);
-        if constexpr (kBias == kBiasRows) {
-          const float b = bias[mt * 16 + 4 * i + rr];
-          v.x += b, v.y += b, v.z += b, v.w += b;
-        } else if constexpr (kBias == kBiasCols) {
-          v.x += bc.x, v.y += bc.y, v.z += bc.z, v.w += bc.w;
-        }
-        __stcs(reinterpret_cast<float4*>(dst), v);
-        dst += step;
-      }
+      store_scratch_rows<kBias>(rd, kScratchStride, dst, step, bias, mt * 16 + rr, bc);
       __syncwarp();  // the next block overwrites what this one read
     }
   }
@@ -696,16 +705,7 @@ __device__ __forceinline__ void store_acc_staged_quads(float (&acc)[kMT][4][4], 
     for (int e = 0; e < 4; ++e)
       st_shared_v4(wr + (e >= 2 ? 8 * S : 0) + 4 * (e & 1), acc[mt][0][e], acc[mt][1][e], acc[mt][2][e], acc[mt][3][e]);
     __syncwarp();
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 v = *reinterpret_cast<const float4*>(rd + 4 * i * S);
-      if constexpr (kBias == kBiasRows) {
-        const float b = bias[mt * 16 + 4 * i + rr];
-        v.x += b, v.y += b, v.z += b, v.w += b;
-      }
-      __stcs(reinterpret_cast<float4*>(dst), v);
-      dst += step;
-    }
+    store_scratch_rows<kBias>(rd, S, dst, step, bias, mt * 16 + rr, float4{});
     __syncwarp();  // the next block overwrites what this one read
   }
 }
