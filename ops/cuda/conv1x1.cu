@@ -434,8 +434,9 @@ struct WeightView {
 
 // Entry e = (ks * kTiles + tile) * 32 + lane holds one lane's fragment of 16-row (A) tile `tile`
 // at k-step ks (k-step major: a warp's tiles at one k-step are neighbours, at offsets known at
-// compile time); B's 8-column tiles likewise, two neighbouring tiles per lane (b_entry): hi words; then, for kSplitPre, the rounded bf16 lo pairs of
-// all entries (A: bf[0], bf[1]; B: bf[1]). The bf16 hi pairs are the hi words' top halves.
+// compile time); B's 8-column tiles likewise, two neighbouring tiles per lane (b_entry). First
+// the hi words; then, for kSplitPre, the rounded bf16 lo pairs of all entries (A: bf[0], bf[1];
+// B: bf[1]). The bf16 hi pairs are the hi words' top halves.
 template <int kMode, int kTiles>
 struct Resident {
   const unsigned char* base;
@@ -1482,10 +1483,15 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
   }
 }
 
-template <bool kNHWC, bool kWithDx, int kMode>
-void launch_backward(const BackwardParams& p, bool vec, int smem, unsigned groups, unsigned blocks_y,
+// The backward kernel for one layout and role set, its mode (split: FP32-accurate) and copy
+// width chosen at run time.
+template <bool kNHWC, bool kWithDx>
+void launch_backward(const BackwardParams& p, bool split, bool vec, int smem, unsigned groups, unsigned blocks_y,
                      cudaStream_t st) {
-  auto kernel = vec ? backward_kernel<kNHWC, kWithDx, kMode, true> : backward_kernel<kNHWC, kWithDx, kMode, false>;
+  auto kernel = split ? (vec ? backward_kernel<kNHWC, kWithDx, kSplitRaw, true>
+                             : backward_kernel<kNHWC, kWithDx, kSplitRaw, false>)
+                      : (vec ? backward_kernel<kNHWC, kWithDx, kTf32, true>
+                             : backward_kernel<kNHWC, kWithDx, kTf32, false>);
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<dim3(groups, blocks_y), kWithDx ? 2 * kThreads : kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
@@ -1561,22 +1567,12 @@ void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Te
 
   const unsigned gx = static_cast<unsigned>(groups), gy = static_cast<unsigned>(k_blocks * c_blocks);
   cudaStream_t st = stream(dev);
-  if (with_dx) {
-    if (split) {
-      if (nhwc) launch_backward<true, true, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
-      else launch_backward<false, true, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
-    } else {
-      if (nhwc) launch_backward<true, true, kTf32>(p, vec, plan.smem, gx, gy, st);
-      else launch_backward<false, true, kTf32>(p, vec, plan.smem, gx, gy, st);
-    }
+  if (nhwc) {
+    if (with_dx) launch_backward<true, true>(p, split, vec, plan.smem, gx, gy, st);
+    else launch_backward<true, false>(p, split, vec, plan.smem, gx, gy, st);
   } else {
-    if (split) {
-      if (nhwc) launch_backward<true, false, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
-      else launch_backward<false, false, kSplitRaw>(p, vec, plan.smem, gx, gy, st);
-    } else {
-      if (nhwc) launch_backward<true, false, kTf32>(p, vec, plan.smem, gx, gy, st);
-      else launch_backward<false, false, kTf32>(p, vec, plan.smem, gx, gy, st);
-    }
+    if (with_dx) launch_backward<false, true>(p, split, vec, plan.smem, gx, gy, st);
+    else launch_backward<false, false>(p, split, vec, plan.smem, gx, gy, st);
   }
   sum_partials(dw.data<float>(), p.partial, K * C, groups, st);
 }
