@@ -352,19 +352,23 @@ struct TileSource {
 // This thread's share of the 16-byte copies of every tile of one shape (fill_cols <= 128): a
 // fixed chunk column and every row_step-th row from row0. row_step is a multiple of 8, so the
 // swizzle of row0 holds for all of the thread's rows and shared-memory offsets are computed once.
+// used_cols (<= fill_cols): the columns actually copied; threads whose chunk lies past them idle.
+// The NHWC kernels lay their copies out for their compile-time row stride and copy the run-time
+// width: laid out for the run-time width, ptxas re-derived the whole geometry from %tid.x at every
+// tile at the 128-register cap (S2R, FLO, shifts: ~5% of the B NHWC forward's stall samples, ncu).
 struct TileLoader {
   int col, row0, row_step, row_shift, smem_off0, smem_step;  // row_step = 2^row_shift; smem in floats
-  bool active;                                                // the chunk lies inside the filled columns
+  bool active;                                                // the chunk lies inside the copied columns
 
   // threads: a power of two (every kernel here runs 256 or 512).
-  __device__ TileLoader(int fill_cols, int stride, int threads) {
+  __device__ TileLoader(int fill_cols, int stride, int threads, int used_cols) {
     const int chunks = fill_cols >> 2;                          // <= 32
     const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;  // chunks rounded up to 2^shift
     col = (static_cast<int>(threadIdx.x) & ((1 << shift) - 1)) << 2;
     row0 = static_cast<int>(threadIdx.x) >> shift;
     row_step = threads >> shift;
     row_shift = 31 - __clz(row_step);
-    active = col < fill_cols;
+    active = col < used_cols;
     smem_off0 = row0 * stride + (col ^ SmemTile::swz(row0 & 7));
     smem_step = row_step * stride;
   }
@@ -833,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
-  const TileLoader loader(kNHWC ? p.r_pad : kTilePixels, stride, kThreads);
+  const TileLoader loader(kNHWC ? stride : kTilePixels, stride, kThreads, kNHWC ? p.r_pad : kTilePixels);
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
       const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
@@ -1229,8 +1233,8 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
       // Rebuilt per tile (a few integer ops) rather than kept: the dw warps need the registers.
-      const TileLoader dy_loader(kNHWC ? Kpad : kTilePixels, dy_stride, kBlockThreads);
-      const TileLoader x_loader(kNHWC ? Cpad : kTilePixels, x_stride, kBlockThreads);
+      const TileLoader dy_loader(kNHWC ? dy_stride : kTilePixels, dy_stride, kBlockThreads, kNHWC ? Kpad : kTilePixels);
+      const TileLoader x_loader(kNHWC ? x_stride : kTilePixels, x_stride, kBlockThreads, kNHWC ? Cpad : kTilePixels);
       const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
       load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad),
