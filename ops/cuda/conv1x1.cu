@@ -899,12 +899,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
         kstep(1, 1, 0, Later{});
         kstep(2, 2, 0, Later{});
         kstep(3, 3, 0, Later{});
-        for (int jj = 1; jj < KS / 4; ++jj) {
+        auto group = [&](int jj) {
           kstep(4 * jj, 0, jj, Later{});
           kstep(4 * jj + 1, 1, jj, Later{});
           kstep(4 * jj + 2, 2, jj, Later{});
           kstep(4 * jj + 3, 3, jj, Later{});
-        }
+        };
+        if (KS == 8) group(1);  // 64 reduction channels (workload B): constant offsets
+        else
+          for (int jj = 1; jj < KS / 4; ++jj) group(jj);
       } else {
         const SmemTile XT{X, stride};
 #pragma unroll
@@ -1058,11 +1061,19 @@ __device__ __forceinline__ void dx_tile_mma_full(float (&acc)[2][4][4], const Re
     kstep(1, 1, 0, Later{});
     kstep(2, 2, 0, Later{});
     kstep(3, 3, 0, Later{});
-    for (int jj = 1; jj < KS1 / 4; ++jj) {
+    auto group = [&](int jj) {
       kstep(4 * jj, 0, jj, Later{});
       kstep(4 * jj + 1, 1, jj, Later{});
       kstep(4 * jj + 2, 2, jj, Later{});
       kstep(4 * jj + 3, 3, jj, Later{});
+    };
+    // 128 output channels (workload B): every offset a constant. (Rolled, each group's address
+    // was an IMAD on the loop counter, waited for: ~2% of the NHWC backward's stall samples.)
+    if (KS1 == 16) {
+#pragma unroll
+      for (int jj = 1; jj < 4; ++jj) group(jj);
+    } else {
+      for (int jj = 1; jj < KS1 / 4; ++jj) group(jj);
     }
   } else {
     const RowsKQuads pb(S, wn, lane);
