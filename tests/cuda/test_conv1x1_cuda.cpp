@@ -136,6 +136,9 @@ TEST(CudaConv1x1, OddChannelsAndPixels) {
   check_case({2, 13, 17, 5, 7, false});  // P = 35
   check_case({3, 8, 8, 1, 1, true});     // one pixel per image
   check_case({1, 4, 4, 2, 2, true});     // NHWC rows 16-byte aligned, tiny
+  // 32 reduction channels, rows not 16-byte aligned, K = 37: the Hopper NHWC TF32 forward (wgmma)
+  // with 4-byte copies and every store through its guarded path, bias per column.
+  check_case({1, 30, 37, 9, 11, true});
 }
 
 TEST(CudaConv1x1, WorkloadBChannelsAlignedAndUnaligned) {
