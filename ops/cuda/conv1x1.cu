@@ -26,8 +26,8 @@
 //   * the fused backward runs 16 warps per SM: 8 compute dx = w^T dy while 8 compute
 //     dw += dy x^T on the same shared-memory tiles;
 //   * on Hopper the NHWC TF32 forward over 32 or 64 reduction channels (workload B's) runs the
-//     same kernel with its product on wgmma, the weight read by the tensor cores from shared
-//     memory (pointwise_kernel's kWgmma, wgmma_nhwc_product).
+//     same tile on wgmma, the weight read by the tensor cores from shared memory
+//     (pointwise_nhwc_wgmma_kernel).
 // - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
 //   mma fragment order, k-step major: one conflict-free 16-byte (or 8-byte) load per lane per
 //   fragment at a constant offset. FP32 mode keeps tf32 hi words plus the rounded bf16 lo pairs
@@ -849,76 +849,13 @@ struct PointwiseParams {
   TileGrid grid;
 };
 
-// ---------------------------------------------------------------------------------------------
-// The NHWC forward's product on Hopper's warpgroup MMA (kWgmma in pointwise_kernel): 128 pixels x
-// 128 output channels, 32 or 64 reduction channels (workload B's forward), TF32
-//
-// One wgmma.m64n128k8 per warpgroup and k-step, register A (the activations: each warp's 16
-// pixels by ldmatrix, rounded to TF32 in registers exactly as the mma.sync kernels round them,
-// so NHWC and NCHW results stay within FP32 rounding of each other) and B (the weight) read by
-// the tensor cores from shared memory. The mma.sync NHWC kernel spent 37% of its stall samples
-// waiting for the shared-memory instruction queue (ncu, B TF32 forward): its warps loaded every
-// weight fragment themselves, 32 LDS.128 per warp and tile (128 of the 416 shared-memory
-// wavefronts). Here a warpgroup's wgmma reads each weight byte once for its four warps, and 128
-// HMMA instructions per warp and tile become 8 wgmma per warpgroup. H200, B's TF32 NHWC forward:
-// 3.78-3.81 -> 3.70-3.73 ms (ncu), 3.85 -> 3.76 ms (tg_bench, back to back).
-// (TG_CONV1X1_NHWC_WGMMA=0 runs the mma.sync kernel instead.)
-//
-// The weight as wgmma's B operand (K-major, no swizzle; ops/cuda/wgmma.cuh): element (n, k) of
-// B (n: output channel, k: reduction channel) at byte (k / 4) LBO + (n / 8) SBO + (n % 8) 16 +
-// (k % 4) 4 with SBO = 128 and LBO = 2 KB, i.e. float (k / 4) 512 + n 4 + k % 4 (as many bytes
-// as the mma.sync resident weight); k-step s starts 2 s LBO in.
-constexpr uint32_t kWgmmaBSbo = 128, kWgmmaBLbo = 16 * 128;
-__device__ void fill_wgmma_weight(float* wb, int r_pad, const WeightView& M) {
-  for (int e = threadIdx.x; e < 128 * r_pad; e += blockDim.x)
-    wb[e] = __uint_as_float(tf32_bits(M((e >> 2) & 127, 4 * (e >> 9) + (e & 3))));
-}
-
-// acc (this warp's 16 pixels from row0 x 128 channels, in mma.sync C-fragment order: wgmma's D
-// fragment per warp is that of 16 n-tiles) = tile X (row stride 64) x the resident weight at
-// desc_b, over kKS k-steps.
-template <int kKS>
-__device__ __forceinline__ void wgmma_nhwc_product(float (&acc)[1][16][4], const float* X, int row0, uint64_t desc_b,
-                                                   int lane) {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap();  // launched only where device_runs_wgmma (sm_90a code on an H100 / H200)
-#endif
-  constexpr int stride = pointwise_nhwc_stride(128);
-  static_assert(kKS % 4 == 0 && 8 * kKS <= stride, "whole ldmatrix groups inside the tile row");
-  float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0][0]);
-  // Four k-steps (one ldmatrix group) at a time: their A fragments stay untouched until the
-  // wait. (All eight at once, the registers spilled at the 128 cap.)
-#pragma unroll
-  for (int jj = 0; jj < kKS / 4; ++jj) {
-    uint32_t a[4][4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      uint32_t r[4];
-      ldmatrix_x4(r, smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane) + jj * 128);
-      const FragA f = make_a<false>(r);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[u][i] = f.hi[i];
-    }
-    wgmma::fence();
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      wgmma::mma_rs_tf32<128>(d, a[u], wgmma::desc_advance(desc_b, (4 * jj + u) * 2 * kWgmmaBLbo), jj + u > 0);
-    wgmma::commit();
-    wgmma::wait<0>();
-  }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma::fence_operand(d[i]);
-}
-
 // The mma tile per block is (kWM * kMT * 16) x (kWN * kNT * 8): NCHW rows = output channels,
 // columns = 128 pixels (weight = A, resident; activations = B); NHWC rows = 128 pixels,
 // columns = output channels (activations = A; weight = B, resident). kMinBlocks = 2 caps the
-// registers at 128 so that two blocks share an SM. kWgmma: the NHWC TF32 product on wgmma
-// (layout 8 x 1 warps of 16 pixels x 128 channels; r_pad 32 or 64; Hopper only).
-template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks, bool kWgmma = false>
+// registers at 128 so that two blocks share an SM.
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const PointwiseParams p) {
   constexpr bool kSplit = kMode != kTf32;
-  static_assert(!kWgmma || (kNHWC && kMode == kTf32 && kWM == 8 && kMT == 1 && kNT == 16), "wgmma: m64n128 per warpgroup");
   constexpr int kRows = kWM * kMT * 16, kCols = kWN * kNT * 8;
   constexpr int kChannels = kNHWC ? kCols : kRows;  // output channels per block
   constexpr int kResTiles = kNHWC ? kChannels / 8 : kChannels / 16;
@@ -934,14 +871,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
   // Compile-time row strides, so that fragment addresses are per-lane offsets plus constants.
   constexpr int stride = kNHWC ? pointwise_nhwc_stride(kChannels) : kTilePixels;
 
-  int entries = 0;
-  if constexpr (kWgmma) {
-    fill_wgmma_weight(reinterpret_cast<float*>(smem), p.r_pad, p.weight);
-    wgmma::fence_proxy_async();  // the weight's plain stores, visible to wgmma after the first barrier
-  } else {
-    entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS, p.weight)
-                    : fill_resident_a<kMode, kResTiles>(smem, KS, p.weight);
-  }
+  const int entries = kNHWC ? fill_resident_b<kMode, kResTiles>(smem, KS, p.weight)
+                            : fill_resident_a<kMode, kResTiles>(smem, KS, p.weight);
   const Resident<kMode, kResTiles> res{smem, entries};
   for (int c = threadIdx.x; c < kChannels; c += kThreads)
     bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
@@ -981,11 +912,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
 
     float* X = stage0 + stage * p.stage_floats;
     float acc[kMT][kNT][4];
-    if constexpr (kWgmma) {
-      const uint64_t desc_b = wgmma::kmajor_desc(smem_addr(smem), kWgmmaBLbo, kWgmmaBSbo);
-      if (KS == 8) wgmma_nhwc_product<8>(acc, X, row0, desc_b, lane);
-      else wgmma_nhwc_product<4>(acc, X, row0, desc_b, lane);
-    } else if constexpr (kNHWC) {
+    if constexpr (kNHWC) {
       if (KS % 4 == 0) {
         // A (pixels x reduction channels) with one ldmatrix.x4 per fragment.
         uint32_t a_off[4];
@@ -1082,9 +1009,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
         if (!has_bias) store_acc_staged_quads<kMT, kNoBias>(acc, scratch, out, rs, lane, nullptr);
         else store_acc_staged_quads<kMT, kBiasRows>(acc, scratch, out, rs, lane, bias_s + row0);
       }
-    } else if constexpr (kWgmma) {
-      __syncthreads();  // as above (store_acc's lane exchange spilled in this kernel's hot loop)
-      store_acc_staged_guarded(acc, X + warp * kScratchFloats, o, row0, lane, bias_s, p.accumulate);
     } else if constexpr (kNHWC) {
       store_acc(acc, o, row0, col0, g, t, nullptr, bias_s, p.accumulate);
     } else {
@@ -1093,6 +1017,121 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
     stage = stage + 1 == p.stages ? 0 : stage + 1;
   }
   cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NHWC forward on Hopper's warpgroup MMA: 128 pixels x 128 output channels, 32 or 64
+// reduction channels (workload B's forward), TF32
+//
+// The same tile, pipeline and epilogue as pointwise_kernel<true, 4, 2, 2, 8, kTf32, 2>, but the
+// product is one wgmma.m64n128k8 per warpgroup and k-step, register A (the activations: each
+// warp's 16 pixels by ldmatrix, rounded to TF32 in registers exactly as the mma.sync kernels
+// round them, so NHWC and NCHW results stay within FP32 rounding of each other) and B (the
+// weight) read by the tensor cores from shared memory. That kernel spent 37% of its stall
+// samples waiting for the shared-memory instruction queue (ncu, B TF32 forward): its warps
+// loaded every weight fragment themselves, 32 LDS.128 per warp and tile (128 of the 416
+// shared-memory wavefronts). Here a warpgroup's wgmma reads each weight byte once for its four
+// warps, and 128 HMMA instructions per warp and tile become 8 wgmma per warpgroup. H200, B's
+// TF32 NHWC forward: 3.78-3.81 -> 3.70-3.73 ms (ncu), 3.85 -> 3.76 ms (tg_bench, back to back).
+// (TG_CONV1X1_NHWC_WGMMA=0 runs the mma.sync kernel instead.)
+//
+// The weight as wgmma's B operand (K-major, no swizzle; ops/cuda/wgmma.cuh): element (n, k) of
+// B (n: output channel, k: reduction channel) at byte (k / 4) LBO + (n / 8) SBO + (n % 8) 16 +
+// (k % 4) 4 with SBO = 128 and LBO = 2 KB, i.e. float (k / 4) 512 + n 4 + k % 4: k-step s
+// starts 2 s LBO in.
+constexpr uint32_t kWgmmaBSbo = 128, kWgmmaBLbo = 16 * 128;
+__device__ void fill_wgmma_weight(float* wb, int r_pad, const WeightView& M) {
+  for (int e = threadIdx.x; e < 128 * r_pad; e += blockDim.x)
+    wb[e] = __uint_as_float(tf32_bits(M((e >> 2) & 127, 4 * (e >> 9) + (e & 3))));
+}
+
+template <int kKS>
+__global__ void __launch_bounds__(kThreads, 2) pointwise_nhwc_wgmma_kernel(const PointwiseParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kChannels = 128, stride = pointwise_nhwc_stride(kChannels);
+  static_assert(kKS % 4 == 0 && 8 * kKS <= stride, "whole ldmatrix groups inside the tile row");
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* wb = reinterpret_cast<float*>(smem);  // (8 kKS / 4, 128, 4): resident_bytes(128, r_pad, kTf32)
+  float* bias_s = wb + kChannels * 8 * kKS;
+  float* stage0 = bias_s + kChannels;
+  fill_wgmma_weight(wb, 8 * kKS, p.weight);
+  for (int c = threadIdx.x; c < kChannels; c += kThreads)
+    bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
+  wgmma::fence_proxy_async();  // the weight's plain stores, visible to wgmma after the first barrier
+
+  const uint64_t policy = evict_first_policy();
+  const int64_t rows = p.images * p.pixels;
+  const TileLoader loader(stride, stride, kThreads, p.r_pad);
+  auto issue = [&](const TileCursor& c, int stage) {
+    if (c.tile < p.grid.num_tiles) {
+      const TilePos q = tile_pos<true>(c, p.pixels, rows);
+      load_tile(loader, SmemTile{stage0 + stage * p.stage_floats, stride},
+                tile_source(true, p.in, q, p.in_channels, p.pixels, p.weight.r0, p.weight.r_count, p.r_pad), p.in,
+                p.vec_in, policy);
+    }
+    cp_async_commit();
+  };
+  {
+    TileCursor c = cursor_at<true>(blockIdx.x, p.grid);
+    for (int s = 0; s < p.stages - 1; ++s) {
+      issue(c, s);
+      advance<true>(c, p.grid);
+    }
+  }
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = 16 * warp;  // warp wi of warpgroup wg: pixels 64 wg + 16 wi .. + 15 (wgmma's A rows)
+  const uint64_t desc_b = wgmma::kmajor_desc(smem_addr(wb), kWgmmaBLbo, kWgmmaBSbo);
+  int stage = 0;
+  for (TileCursor cur = cursor_at<true>(blockIdx.x, p.grid); cur.tile < p.grid.num_tiles; advance<true>(cur, p.grid)) {
+    cp_async_wait_pending(p.stages - 2);
+    __syncthreads();  // this stage has landed for every thread; the one refilled next is free
+    issue(ahead_of<true>(cur, p.stages - 1, p.grid), stage == 0 ? p.stages - 1 : stage - 1);
+
+    float* X = stage0 + stage * p.stage_floats;
+    // Four k-steps (one ldmatrix group) at a time: their A fragments stay untouched until the
+    // wait. (All eight at once, the registers spilled at the 128 cap.)
+    float acc[64];
+#pragma unroll
+    for (int jj = 0; jj < kKS / 4; ++jj) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        uint32_t r[4];
+        ldmatrix_x4(r, smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane) + jj * 128);
+        const FragA f = make_a<false>(r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[u][i] = f.hi[i];
+      }
+      wgmma::fence();
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        wgmma::mma_rs_tf32<128>(acc, a[u], wgmma::desc_advance(desc_b, (4 * jj + u) * 2 * kWgmmaBLbo), jj + u > 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[i]);
+    // wgmma's D fragment per warp is mma.sync's C fragment of 16 n-tiles: acc[4 j + c] = tile j's c.
+    float(&acc3)[1][16][4] = *reinterpret_cast<float(*)[1][16][4]>(acc);
+
+    const TilePos q = tile_pos<true>(cur, p.pixels, rows);
+    const OutTile o = out_tile(true, p.out, q, p.out_channels, p.pixels, p.weight.m0, p.weight.m_count, p.vec_out);
+    __syncthreads();  // every warp is done reading this stage: it becomes the warps' store scratch
+    float* scratch = X + warp * kScratchFloats;
+    if (q.pixels == kTilePixels && p.weight.m_count == kChannels && p.vec_out && !p.accumulate) {
+      float* out = o.base + row0 * o.row_stride;
+      if (p.bias == nullptr) store_acc_staged<1, 16, kNoBias>(acc3, scratch, out, o.row_stride, lane, nullptr);
+      else store_acc_staged<1, 16, kBiasCols>(acc3, scratch, out, o.row_stride, lane, bias_s);
+    } else {
+      store_acc_staged_guarded(acc3, scratch, o, row0, lane, bias_s, p.accumulate);
+    }
+    stage = stage + 1 == p.stages ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();
+#else
+  __trap();  // launched only where device_runs_wgmma (sm_90a code on an H100 / H200)
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1541,13 +1580,17 @@ TileGrid tile_grid(const ConvShape& s, int64_t grid) {
   return t;
 }
 
-template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks, bool kWgmma = false>
-void launch_pointwise(PointwiseParams p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
-  auto kernel = pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode, kMinBlocks, kWgmma>;
+// A persistent pointwise kernel over the tiles of s, as many blocks as fit on the SMs.
+template <class Kernel>
+void launch_on_tiles(Kernel kernel, PointwiseParams p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
   const int64_t grid = std::min<int64_t>(tile_count(s), int64_t(sms) * blocks_per_sm(kernel, kThreads, smem));
   p.grid = tile_grid(s, grid);
   kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
+}
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
+void launch_pointwise(const PointwiseParams& p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
+  launch_on_tiles(pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode, kMinBlocks>, p, s, smem, sms, st);
 }
 
 // TG_CONV1X1_NHWC_WGMMA=0 keeps the NHWC forward on mma.sync where the wgmma kernel applies, to
@@ -1572,8 +1615,10 @@ void launch_pointwise_variant(bool nhwc, bool wide, bool wgmma_nhwc, const Point
     else launch_pointwise<false, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);       // 128 ch x 128 px
   } else if (wide) {
     launch_pointwise<true, 4, 2, 2, 4, kMode, 1>(p, s, smem, sms, st);  // 128 px x 64 ch
-  } else if (kMode == kTf32 && wgmma_nhwc && (p.r_pad == 32 || p.r_pad == 64)) {
-    launch_pointwise<true, 8, 1, 1, 16, kTf32, 2, true>(p, s, smem, sms, st);  // 128 px x 128 ch on wgmma
+  } else if (kMode == kTf32 && wgmma_nhwc && p.r_pad == 64) {
+    launch_on_tiles(pointwise_nhwc_wgmma_kernel<8>, p, s, smem, sms, st);
+  } else if (kMode == kTf32 && wgmma_nhwc && p.r_pad == 32) {
+    launch_on_tiles(pointwise_nhwc_wgmma_kernel<4>, p, s, smem, sms, st);
   } else {
     launch_pointwise<true, 4, 2, 2, 8, kMode, 2>(p, s, smem, sms, st);  // 128 px x 128 ch
   }
