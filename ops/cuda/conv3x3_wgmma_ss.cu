@@ -39,7 +39,8 @@
 //   D: thread (warp wi of the warpgroup, g = lane / 4, t = lane % 4) holds output channel
 //       k0 + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < 32).
 //
-// Halo fill: 4-byte cp.async, each float to its transposed slot (see load_halo). Weights: 4.5 x
+// Halo fill: 4-byte cp.async, each float to its transposed slot (see load_halo; one instruction
+// per copy where a warp's halo row lies inside the input). Weights: 4.5 x
 // 16-byte cp.async per stage and thread. (A fill by 16-byte loads staged through registers,
 // transposed, and stored a step later was measured slower on an H200, 3.375 vs 2.672 ms: the
 // synchronous loads stopped overlapping the wgmma. It was removed; git history has it.)
@@ -48,7 +49,10 @@
 // round 6): wgmma alone (no fills, no stores) 1.28 ms (~480 TFLOP/s: the no-swizzle layout and
 // the tap offsets cost nothing), + fills 1.93 ms, + stores from the fragments 2.71 ms. The stores
 // run while the tensor cores idle (the accumulators are the next tile's); staged (store_tile)
-// they take the forward to 2.32-2.41 ms alone, 2.56 ms inside the full benchmark run.
+// they take the forward to 2.32-2.41 ms alone, 2.56 ms inside the full benchmark run. Every step
+// as two m64n128 halves, so that each half's stores overlap the other half's wgmma, was 7% slower
+// and the overlap itself gained nothing (notes_conv3x3.md, session 7): what the stores compete
+// with is the fills and loads, not idle tensor time.
 //
 // TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
 // truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
