@@ -356,20 +356,20 @@ struct TileSource {
   int valid_rows, valid_cols, fill_rows, fill_cols;
 };
 
-// This thread's share of the 16-byte copies of every tile of one shape (fill_cols <= 128): a
-// fixed chunk column and every row_step-th row from row0. row_step is a multiple of 8, so the
-// swizzle of row0 holds for all of the thread's rows and shared-memory offsets are computed once.
-// used_cols (<= fill_cols): the columns actually copied; threads whose chunk lies past them idle.
-// The NHWC kernels lay their copies out for their compile-time row stride and copy the run-time
-// width: laid out for the run-time width, ptxas re-derived the whole geometry from %tid.x at every
-// tile at the 128-register cap (S2R, FLO, shifts: ~5% of the B NHWC forward's stall samples, ncu).
+// This thread's share of the 16-byte copies of every tile of one shape (rows of `stride` <= 128
+// floats, a compile-time constant in every kernel): a fixed chunk column and every row_step-th
+// row from row0. row_step is a multiple of 8, so the swizzle of row0 holds for all of the
+// thread's rows and shared-memory offsets are computed once. used_cols (<= stride): the columns
+// actually copied; threads whose chunk lies past them idle. (Laid out for the run-time width
+// instead, as the NHWC kernels once were, ptxas re-derived the whole geometry from %tid.x at every
+// tile at the 128-register cap: S2R, FLO, shifts, ~5% of the B NHWC forward's stall samples, ncu.)
 struct TileLoader {
   int col, row0, row_step, row_shift, smem_off0, smem_step;  // row_step = 2^row_shift; smem in floats
   bool active;                                                // the chunk lies inside the copied columns
 
   // threads: a power of two (every kernel here runs 256 or 512).
-  __device__ TileLoader(int fill_cols, int stride, int threads, int used_cols) {
-    const int chunks = fill_cols >> 2;                          // <= 32
+  __device__ TileLoader(int stride, int threads, int used_cols) {
+    const int chunks = stride >> 2;                             // <= 32
     const int shift = chunks > 1 ? 32 - __clz(chunks - 1) : 0;  // chunks rounded up to 2^shift
     col = (static_cast<int>(threadIdx.x) & ((1 << shift) - 1)) << 2;
     row0 = static_cast<int>(threadIdx.x) >> shift;
@@ -644,6 +644,19 @@ __device__ __forceinline__ void store_scratch_rows(const float* rd, int stride, 
   }
 }
 
+// The 16 x 32 block (m-tile mt, n-tiles 4 cg .. 4 cg + 3) of a warp's accumulators into its
+// scratch in fragment order: this lane's rows g and g + 8, columns 8 nt + 2 t, + 1 (wr: row g,
+// column 2 t), two 8-byte stores per n-tile.
+template <int kMT, int kNT>
+__device__ __forceinline__ void write_block_fragments(const float (&acc)[kMT][kNT][4], int mt, int cg, float* wr) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const float* c = acc[mt][4 * cg + nt];
+    st_shared_v2(wr + nt * 8, c[0], c[1]);
+    st_shared_v2(wr + 8 * kScratchStride + nt * 8, c[2], c[3]);
+  }
+}
+
 // A full tile with 16-byte-aligned rows: a warp's kMT x kNT accumulator tiles, whose top-left
 // element is out[0] (rows row_stride apart), go through `scratch` (kScratchFloats of shared
 // memory that only this warp touches): each 16 x 32 block is written in fragment order, then
@@ -666,12 +679,7 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
     if constexpr (kBias == kBiasCols) bc = *reinterpret_cast<const float4*>(bias + 32 * cg + cc);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const float* c = acc[mt][4 * cg + nt];
-        st_shared_v2(wr + nt * 8, c[0], c[1]);
-        st_shared_v2(wr + 8 * kScratchStride + nt * 8, c[2], c[3]);
-      }
+      write_block_fragments(acc, mt, cg, wr);
       __syncwarp();
       store_scratch_rows<kBias>(rd, kScratchStride, dst, step, bias, mt * 16 + rr, bc);
       __syncwarp();  // the next block overwrites what this one read
@@ -696,12 +704,7 @@ __device__ __forceinline__ void store_acc_staged_guarded(float (&acc)[kMT][kNT][
   for (int cg = 0; cg < kNT / 4; ++cg) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const float* c = acc[mt][4 * cg + nt];
-        st_shared_v2(wr + nt * 8, c[0], c[1]);
-        st_shared_v2(wr + 8 * kScratchStride + nt * 8, c[2], c[3]);
-      }
+      write_block_fragments(acc, mt, cg, wr);
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -879,7 +882,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
-  const TileLoader loader(kNHWC ? stride : kTilePixels, stride, kThreads, kNHWC ? p.r_pad : kTilePixels);
+  const TileLoader loader(stride, kThreads, kNHWC ? p.r_pad : kTilePixels);
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
       const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
@@ -1061,7 +1064,7 @@ __global__ void __launch_bounds__(kThreads, 2) pointwise_nhwc_wgmma_kernel(const
 
   const uint64_t policy = evict_first_policy();
   const int64_t rows = p.images * p.pixels;
-  const TileLoader loader(stride, stride, kThreads, p.r_pad);
+  const TileLoader loader(stride, kThreads, p.r_pad);
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
       const TilePos q = tile_pos<true>(c, p.pixels, rows);
@@ -1401,8 +1404,8 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
       // Rebuilt per tile (a few integer ops) rather than kept: the dw warps need the registers.
-      const TileLoader dy_loader(kNHWC ? dy_stride : kTilePixels, dy_stride, kBlockThreads, kNHWC ? Kpad : kTilePixels);
-      const TileLoader x_loader(kNHWC ? x_stride : kTilePixels, x_stride, kBlockThreads, kNHWC ? Cpad : kTilePixels);
+      const TileLoader dy_loader(dy_stride, kBlockThreads, kNHWC ? Kpad : kTilePixels);
+      const TileLoader x_loader(x_stride, kBlockThreads, kNHWC ? Cpad : kTilePixels);
       const TilePos q = tile_pos<kNHWC>(c, p.pixels, rows);
       float* base = stage0 + stage * stage_floats;
       load_tile(dy_loader, SmemTile{base, dy_stride}, tile_source(kNHWC, p.dy, q, p.K, p.pixels, k0, Kt, Kpad),
