@@ -25,9 +25,9 @@
 //     stores and waits;
 //   * the fused backward runs 16 warps per SM: 8 compute dx = w^T dy while 8 compute
 //     dw += dy x^T on the same shared-memory tiles;
-//   * on Hopper the NHWC TF32 forward over 32 or 64 reduction channels (workload B's) runs the
-//     same tile on wgmma, the weight read by the tensor cores from shared memory
-//     (pointwise_nhwc_wgmma_kernel).
+//   * on Hopper the NHWC TF32 forward over <= 64 reduction channels (workload B's), with
+//     16-byte rows, runs in conv1x1_nhwc_tma.cu instead: its tiles are plain boxes of the
+//     (pixels, channels) matrices, which the TMA unit moves without any warp's instructions.
 // - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
 //   mma fragment order, k-step major: one conflict-free 16-byte (or 8-byte) load per lane per
 //   fragment at a constant offset. FP32 mode keeps tf32 hi words plus the rounded bf16 lo pairs
@@ -59,10 +59,9 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
-#include "ops/cuda/hopper.h"
+#include "ops/cuda/conv1x1_nhwc_tma.h"
 #include "ops/cuda/named_barrier.cuh"
 #include "ops/cuda/sum_partials.cuh"
-#include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -687,36 +686,6 @@ __device__ __forceinline__ void store_acc_staged(float (&acc)[kMT][kNT][4], floa
   }
 }
 
-// store_acc_staged for any tile of a warp's kMT x kNT accumulator tiles at (row0, column 0):
-// the same fragment-order writes and row read-back, each 4-column piece stored by store4 (inside
-// the output only; 16 bytes where the row allows; bias per column; added to the old values when
-// accumulating). It needs fewer registers than store_acc's lane exchange, with which the wgmma
-// NHWC kernel spilled in its hot loop.
-template <int kMT, int kNT>
-__device__ __forceinline__ void store_acc_staged_guarded(float (&acc)[kMT][kNT][4], float* scratch, const OutTile& o,
-                                                         int row0, int lane, const float* bias_cols, bool accumulate) {
-  static_assert(kNT % 4 == 0, "blocks of 32 columns");
-  const int g = lane >> 2, t = lane & 3;
-  const int rr = lane >> 3, cc = 4 * (lane & 7);  // read-back: rows rr + 4i, columns cc..cc+3
-  float* wr = scratch + g * kScratchStride + 2 * t;
-  const float* rd = scratch + rr * kScratchStride + cc;
-#pragma unroll
-  for (int cg = 0; cg < kNT / 4; ++cg) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      write_block_fragments(acc, mt, cg, wr);
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v4 = *reinterpret_cast<const float4*>(rd + 4 * i * kScratchStride);
-        float v[4] = {v4.x, v4.y, v4.z, v4.w};
-        store4(o, row0 + mt * 16 + rr + 4 * i, 32 * cg + cc, v, nullptr, bias_cols, accumulate);
-      }
-      __syncwarp();  // the next block overwrites what this one read
-    }
-  }
-}
-
 // store_acc for accumulators whose 32 columns are in RowsKQuads order (NCHW: the forward and
 // the grad-input): lane (g, t) holds columns 8t..8t+7 of rows g and g + 8, so no lanes trade.
 template <int kMT>
@@ -1020,121 +989,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
     stage = stage + 1 == p.stages ? 0 : stage + 1;
   }
   cp_async_wait<0>();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The NHWC forward on Hopper's warpgroup MMA: 128 pixels x 128 output channels, 32 or 64
-// reduction channels (workload B's forward), TF32
-//
-// The same tile, pipeline and epilogue as pointwise_kernel<true, 4, 2, 2, 8, kTf32, 2>, but the
-// product is one wgmma.m64n128k8 per warpgroup and k-step, register A (the activations: each
-// warp's 16 pixels by ldmatrix, rounded to TF32 in registers exactly as the mma.sync kernels
-// round them, so NHWC and NCHW results stay within FP32 rounding of each other) and B (the
-// weight) read by the tensor cores from shared memory. That kernel spent 37% of its stall
-// samples waiting for the shared-memory instruction queue (ncu, B TF32 forward): its warps
-// loaded every weight fragment themselves, 32 LDS.128 per warp and tile (128 of the 416
-// shared-memory wavefronts). Here a warpgroup's wgmma reads each weight byte once for its four
-// warps, and 128 HMMA instructions per warp and tile become 8 wgmma per warpgroup. H200, B's
-// TF32 NHWC forward: 3.78-3.81 -> 3.70-3.73 ms (ncu), 3.85 -> 3.76 ms (tg_bench, back to back).
-// (TG_CONV1X1_NHWC_WGMMA=0 runs the mma.sync kernel instead.)
-//
-// The weight as wgmma's B operand (K-major, no swizzle; ops/cuda/wgmma.cuh): element (n, k) of
-// B (n: output channel, k: reduction channel) at byte (k / 4) LBO + (n / 8) SBO + (n % 8) 16 +
-// (k % 4) 4 with SBO = 128 and LBO = 2 KB, i.e. float (k / 4) 512 + n 4 + k % 4: k-step s
-// starts 2 s LBO in.
-constexpr uint32_t kWgmmaBSbo = 128, kWgmmaBLbo = 16 * 128;
-__device__ void fill_wgmma_weight(float* wb, int r_pad, const WeightView& M) {
-  for (int e = threadIdx.x; e < 128 * r_pad; e += blockDim.x)
-    wb[e] = __uint_as_float(tf32_bits(M((e >> 2) & 127, 4 * (e >> 9) + (e & 3))));
-}
-
-template <int kKS>
-__global__ void __launch_bounds__(kThreads, 2) pointwise_nhwc_wgmma_kernel(const PointwiseParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kChannels = 128, stride = pointwise_nhwc_stride(kChannels);
-  static_assert(kKS % 4 == 0 && 8 * kKS <= stride, "whole ldmatrix groups inside the tile row");
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* wb = reinterpret_cast<float*>(smem);  // (8 kKS / 4, 128, 4): resident_bytes(128, r_pad, kTf32)
-  float* bias_s = wb + kChannels * 8 * kKS;
-  float* stage0 = bias_s + kChannels;
-  fill_wgmma_weight(wb, 8 * kKS, p.weight);
-  for (int c = threadIdx.x; c < kChannels; c += kThreads)
-    bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
-  wgmma::fence_proxy_async();  // the weight's plain stores, visible to wgmma after the first barrier
-
-  const uint64_t policy = evict_first_policy();
-  const int64_t rows = p.images * p.pixels;
-  const TileLoader loader(stride, kThreads, p.r_pad);
-  auto issue = [&](const TileCursor& c, int stage) {
-    if (c.tile < p.grid.num_tiles) {
-      const TilePos q = tile_pos<true>(c, p.pixels, rows);
-      load_tile(loader, SmemTile{stage0 + stage * p.stage_floats, stride},
-                tile_source(true, p.in, q, p.in_channels, p.pixels, p.weight.r0, p.weight.r_count, p.r_pad), p.in,
-                p.vec_in, policy);
-    }
-    cp_async_commit();
-  };
-  {
-    TileCursor c = cursor_at<true>(blockIdx.x, p.grid);
-    for (int s = 0; s < p.stages - 1; ++s) {
-      issue(c, s);
-      advance<true>(c, p.grid);
-    }
-  }
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = 16 * warp;  // warp wi of warpgroup wg: pixels 64 wg + 16 wi .. + 15 (wgmma's A rows)
-  const uint64_t desc_b = wgmma::kmajor_desc(smem_addr(wb), kWgmmaBLbo, kWgmmaBSbo);
-  int stage = 0;
-  for (TileCursor cur = cursor_at<true>(blockIdx.x, p.grid); cur.tile < p.grid.num_tiles; advance<true>(cur, p.grid)) {
-    cp_async_wait_pending(p.stages - 2);
-    __syncthreads();  // this stage has landed for every thread; the one refilled next is free
-    issue(ahead_of<true>(cur, p.stages - 1, p.grid), stage == 0 ? p.stages - 1 : stage - 1);
-
-    float* X = stage0 + stage * p.stage_floats;
-    // Four k-steps (one ldmatrix group) at a time: their A fragments stay untouched until the
-    // wait. (All eight at once, the registers spilled at the 128 cap.)
-    float acc[64];
-#pragma unroll
-    for (int jj = 0; jj < kKS / 4; ++jj) {
-      uint32_t a[4][4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        uint32_t r[4];
-        ldmatrix_x4(r, smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane) + jj * 128);
-        const FragA f = make_a<false>(r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[u][i] = f.hi[i];
-      }
-      wgmma::fence();
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        wgmma::mma_rs_tf32<128>(acc, a[u], wgmma::desc_advance(desc_b, (4 * jj + u) * 2 * kWgmmaBLbo), jj + u > 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[i]);
-    // wgmma's D fragment per warp is mma.sync's C fragment of 16 n-tiles: acc[4 j + c] = tile j's c.
-    float(&acc3)[1][16][4] = *reinterpret_cast<float(*)[1][16][4]>(acc);
-
-    const TilePos q = tile_pos<true>(cur, p.pixels, rows);
-    const OutTile o = out_tile(true, p.out, q, p.out_channels, p.pixels, p.weight.m0, p.weight.m_count, p.vec_out);
-    __syncthreads();  // every warp is done reading this stage: it becomes the warps' store scratch
-    float* scratch = X + warp * kScratchFloats;
-    if (q.pixels == kTilePixels && p.weight.m_count == kChannels && p.vec_out && !p.accumulate) {
-      float* out = o.base + row0 * o.row_stride;
-      if (p.bias == nullptr) store_acc_staged<1, 16, kNoBias>(acc3, scratch, out, o.row_stride, lane, nullptr);
-      else store_acc_staged<1, 16, kBiasCols>(acc3, scratch, out, o.row_stride, lane, bias_s);
-    } else {
-      store_acc_staged_guarded(acc3, scratch, o, row0, lane, bias_s, p.accumulate);
-    }
-    stage = stage + 1 == p.stages ? 0 : stage + 1;
-  }
-  cp_async_wait<0>();
-#else
-  __trap();  // launched only where device_runs_wgmma (sm_90a code on an H100 / H200)
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1583,24 +1437,20 @@ TileGrid tile_grid(const ConvShape& s, int64_t grid) {
   return t;
 }
 
-// A persistent pointwise kernel over the tiles of s, as many blocks as fit on the SMs.
-template <class Kernel>
-void launch_on_tiles(Kernel kernel, PointwiseParams p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
+template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
+void launch_pointwise(PointwiseParams p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
+  auto kernel = pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode, kMinBlocks>;
   const int64_t grid = std::min<int64_t>(tile_count(s), int64_t(sms) * blocks_per_sm(kernel, kThreads, smem));
   p.grid = tile_grid(s, grid);
   kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
 }
-template <bool kNHWC, int kWM, int kWN, int kMT, int kNT, int kMode, int kMinBlocks>
-void launch_pointwise(const PointwiseParams& p, const ConvShape& s, int smem, int sms, cudaStream_t st) {
-  launch_on_tiles(pointwise_kernel<kNHWC, kWM, kWN, kMT, kNT, kMode, kMinBlocks>, p, s, smem, sms, st);
-}
 
-// TG_CONV1X1_NHWC_WGMMA=0 keeps the NHWC forward on mma.sync where the wgmma kernel applies, to
-// measure one against the other.
-bool nhwc_wgmma_enabled() {
+// TG_CONV1X1_NHWC_TMA=0 keeps the NHWC TF32 forward off the TMA kernel (conv1x1_nhwc_tma.cu),
+// to measure one against the other.
+bool nhwc_tma_enabled() {
   static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV1X1_NHWC_WGMMA");
+    const char* e = std::getenv("TG_CONV1X1_NHWC_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
   return enabled;
@@ -1608,22 +1458,16 @@ bool nhwc_wgmma_enabled() {
 
 // The warp layouts: 128 output channels with <= 64 reduction channels ("narrow", two blocks
 // per SM), or 64 output channels with <= 128 ("wide", one block per SM); both keep the resident
-// weight at 32 KB (48 KB split). The narrow NHWC TF32 GEMM over 32 or 64 reduction channels runs
-// on wgmma where the GPU has it (wgmma_nhwc), with the same shared-memory plan.
+// weight at 32 KB (48 KB split).
 template <int kMode>
-void launch_pointwise_variant(bool nhwc, bool wide, bool wgmma_nhwc, const PointwiseParams& p, const ConvShape& s,
-                              int smem, int sms, cudaStream_t st) {
+void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, const ConvShape& s, int smem, int sms,
+                              cudaStream_t st) {
   if (!nhwc) {
     if (wide) launch_pointwise<false, 2, 4, 2, 4, kMode, 1>(p, s, smem, sms, st);  // 64 ch x 128 px
     else launch_pointwise<false, 2, 4, 4, 4, kMode, 2>(p, s, smem, sms, st);       // 128 ch x 128 px
-  } else if (wide) {
-    launch_pointwise<true, 4, 2, 2, 4, kMode, 1>(p, s, smem, sms, st);  // 128 px x 64 ch
-  } else if (kMode == kTf32 && wgmma_nhwc && p.r_pad == 64) {
-    launch_on_tiles(pointwise_nhwc_wgmma_kernel<8>, p, s, smem, sms, st);
-  } else if (kMode == kTf32 && wgmma_nhwc && p.r_pad == 32) {
-    launch_on_tiles(pointwise_nhwc_wgmma_kernel<4>, p, s, smem, sms, st);
   } else {
-    launch_pointwise<true, 4, 2, 2, 8, kMode, 2>(p, s, smem, sms, st);  // 128 px x 128 ch
+    if (wide) launch_pointwise<true, 4, 2, 2, 4, kMode, 1>(p, s, smem, sms, st);   // 128 px x 64 ch
+    else launch_pointwise<true, 4, 2, 2, 8, kMode, 2>(p, s, smem, sms, st);        // 128 px x 128 ch
   }
 }
 
@@ -1636,9 +1480,14 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
   const DeviceLimits lim = device_limits(dev);
   const bool nhwc = s.channels_last();
   const bool split = precision() == Precision::FP32;
-  const bool wgmma_nhwc = nhwc && !split && nhwc_wgmma_enabled() && device_runs_wgmma(dev);
   const int mode = split ? kSplitPre : kTf32;
   const int64_t P = s.out_volume();
+  if (nhwc && !split && nhwc_tma_enabled() &&
+      pointwise_nhwc_tma_applies(out.data<float>(), in.data<float>(), s.N * P, M, R, dev)) {
+    pointwise_nhwc_tma(out.data<float>(), in.data<float>(), w.data<float>(), w_stride_m, w_stride_r,
+                       bias.defined() ? bias.data<float>() : nullptr, s.N * P, M, R, dev, stream(dev));
+    return;
+  }
   const bool wide = R > 64;
   const int64_t group = wide ? kGroupChannels : R;
   const int channels = wide ? 64 : 128;
@@ -1673,8 +1522,8 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
                stage_bytes, " bytes");
       p.stage_floats = stage_bytes / 4;
       const int smem = fixed + p.stages * stage_bytes;
-      if (split) launch_pointwise_variant<kSplitPre>(nhwc, wide, false, p, s, smem, lim.sms, stream(dev));
-      else launch_pointwise_variant<kTf32>(nhwc, wide, wgmma_nhwc, p, s, smem, lim.sms, stream(dev));
+      if (split) launch_pointwise_variant<kSplitPre>(nhwc, wide, p, s, smem, lim.sms, stream(dev));
+      else launch_pointwise_variant<kTf32>(nhwc, wide, p, s, smem, lim.sms, stream(dev));
     }
   }
 }

@@ -9,6 +9,8 @@
 #include "common/test_util.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv1x1.h"
+#include "ops/cuda/conv1x1_nhwc_tma.h"
+#include "ops/cuda/hopper.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -136,8 +138,8 @@ TEST(CudaConv1x1, OddChannelsAndPixels) {
   check_case({2, 13, 17, 5, 7, false});  // P = 35
   check_case({3, 8, 8, 1, 1, true});     // one pixel per image
   check_case({1, 4, 4, 2, 2, true});     // NHWC rows 16-byte aligned, tiny
-  // 32 reduction channels, rows not 16-byte aligned, K = 37: the Hopper NHWC TF32 forward (wgmma)
-  // with 4-byte copies and every store through its guarded path, bias per column.
+  // 32 reduction channels, rows not 16-byte aligned, K = 37: the NHWC TF32 forward stays on the
+  // cp.async kernel (the TMA kernel needs 16-byte rows), 4-byte copies and edge stores.
   check_case({1, 30, 37, 9, 11, true});
 }
 
@@ -147,6 +149,34 @@ TEST(CudaConv1x1, WorkloadBChannelsAlignedAndUnaligned) {
   check_case({2, 64, 128, 16, 16, true});   // the same with bias: staged stores add it per row / column
   check_case({2, 64, 128, 33, 31, true});   // P = 1023: unaligned rows, partial last tile
   check_case({2, 32, 128, 54, 38, true});   // P = 2052: staged full tiles, then a 4-pixel tile; 32 reduction channels
+}
+
+// The Hopper NHWC TF32 forward through the TMA unit (conv1x1_nhwc_tma.cu) where it applies:
+// reduction channels that fill one 32-channel box, part of a second, or a sliver of one; output
+// channels in three launches, the last 4 wide; partial last tiles, one whose second half (the
+// second warpgroup's rows) lies wholly past the matrix.
+TEST(CudaConv1x1, NhwcTmaBoxesAndEdges) {
+  TG_REQUIRE_GPU();
+  check_case({1, 36, 260, 7, 9, true});    // 63 rows: one partial tile; K = 128 + 128 + 4
+  check_case({3, 4, 12, 5, 13, false});    // C = 4: one box, mostly zeros past the matrix
+  check_case({2, 60, 44, 30, 33, true});   // 1980 rows = 15 x 128 + 60; K = 44: 2 store boxes, one partial
+}
+
+TEST(CudaConv1x1, NhwcTmaServesTheShapesItShould) {
+  TG_REQUIRE_GPU();
+  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernel needs sm_90a code on an H100 / H200";
+  const Tensor buf = Tensor::empty({4096}, {.device = kGpu});
+  const float* p = buf.data<float>();
+  EXPECT_TRUE(cuda::pointwise_nhwc_tma_applies(p, p, int64_t(1) << 24, 128, 64, 0));  // workload B
+  EXPECT_TRUE(cuda::pointwise_nhwc_tma_applies(p, p, 7, 260, 4, 0));
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 128, 68, 0));   // more than 64 reduction channels
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 128, 30, 0));   // rows not 16-byte multiples
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 37, 64, 0));
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p + 1, p, 100, 128, 64, 0));  // y not 16-byte aligned
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p + 2, 100, 128, 64, 0));
+  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, int64_t(1) << 31, 128, 64, 0));  // 32-bit coordinates
+  EXPECT_THROW(cuda::pointwise_nhwc_tma(const_cast<float*>(p), p, p, 64, 1, nullptr, 100, 128, 68, 0, nullptr),
+               Error);
 }
 
 TEST(CudaConv1x1, ReductionLengthsOffTheUnrolledPaths) {

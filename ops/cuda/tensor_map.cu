@@ -1,0 +1,47 @@
+// See tensor_map.h. The encoder is a driver function: fetched through the runtime's entry-point
+// query, so the library needs no link against libcuda.
+#include "ops/cuda/tensor_map.h"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include "core/cuda_context.h"
+#include "core/error.h"
+
+namespace tg::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    TG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    TG_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr,
+             "tensor map: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a 12.0+ driver)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box) {
+  TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && cols % 4 == 0 && cols > 0 && rows > 0 &&
+               rows < (int64_t(1) << 31) && box.rows > 0 && box.rows <= 256 && box.cols > 0 && box.cols <= 256 &&
+               box.cols % 4 == 0 && (!box.swizzle128 || box.cols == 32),
+           op_name, ": no tensor map for a ", rows, " x ", cols, " matrix in boxes of ", box.rows, " x ", box.cols,
+           box.swizzle128 ? " (128-byte swizzle)" : "", " (needs 16-byte aligned rows, fewer than 2^31)");
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(cols) * 4};
+  const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box.cols), static_cast<cuuint32_t>(box.rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(data), dims, row_bytes,
+                               box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               box.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TG_CHECK(r == CUDA_SUCCESS, op_name, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for a ",
+           rows, " x ", cols, " matrix");
+  return map;
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,26 @@
+// Host side of the TMA kernels (ops/cuda/tma.cuh): the descriptor ("tensor map") through which
+// the TMA unit reads and writes boxes of a row-major f32 matrix.
+#pragma once
+#include <cstdint>
+
+#include <cuda.h>  // CUtensorMap
+
+namespace tg::cuda {
+
+// What one TMA request moves: a box of `rows` x `cols` elements, and its layout in shared memory.
+struct TmaBox {
+  int rows, cols;
+  // false: dense, rows of cols * 4 bytes. true: the 128-byte swizzle (cols must be 32, 128 bytes
+  // per row): the 16-byte chunk c of box row r lands at chunk position c ^ (r % 8), so that 8
+  // rows' chunk c fall in 8 different bank groups (ldmatrix without conflicts); such boxes must
+  // start 1024-byte aligned in shared memory.
+  bool swizzle128;
+};
+
+// A tensor map over the row-major f32 matrix at `data` (rows x cols, row stride cols floats),
+// moved in boxes `box`. Loads fill what lies outside the matrix with zeros; stores skip it.
+// Needs data 16-byte aligned, cols % 4 == 0 (16-byte row stride), rows < 2^31, box sides 1..256
+// (cols * 4 a multiple of 16): a TG_CHECK naming op_name says so otherwise.
+CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box);
+
+}  // namespace tg::cuda
