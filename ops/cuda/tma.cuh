@@ -77,6 +77,16 @@ __device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, uint
       : "memory");
 #endif
 }
+// `bytes` contiguous bytes global -> shared (both 16-byte aligned, bytes a multiple of 16), counted
+// towards bar's current phase: one instruction for a whole block of memory, no tensor map.
+__device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
 // Shared memory at src -> box (c0, c1) of the matrix; the parts outside it are not written.
 __device__ __forceinline__ void store_box(const CUtensorMap* map, const void* src, int c0, int c1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
