@@ -25,9 +25,9 @@
 //     stores and waits;
 //   * the fused backward runs 16 warps per SM: 8 compute dx = w^T dy while 8 compute
 //     dw += dy x^T on the same shared-memory tiles;
-//   * on Hopper the NHWC TF32 forward over <= 64 reduction channels (workload B's), with
-//     16-byte rows, runs in conv1x1_nhwc_tma.cu instead: its tiles are plain boxes of the
-//     (pixels, channels) matrices, which the TMA unit moves without any warp's instructions.
+//   * on Hopper the forward over <= 64 reduction channels (workload B's), both layouts and
+//     precisions, with 16-byte rows, runs in conv1x1_tma.cu instead: its tiles are plain boxes
+//     of the activation matrices, which the TMA unit moves without any warp's instructions.
 // - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
 //   mma fragment order, k-step major: one conflict-free 16-byte (or 8-byte) load per lane per
 //   fragment at a constant offset. FP32 mode keeps tf32 hi words plus the rounded bf16 lo pairs
@@ -59,7 +59,7 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
-#include "ops/cuda/conv1x1_nhwc_tma.h"
+#include "ops/cuda/conv1x1_tma.h"
 #include "ops/cuda/named_barrier.cuh"
 #include "ops/cuda/sum_partials.cuh"
 
@@ -1446,11 +1446,11 @@ void launch_pointwise(PointwiseParams p, const ConvShape& s, int smem, int sms, 
   TG_LAUNCH_CHECK();
 }
 
-// TG_CONV1X1_NHWC_TMA=0 keeps the NHWC TF32 forward off the TMA kernel (conv1x1_nhwc_tma.cu),
-// to measure one against the other.
-bool nhwc_tma_enabled() {
+// TG_CONV1X1_TMA=0 keeps the forward off the TMA kernel (conv1x1_tma.cu), to measure one
+// against the other.
+bool tma_enabled() {
   static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV1X1_NHWC_TMA");
+    const char* e = std::getenv("TG_CONV1X1_TMA");
     return e == nullptr || std::string(e) != "0";
   }();
   return enabled;
@@ -1482,10 +1482,10 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
   const bool split = precision() == Precision::FP32;
   const int mode = split ? kSplitPre : kTf32;
   const int64_t P = s.out_volume();
-  if (nhwc && !split && nhwc_tma_enabled() &&
-      pointwise_nhwc_tma_applies(out.data<float>(), in.data<float>(), s.N * P, M, R, dev)) {
-    pointwise_nhwc_tma(out.data<float>(), in.data<float>(), w.data<float>(), w_stride_m, w_stride_r,
-                       bias.defined() ? bias.data<float>() : nullptr, s.N * P, M, R, dev, stream(dev));
+  const PointwiseTmaProblem tma{out.data<float>(), in.data<float>(), w.data<float>(), w_stride_m, w_stride_r,
+                                bias.defined() ? bias.data<float>() : nullptr, s.N, P, M, R, !nhwc, split};
+  if (tma_enabled() && pointwise_tma_applies(tma, dev)) {
+    pointwise_tma(tma, dev, stream(dev));
     return;
   }
   const bool wide = R > 64;

@@ -23,4 +23,10 @@ struct TmaBox {
 // (cols * 4 a multiple of 16): a TG_CHECK naming op_name says so otherwise.
 CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box);
 
+// The same over `planes` such matrices stored one after another (planes x rows x cols, e.g. an
+// NCHW tensor as N planes of C x HW), boxes of one plane: rows past a plane's last are outside
+// (zeros / skipped), never the next plane's.
+CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
+                           TmaBox box);
+
 }  // namespace tg::cuda

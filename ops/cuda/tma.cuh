@@ -77,6 +77,17 @@ __device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, uint
       : "memory");
 #endif
 }
+// The same for a box (c0: column, c1: row, c2: plane) of a stack of matrices (f32_planes_map).
+__device__ __forceinline__ void load_box_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            uint64_t policy) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
+#endif
+}
 // `bytes` contiguous bytes global -> shared (both 16-byte aligned, bytes a multiple of 16), counted
 // towards bar's current phase: one instruction for a whole block of memory, no tensor map.
 __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -93,6 +104,15 @@ __device__ __forceinline__ void store_box(const CUtensorMap* map, const void* sr
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(c0), "r"(c1), "r"(smem_u32(src))
+               : "memory");
+#endif
+}
+// Shared memory at src -> box (c0, c1, c2) of a stack of matrices; the parts outside it are not written.
+__device__ __forceinline__ void store_box_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
                : "memory");
 #endif
 }

@@ -9,7 +9,7 @@
 #include "common/test_util.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv1x1.h"
-#include "ops/cuda/conv1x1_nhwc_tma.h"
+#include "ops/cuda/conv1x1_tma.h"
 #include "ops/cuda/hopper.h"
 
 using namespace tg;
@@ -151,10 +151,10 @@ TEST(CudaConv1x1, WorkloadBChannelsAlignedAndUnaligned) {
   check_case({2, 32, 128, 54, 38, true});   // P = 2052: staged full tiles, then a 4-pixel tile; 32 reduction channels
 }
 
-// The Hopper NHWC TF32 forward through the TMA unit (conv1x1_nhwc_tma.cu) where it applies:
-// reduction channels that fill one 32-channel box, part of a second, or a sliver of one; output
-// channels in three launches, the last 4 wide; partial last tiles, one whose second half (the
-// second warpgroup's rows) lies wholly past the matrix.
+// The Hopper forward through the TMA unit (conv1x1_tma.cu) where it applies (both precisions:
+// check_case runs FP32 and TF32). NHWC: reduction channels that fill one 32-channel box, part of
+// a second, or a sliver of one; output channels in three launches, the last 4 wide; partial last
+// tiles, one whose second half (the second warpgroup's rows) lies wholly past the matrix.
 TEST(CudaConv1x1, NhwcTmaBoxesAndEdges) {
   TG_REQUIRE_GPU();
   check_case({1, 36, 260, 7, 9, true});    // 63 rows: one partial tile; K = 128 + 128 + 4
@@ -162,21 +162,48 @@ TEST(CudaConv1x1, NhwcTmaBoxesAndEdges) {
   check_case({2, 60, 44, 30, 33, true});   // 1980 rows = 15 x 128 + 60; K = 44: 2 store boxes, one partial
 }
 
-TEST(CudaConv1x1, NhwcTmaServesTheShapesItShould) {
+// NCHW: images whose pixel counts (multiples of 4) end in partial tiles, with the second
+// warpgroup's 64 pixels or one of its two 32-pixel store boxes wholly past the image; one
+// channel each way (the channel box is mostly zeros past the image's channels, never the next
+// image's); output channels in three launches; 33 reduction channels (a second k-step group of
+// one channel).
+TEST(CudaConv1x1, NchwTmaBoxesAndEdges) {
+  TG_REQUIRE_GPU();
+  check_case({3, 1, 1, 4, 5, true});       // 20 pixels, C = K = 1
+  check_case({2, 36, 260, 6, 22, true});   // 132 pixels = 128 + 4; K = 128 + 128 + 4
+  check_case({2, 33, 40, 8, 20, false});   // 160 pixels: the last tile's second half stores one box
+  check_case({1, 64, 128, 1, 4, true});    // 4 pixels: B's channels, one nearly empty tile
+  check_case({2, 60, 44, 30, 32, true});   // 960 pixels = 7.5 tiles
+}
+
+TEST(CudaConv1x1, TmaServesTheShapesItShould) {
   TG_REQUIRE_GPU();
   if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernel needs sm_90a code on an H100 / H200";
   const Tensor buf = Tensor::empty({4096}, {.device = kGpu});
-  const float* p = buf.data<float>();
-  EXPECT_TRUE(cuda::pointwise_nhwc_tma_applies(p, p, int64_t(1) << 24, 128, 64, 0));  // workload B
-  EXPECT_TRUE(cuda::pointwise_nhwc_tma_applies(p, p, 7, 260, 4, 0));
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 128, 68, 0));   // more than 64 reduction channels
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 128, 30, 0));   // rows not 16-byte multiples
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, 100, 37, 64, 0));
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p + 1, p, 100, 128, 64, 0));  // y not 16-byte aligned
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p + 2, 100, 128, 64, 0));
-  EXPECT_FALSE(cuda::pointwise_nhwc_tma_applies(p, p, int64_t(1) << 31, 128, 64, 0));  // 32-bit coordinates
-  EXPECT_THROW(cuda::pointwise_nhwc_tma(const_cast<float*>(p), p, p, 64, 1, nullptr, 100, 128, 68, 0, nullptr),
-               Error);
+  float* p = const_cast<float*>(buf.data<float>());
+  auto problem = [&](bool nchw, int64_t images, int64_t pixels, int64_t M, int64_t R, int x_offset = 0,
+                     int y_offset = 0) {
+    return cuda::PointwiseTmaProblem{p + y_offset, p + x_offset, p, 1, 1, nullptr, images, pixels, M, R, nchw, false};
+  };
+  for (bool nchw : {false, true}) {
+    SCOPED_TRACE(nchw ? "NCHW" : "NHWC");
+    EXPECT_TRUE(cuda::pointwise_tma_applies(problem(nchw, 16, int64_t(1) << 20, 128, 64), 0));  // workload B
+    EXPECT_TRUE(cuda::pointwise_tma_applies(problem(nchw, 1, 8, 260, 4), 0));
+    EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 68), 0));  // more than 64 reduction channels
+    EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 64, 0, 1), 0));  // y not 16-byte aligned
+    EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 64, 2), 0));     // x not 16-byte aligned
+    EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 0), 0));
+  }
+  // NHWC rows are channels: R and M must be multiples of 4; NCHW rows are pixels.
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 1, 100, 128, 30), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 1, 100, 37, 64), 0));
+  EXPECT_TRUE(cuda::pointwise_tma_applies(problem(true, 1, 100, 37, 30), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(true, 1, 102, 128, 64), 0));
+  // TMA coordinates are 32-bit: NHWC counts rows over all images, NCHW pixels per image.
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 2, int64_t(1) << 30, 128, 64), 0));
+  EXPECT_TRUE(cuda::pointwise_tma_applies(problem(true, 2, int64_t(1) << 30, 128, 64), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(true, 1, int64_t(1) << 31, 128, 64), 0));
+  EXPECT_THROW(cuda::pointwise_tma(problem(true, 1, 100, 128, 68), 0, nullptr), Error);
 }
 
 TEST(CudaConv1x1, ReductionLengthsOffTheUnrolledPaths) {

@@ -1,0 +1,434 @@
+// The 1x1 forward (workload B's forward, both layouts) on Hopper: tiles moved by the TMA unit,
+// the product on wgmma, TF32 or FP32-accurate.
+//
+// Why a separate kernel: B's forward is a pure stream (x 4.3 GB in, y 8.6 GB out, 275 GFLOP:
+// 3.0 ms at 4.3 TB/s, 0.7 ms of TF32 tensor time), and the cp.async kernels of conv1x1.cu spend
+// their time in the shared-memory instruction queue (ncu: mio_throttle the top stall; per warp
+// and tile 416 shared-memory wavefronts for copies in, fragment loads and the staged stores'
+// write-and-read-back) and reach 80-85% of the copy rate. Both layouts' tiles are plain boxes
+// (NHWC: of the (pixels, channels) matrix; NCHW: of each image's (channels, pixels) matrix),
+// which the TMA unit moves with one instruction per box: no warp issues a global load or store.
+//
+// Block: one per SM (persistent), 288 threads: warp 8 is the producer (one lane issues the
+// loads), warpgroups 0 and 1 consume. A tile is 128 pixels x 128 output channels; warpgroup w
+// owns pixels 64 w .. 64 w + 63: one wgmma.m64n128k8 per 8 reduction channels (three in FP32
+// mode), A (the activations, 64 pixels x 8 channels) from registers, B (the weight) from shared
+// memory. Every box below uses the 128-byte swizzle (tensor_map.h): 16-byte chunk c of box row r
+// sits at chunk c ^ (r % 8), which is what makes the fragment reads and staging writes free of
+// bank conflicts.
+//   x tiles   kStages stages of 32 x 4 kKS floats:
+//             NHWC: kKS / 4 boxes [128 pixels][32 channels] (channels 32 b .. 32 b + 31);
+//             NCHW: 4 boxes [8 kKS channels][32 pixels] (pixels 32 b .. 32 b + 31 of the tile);
+//             zeros past the tensor (NCHW: past the image's channels too, by the 3-D map);
+//   y staging [warpgroup][64 pixels x 128 channels], drained by TMA stores:
+//             NHWC: dense [64 rows][128 channels], ONE store of the whole half tile (32 KB of
+//             consecutive addresses when M = 128; as four 32-channel swizzled boxes, each writing
+//             every fourth 128-byte piece, B's forward took 3.62 ms instead of 3.46 on an H200:
+//             the order of the writes matters);
+//             NCHW: 2 boxes [128 channels][32 pixels] (rows of 32 pixels are all a swizzled
+//             box can hold; each channel's 64 pixels come from the two boxes);
+//   weight    A (128 x 8 kKS) as wgmma's K-major B operand, no swizzle: element (n, k) at float
+//             (k / 4) 512 + n 4 + k % 4 (ops/cuda/wgmma.cuh has the layout rules); FP32 mode
+//             keeps a hi and a lo copy; bias (128).
+// Synchronization: full[s] (the producer's expect_tx + the TMA bytes) and empty[s] (one arrival
+// per consumer warp once it has read its fragments: the stage is free long before the tile's
+// stores), per stage; each warpgroup's store thread waits until its previous stores have read
+// the staging (bulk_wait_read) before the warpgroup's barrier that lets the warps rewrite it.
+// (NHWC TF32, H200: two staging buffers per warpgroup, which leave room for only 2 stages, were
+// slower, 3.78 vs 3.66 ms; 3 stages instead of 4 the same. FP32 mode's second weight copy leaves
+// room for 3.)
+//
+// Fragments. NHWC: ldmatrix hands lane (g, t) channels t and t + 4 of pixels g and g + 8: wgmma's
+// A fragment as it is. NCHW: pixels run along the rows of the smem tile, so the fragment is four
+// 4-byte loads; lane (g, t) reads channels 2t and 2t + 1 (not t and t + 4): with the swizzle the
+// warp's 32 loads then hit 32 different banks. So in NCHW column t of each k-step is channel 2t
+// and column t + 4 channel 2t + 1, and the resident weight is stored in that order
+// (channel_of_column): a reordering of the sum's terms, nothing else.
+//
+// Numerics. TF32: the activations rounded to nearest TF32 in registers, the weight rounded once
+// when it is staged (as the mma.sync kernels: the layouts agree to FP32 rounding). FP32-accurate:
+// x = hi + lo with hi = x rounded to TF32 (exact) and lo = x - hi rounded to TF32, the weight
+// likewise; acc += lo w_hi + hi w_lo + hi w_hi (lo w_lo, ~2^-22 of the product, dropped), all on
+// one accumulator with wgmma of one shape (PTX orders those without a fence).
+#include "ops/cuda/conv1x1_tma.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "ops/cuda/hopper.h"
+#include "ops/cuda/named_barrier.cuh"
+#include "ops/cuda/tensor_map.h"
+#include "ops/cuda/tma.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kTileRows = 128;                  // pixels per tile
+constexpr int kHalfRows = 64;                   // per warpgroup (wgmma's M)
+constexpr int kOutChannels = 128;               // per launch (wgmma's N)
+constexpr int kBoxFloats = 32;                  // the inner side of a swizzled box: 128 bytes
+constexpr int kConsumers = 256, kThreads = kConsumers + 32;
+constexpr int kStagingBytes = kHalfRows * kOutChannels * 4;   // 32 KB per warpgroup
+constexpr int kNchwStagingBoxBytes = kOutChannels * 128;      // [128 channels][32 pixels]
+constexpr uint32_t kWeightLbo = 16 * 128, kWeightSbo = 128;  // see the layout above
+
+struct Params {
+  CUtensorMap x_map;  // NHWC: (rows, R) in boxes of 128 x 32; NCHW: (images, R, pixels) in boxes of 8 kKS x 32
+  CUtensorMap y_map;  // NHWC: (rows, M) in boxes of 64 x 128, dense; NCHW: (images, M, pixels) in boxes of 128 x 32
+  const float* w;
+  int64_t w_stride_m, w_stride_r;
+  const float* bias;
+  int m0, m_count, r_count;  // this launch: output channels m0 .. m0 + m_count - 1 (<= 128)
+  int64_t pixels;            // NHWC: rows of x and y; NCHW: pixels per image
+  int64_t tiles_per_image;   // NCHW
+  int64_t tiles;
+};
+
+template <bool kNchw, int kKS, bool kSplit>
+struct Layout {
+  static constexpr int kStages = kSplit ? 3 : 4;
+  static constexpr int kInBoxes = kNchw ? kTileRows / kBoxFloats : kKS / 4;
+  static constexpr int kInBoxBytes = kNchw ? 8 * kKS * 128 : kTileRows * 128;
+  static constexpr int kStageBytes = kInBoxes * kInBoxBytes;  // 4 KB per k-step either way
+  static constexpr int kOutOffset = kStages * kStageBytes;
+  static constexpr int kWeightWords = kOutChannels * 8 * kKS;
+  static constexpr int kWeightOffset = kOutOffset + 2 * kStagingBytes;
+  static constexpr int kBiasOffset = kWeightOffset + (kSplit ? 2 : 1) * kWeightWords * 4;
+  static constexpr int kBarOffset = kBiasOffset + kOutChannels * 4;
+  static constexpr int kBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
+};
+
+// Where a tile lies: NCHW tiles never straddle two images.
+struct TilePlace {
+  int n, pixel;  // image and first pixel (NHWC: n = 0, pixel = first row)
+};
+template <bool kNchw>
+__device__ __forceinline__ TilePlace place_of(const Params& p, int64_t tile) {
+  if constexpr (kNchw) {
+    const int64_t n = tile / p.tiles_per_image;
+    return {static_cast<int>(n), static_cast<int>((tile - n * p.tiles_per_image) * kTileRows)};
+  } else {
+    return {0, static_cast<int>(tile * kTileRows)};
+  }
+}
+
+// tf32 bits of x rounded to nearest: exact hi words for the split. As a plain TF32 operand the
+// tensor core reads only the top 19 bits: adding half an ulp (tf32_operand) is the whole rounding.
+__device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ uint32_t tf32_operand(uint32_t bits) { return bits + 0x1000u; }
+
+// The reduction channel of column k of the product (see "Fragments" above).
+template <bool kNchw>
+__device__ __forceinline__ int channel_of_column(int k) {
+  if constexpr (!kNchw) return k;
+  const int c = k & 7;
+  return (k & ~7) + (c < 4 ? 2 * c : 2 * (c - 4) + 1);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint32_t ld_shared(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared(uint32_t addr, float a) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(a) : "memory");
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
+template <bool kNchw, int kKS, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<kNchw, kKS, kSplit>;
+  constexpr int kStages = L::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzled boxes need 1024-byte alignment (the swizzle is a function of address bits 7-9).
+  unsigned char* smem = smem_raw + ((1024 - (tma::smem_u32(smem_raw) & 1023)) & 1023);
+  uint32_t* w_hi = reinterpret_cast<uint32_t*>(smem + L::kWeightOffset);
+  uint32_t* w_lo = w_hi + L::kWeightWords;  // FP32 mode only
+  float* bias_s = reinterpret_cast<float*>(smem + L::kBiasOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
+  uint64_t* empty = full + kStages;
+
+  for (int e = threadIdx.x; e < L::kWeightWords; e += kThreads) {
+    const int n = (e >> 2) & (kOutChannels - 1), r = channel_of_column<kNchw>(4 * (e >> 9) + (e & 3));
+    const float v = (n < p.m_count && r < p.r_count) ? p.w[(p.m0 + n) * p.w_stride_m + r * p.w_stride_r] : 0.f;
+    w_hi[e] = tf32_round(v);
+    if constexpr (kSplit) w_lo[e] = tf32_round(v - __uint_as_float(w_hi[e]));
+  }
+  for (int c = threadIdx.x; c < kOutChannels; c += kThreads)
+    bias_s[c] = (p.bias != nullptr && c < p.m_count) ? p.bias[p.m0 + c] : 0.f;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full[s], 1);
+      tma::mbar_init(&empty[s], kConsumers / 32);
+    }
+    tma::mbar_init_fence();
+  }
+  wgmma::fence_proxy_async();  // the weight's plain stores, for wgmma
+  __syncthreads();
+  // From here on the roles part: no block-wide barrier below.
+
+  // warp is the same in every lane; ptxas must see that (a shuffle's result is uniform), or it
+  // treats the consumer path as divergent and serializes the wgmma (C7520).
+  const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
+  if (warp == kConsumers / 32) {
+    if (lane == 0) {
+      tma::prefetch_map(&p.x_map);
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      int i = 0;
+      for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x, ++i) {
+        const int s = i % kStages;
+        const uint32_t use = i / kStages;
+        if (use > 0) tma::mbar_wait(&empty[s], (use - 1) & 1);  // every consumer warp read use - 1
+        tma::mbar_arrive_expect_tx(&full[s], L::kStageBytes);
+        unsigned char* dst = smem + s * L::kStageBytes;
+        const TilePlace at = place_of<kNchw>(p, tile);
+#pragma unroll
+        for (int b = 0; b < L::kInBoxes; ++b) {
+          if constexpr (kNchw)
+            tma::load_box_3d(dst + b * L::kInBoxBytes, &p.x_map, &full[s], at.pixel + b * kBoxFloats, 0, at.n, policy);
+          else
+            tma::load_box(dst + b * L::kInBoxBytes, &p.x_map, &full[s], b * kBoxFloats, at.pixel, policy);
+        }
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
+  const bool store_thread = (threadIdx.x & 127) == 0;
+  if (store_thread) tma::prefetch_map(&p.y_map);
+  float* staging = reinterpret_cast<float*>(smem + L::kOutOffset + wg * kStagingBytes);
+  // Per-lane offsets of the fragment loads (a_off) and of the staging writes (st_off), and the
+  // bias of the channels each staging write carries.
+  uint32_t a_off[4], st_off[4];
+  float2 bias_r[16];
+  const int gq = g & 3;  // NHWC's staging rotation
+  if constexpr (kNchw) {
+    // Lane (g, t)'s pixels 16 wi + g + 8 h of the warpgroup's 64 lie in box 2 wg + wi / 2 of the
+    // stage (box wi / 2 of the staging) at 4-pixel chunk 4 (wi % 2) + 2 h + g / 4; its channels
+    // are rows 2 t + e (+ 8 per k-step) of the x box and rows 8 j + 2 t + e of the staging box. In
+    // both, chunk ^ (2 t + e) takes 8 values over the warp's (g / 4, t): 32 different banks.
+    // a_off[2 e + h]: a[0..3] = (g, col t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 2 * t + e, chunk = (4 * (wi & 1) + 2 * h + (g >> 2)) ^ row;
+        const uint32_t in_box = row * 128 + chunk * 16 + 4 * (g & 3);
+        a_off[2 * e + h] = (2 * wg + (wi >> 1)) * L::kInBoxBytes + in_box;
+        st_off[2 * e + h] = tma::smem_u32(staging) + (wi >> 1) * kNchwStagingBoxBytes + in_box;
+      }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) bias_r[j] = make_float2(bias_s[8 * j + 2 * t], bias_s[8 * j + 2 * t + 1]);
+  } else {
+    // ldmatrix: lane 8 j + r hands row r of matrix j: rows 16 wi + r + 8 (j & 1) of the
+    // warpgroup's half, 16-byte chunk 2 (ks % 4) + (j >> 1) of box ks / 4, stored at chunk ^ r.
+    const int j8 = lane >> 3, r8 = lane & 7;
+    const uint32_t a_row = static_cast<uint32_t>(kHalfRows * wg + 16 * wi + r8 + 8 * (j8 & 1)) * 128;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a_off[u] = a_row + ((((2 * u + (j8 >> 1)) ^ r8)) << 4);
+    // Staging: result (row 16 wi + g + 8 h, channel 8 j + 2 t + e) of this warpgroup's half at
+    // float (16 wi + g + 8 h) 128 + 8 j + 2 t + e. Rows are 512 bytes, so every row starts at bank
+    // 0: were all lanes to store n-tile j together, a half-warp's 4 rows (g % 4) would collide 4
+    // ways. In step j lane (g, t) stores n-tile j ^ (g % 4) instead: 8 (j ^ g) % 32 + 2 t covers
+    // the 32 banks once per half-warp. Step j's address: st_off[j % 4] + 32 (j / 4) + 8 h rows.
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      st_off[q] = tma::smem_u32(staging + (16 * wi + g) * kOutChannels + 8 * (q ^ gq) + 2 * t);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int n = 8 * (j ^ gq) + 2 * t;
+      bias_r[j] = make_float2(bias_s[n], bias_s[n + 1]);
+    }
+  }
+  const uint64_t desc_hi = wgmma::kmajor_desc(tma::smem_u32(w_hi), kWeightLbo, kWeightSbo);
+  const uint64_t desc_lo = wgmma::kmajor_desc(tma::smem_u32(w_lo), kWeightLbo, kWeightSbo);
+  const uint32_t stages_base = tma::smem_u32(smem);
+
+  float acc[64];
+  int i = 0;
+  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x, ++i) {
+    const int s = i % kStages;
+    tma::mbar_wait(&full[s], (i / kStages) & 1);
+    const uint32_t stage = stages_base + s * L::kStageBytes;
+    uint32_t raw[kKS][4];
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      if constexpr (kNchw) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) raw[ks][u] = ld_shared(stage + ks * 8 * 128 + a_off[u]);
+      } else {
+        ldmatrix_x4(raw[ks], stage + (ks >> 2) * L::kInBoxBytes + a_off[ks & 3]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(&empty[s]);  // this warp's reads of stage s are done
+    uint32_t a_hi[kKS][4], a_lo[kKS][4];
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if constexpr (kSplit) {
+          a_hi[ks][u] = tf32_round(__uint_as_float(raw[ks][u]));
+          a_lo[ks][u] = tf32_operand(__float_as_uint(__uint_as_float(raw[ks][u]) - __uint_as_float(a_hi[ks][u])));
+        } else {
+          a_hi[ks][u] = tf32_operand(raw[ks][u]);
+        }
+      }
+    // The operands exist before the fence: left to itself the compiler sinks their arithmetic
+    // between the wgmma, and ptxas then serializes them (C7519/C7520).
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      asm volatile("" : "+r"(a_hi[ks][0]), "+r"(a_hi[ks][1]), "+r"(a_hi[ks][2]), "+r"(a_hi[ks][3]));
+      if constexpr (kSplit)
+        asm volatile("" : "+r"(a_lo[ks][0]), "+r"(a_lo[ks][1]), "+r"(a_lo[ks][2]), "+r"(a_lo[ks][3]));
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      const uint32_t k_bytes = ks * 2 * kWeightLbo;
+      if constexpr (kSplit) {
+        // The small terms first; all three of one shape on one accumulator.
+        wgmma::mma_rs_tf32<128>(acc, a_lo[ks], wgmma::desc_advance(desc_hi, k_bytes), ks > 0);
+        wgmma::mma_rs_tf32<128>(acc, a_hi[ks], wgmma::desc_advance(desc_lo, k_bytes), true);
+      }
+      wgmma::mma_rs_tf32<128>(acc, a_hi[ks], wgmma::desc_advance(desc_hi, k_bytes), kSplit || ks > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int e = 0; e < 64; ++e) wgmma::fence_operand(acc[e]);
+
+    if (store_thread) tma::bulk_wait_read<0>();  // the previous tile's stores have read the staging
+    named_barrier_sync(1 + wg, 128);
+    if constexpr (kNchw) {
+      // acc[4 j + 2 h + e] = (pixel 16 wi + g + 8 h, channel 8 j + 2 t + e): row 8 j + 2 t + e of
+      // the staging box, 8 rows (1 KB) per j.
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          st_shared(st_off[h] + j * 1024, acc[4 * j + 2 * h] + bias_r[j].x);
+          st_shared(st_off[2 + h] + j * 1024, acc[4 * j + 2 * h + 1] + bias_r[j].y);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // acc[4 (j ^ gq) + 2 h + e], by selects: a register index must be known at compile time.
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            v[e] = acc[4 * j + 2 * h + e];
+#pragma unroll
+            for (int x = 1; x < 4; ++x) v[e] = gq == x ? acc[4 * (j ^ x) + 2 * h + e] : v[e];
+          }
+          st_shared_v2(st_off[j & 3] + 4 * (32 * (j >> 2) + 8 * h * kOutChannels), v[0] + bias_r[j].x,
+                       v[1] + bias_r[j].y);
+        }
+    }
+    wgmma::fence_proxy_async();  // the staging writes, for the TMA stores (async proxy)
+    named_barrier_sync(1 + wg, 128);
+    if (store_thread) {
+      const TilePlace at = place_of<kNchw>(p, tile);
+      const int pixel = at.pixel + kHalfRows * wg;
+      if constexpr (kNchw) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          if (pixel + b * kBoxFloats < p.pixels)
+            tma::store_box_3d(&p.y_map, reinterpret_cast<unsigned char*>(staging) + b * kNchwStagingBoxBytes,
+                              pixel + b * kBoxFloats, p.m0, at.n);
+      } else {
+        if (pixel < p.pixels) tma::store_box(&p.y_map, staging, p.m0, pixel);  // the part past the matrix is skipped
+      }
+      tma::bulk_commit();
+    }
+  }
+  if (store_thread) tma::bulk_wait();  // the staging must outlive the stores reading it
+#else
+  __trap();  // launched only where device_runs_wgmma (sm_90a code on an H100 / H200)
+#endif
+}
+
+template <bool kNchw, int kKS, bool kSplit>
+void launch(const Params& p, int dev, cudaStream_t st) {
+  const int smem = Layout<kNchw, kKS, kSplit>::kBytes;
+  auto kernel = pointwise_tma_kernel<kNchw, kKS, kSplit>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
+  TG_LAUNCH_CHECK();
+}
+
+template <bool kNchw, bool kSplit>
+void launch_for(const Params& p, int64_t R, int dev, cudaStream_t st) {
+  if (R <= 32) launch<kNchw, 4, kSplit>(p, dev, st);
+  else launch<kNchw, 8, kSplit>(p, dev, st);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coordinates are 32-bit
+
+}  // namespace
+
+bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev) {
+  if (q.R < 1 || q.R > 64 || q.M < 1 || q.images < 1 || q.pixels < 1 || !aligned16(q.x) || !aligned16(q.y)) return false;
+  const bool rows_ok = q.nchw ? q.pixels % 4 == 0 && q.pixels < kCoordinateLimit && q.images < kCoordinateLimit
+                              : q.R % 4 == 0 && q.M % 4 == 0 && q.images <= kCoordinateLimit / q.pixels;
+  return rows_ok && device_runs_wgmma(dev);
+}
+
+void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st) {
+  const char* op = q.nchw ? "conv1x1 (NCHW, TMA)" : "conv1x1 (NHWC, TMA)";
+  TG_CHECK(pointwise_tma_applies(q, dev), op, ": not applicable to ", q.images, " images of ", q.pixels,
+           " pixels, ", q.R, " -> ", q.M, " channels on device ", dev);
+  Params p{};
+  if (q.nchw) {
+    const int box_channels = q.R <= 32 ? 32 : 64;
+    p.x_map = f32_planes_map(op, q.x, q.images, q.R, q.pixels, {box_channels, kBoxFloats, true});
+    p.y_map = f32_planes_map(op, q.y, q.images, q.M, q.pixels, {kOutChannels, kBoxFloats, true});
+    p.pixels = q.pixels;
+    p.tiles_per_image = (q.pixels + kTileRows - 1) / kTileRows;
+    p.tiles = q.images * p.tiles_per_image;
+  } else {
+    const int64_t rows = q.images * q.pixels;
+    p.x_map = f32_matrix_map(op, q.x, rows, q.R, {kTileRows, kBoxFloats, true});
+    p.y_map = f32_matrix_map(op, q.y, rows, q.M, {kHalfRows, kOutChannels, false});
+    p.pixels = rows;
+    p.tiles = (rows + kTileRows - 1) / kTileRows;
+  }
+  p.w = q.w;
+  p.w_stride_m = q.w_stride_m;
+  p.w_stride_r = q.w_stride_r;
+  p.r_count = static_cast<int>(q.R);
+  set_device(dev);
+  for (int64_t m0 = 0; m0 < q.M; m0 += kOutChannels) {
+    p.m0 = static_cast<int>(m0);
+    p.m_count = static_cast<int>(std::min<int64_t>(kOutChannels, q.M - m0));
+    p.bias = q.bias;
+    if (q.nchw) {
+      if (q.split) launch_for<true, true>(p, q.R, dev, st);
+      else launch_for<true, false>(p, q.R, dev, st);
+    } else {
+      if (q.split) launch_for<false, true>(p, q.R, dev, st);
+      else launch_for<false, false>(p, q.R, dev, st);
+    }
+  }
+}
+
+}  // namespace tg::cuda
