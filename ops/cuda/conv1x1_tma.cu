@@ -13,9 +13,8 @@
 // loads), warpgroups 0 and 1 consume. A tile is 128 pixels x 128 output channels; warpgroup w
 // owns pixels 64 w .. 64 w + 63: one wgmma.m64n128k8 per 8 reduction channels (three in FP32
 // mode), A (the activations, 64 pixels x 8 channels) from registers, B (the weight) from shared
-// memory. Every box below uses the 128-byte swizzle (tensor_map.h): 16-byte chunk c of box row r
-// sits at chunk c ^ (r % 8), which is what makes the fragment reads and staging writes free of
-// bank conflicts.
+// memory. The x boxes use the 128-byte swizzle (tensor_map.h): 16-byte chunk c of box row r sits
+// at chunk c ^ (r % 8), which is what makes the fragment reads free of bank conflicts.
 //   x tiles   kStages stages of 32 x 4 kKS floats:
 //             NHWC: kKS / 4 boxes [128 pixels][32 channels] (channels 32 b .. 32 b + 31);
 //             NCHW: 4 boxes [8 kKS channels][32 pixels] (pixels 32 b .. 32 b + 31 of the tile);
@@ -25,8 +24,9 @@
 //             consecutive addresses when M = 128; as four 32-channel swizzled boxes, each writing
 //             every fourth 128-byte piece, B's forward took 3.62 ms instead of 3.46 on an H200:
 //             the order of the writes matters);
-//             NCHW: 2 boxes [128 channels][32 pixels] (rows of 32 pixels are all a swizzled
-//             box can hold; each channel's 64 pixels come from the two boxes);
+//             NCHW: dense [128 channels][64 pixels], ONE store of 128 rows of 256 bytes (as two
+//             swizzled boxes of 32 pixels, 128-byte rows, B's forward took 3.71 ms instead of
+//             3.38: the TMA unit writes a box row by row, and short rows cost);
 //   weight    A (128 x 8 kKS) as wgmma's K-major B operand, no swizzle: element (n, k) at float
 //             (k / 4) 512 + n 4 + k % 4 (ops/cuda/wgmma.cuh has the layout rules); FP32 mode
 //             keeps a hi and a lo copy; bias (128).
@@ -73,12 +73,11 @@ constexpr int kOutChannels = 128;               // per launch (wgmma's N)
 constexpr int kBoxFloats = 32;                  // the inner side of a swizzled box: 128 bytes
 constexpr int kConsumers = 256, kThreads = kConsumers + 32;
 constexpr int kStagingBytes = kHalfRows * kOutChannels * 4;   // 32 KB per warpgroup
-constexpr int kNchwStagingBoxBytes = kOutChannels * 128;      // [128 channels][32 pixels]
 constexpr uint32_t kWeightLbo = 16 * 128, kWeightSbo = 128;  // see the layout above
 
 struct Params {
   CUtensorMap x_map;  // NHWC: (rows, R) in boxes of 128 x 32; NCHW: (images, R, pixels) in boxes of 8 kKS x 32
-  CUtensorMap y_map;  // NHWC: (rows, M) in boxes of 64 x 128, dense; NCHW: (images, M, pixels) in boxes of 128 x 32
+  CUtensorMap y_map;  // NHWC: (rows, M) in boxes of 64 x 128; NCHW: (images, M, pixels) in boxes of 128 x 64; dense
   const float* w;
   int64_t w_stride_m, w_stride_r;
   const float* bias;
@@ -218,19 +217,29 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   const int gq = g & 3;  // NHWC's staging rotation
   if constexpr (kNchw) {
     // Lane (g, t)'s pixels 16 wi + g + 8 h of the warpgroup's 64 lie in box 2 wg + wi / 2 of the
-    // stage (box wi / 2 of the staging) at 4-pixel chunk 4 (wi % 2) + 2 h + g / 4; its channels
-    // are rows 2 t + e (+ 8 per k-step) of the x box and rows 8 j + 2 t + e of the staging box. In
-    // both, chunk ^ (2 t + e) takes 8 values over the warp's (g / 4, t): 32 different banks.
-    // a_off[2 e + h]: a[0..3] = (g, col t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+    // stage at 4-pixel chunk 4 (wi % 2) + 2 h + g / 4; its channels are rows 2 t + e (+ 8 per
+    // k-step) of that box, so the chunk is stored at position chunk ^ (2 t + e): 8 values over the
+    // warp's (g / 4, t), 32 different banks. a_off[2 e + h]: a[0..3] = (g, col t), (g + 8, t),
+    // (g, t + 4), (g + 8, t + 4).
 #pragma unroll
     for (int e = 0; e < 2; ++e)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 2 * t + e, chunk = (4 * (wi & 1) + 2 * h + (g >> 2)) ^ row;
-        const uint32_t in_box = row * 128 + chunk * 16 + 4 * (g & 3);
-        a_off[2 * e + h] = (2 * wg + (wi >> 1)) * L::kInBoxBytes + in_box;
-        st_off[2 * e + h] = tma::smem_u32(staging) + (wi >> 1) * kNchwStagingBoxBytes + in_box;
+        a_off[2 * e + h] = (2 * wg + (wi >> 1)) * L::kInBoxBytes + row * 128 + chunk * 16 + 4 * (g & 3);
       }
+    // Staging [128 channels][64 pixels], dense: result (pixel 16 wi + g + 8 h, channel 8 j + 2 t
+    // + e) at float (8 j + 2 t + e) 64 + 16 wi + g + 8 h. Rows are 256 bytes, so a float's bank is
+    // its pixel's: a warp's 16 pixels can fill 16 banks at best, and with all lanes storing the
+    // same h the 4 lanes of a g would collide 4 ways. In step x lane (g, t) stores h = x ^ (t / 2):
+    // 2 ways (st_off[2 e + x]). (As two 32-pixel boxes with the 128-byte swizzle the writes were
+    // conflict-free, but the TMA stores of 128-byte rows took B's forward from 3.38 to 3.71 ms on
+    // an H200; one 128-pixel box per tile, 512-byte rows, was no faster than 256.)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        st_off[2 * e + x] = tma::smem_u32(staging + (2 * t + e) * kHalfRows + 16 * wi + g + 8 * (x ^ (t >> 1)));
 #pragma unroll
     for (int j = 0; j < 16; ++j) bias_r[j] = make_float2(bias_s[8 * j + 2 * t], bias_s[8 * j + 2 * t + 1]);
   } else {
@@ -315,14 +324,16 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
     if (store_thread) tma::bulk_wait_read<0>();  // the previous tile's stores have read the staging
     named_barrier_sync(1 + wg, 128);
     if constexpr (kNchw) {
-      // acc[4 j + 2 h + e] = (pixel 16 wi + g + 8 h, channel 8 j + 2 t + e): row 8 j + 2 t + e of
-      // the staging box, 8 rows (1 KB) per j.
+      // acc[4 j + 2 h + e] = (pixel 16 wi + g + 8 h, channel 8 j + 2 t + e); step x stores h =
+      // x ^ (t / 2) (a select: a register index must be known at compile time), 8 rows per j.
+      const bool upper = (t >> 1) != 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          st_shared(st_off[h] + j * 1024, acc[4 * j + 2 * h] + bias_r[j].x);
-          st_shared(st_off[2 + h] + j * 1024, acc[4 * j + 2 * h + 1] + bias_r[j].y);
+        for (int x = 0; x < 2; ++x) {
+          const bool h = upper != (x != 0);
+          st_shared(st_off[x] + j * 8 * kHalfRows * 4, (h ? acc[4 * j + 2] : acc[4 * j]) + bias_r[j].x);
+          st_shared(st_off[2 + x] + j * 8 * kHalfRows * 4, (h ? acc[4 * j + 3] : acc[4 * j + 1]) + bias_r[j].y);
         }
     } else {
 #pragma unroll
@@ -347,11 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
       const TilePlace at = place_of<kNchw>(p, tile);
       const int pixel = at.pixel + kHalfRows * wg;
       if constexpr (kNchw) {
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          if (pixel + b * kBoxFloats < p.pixels)
-            tma::store_box_3d(&p.y_map, reinterpret_cast<unsigned char*>(staging) + b * kNchwStagingBoxBytes,
-                              pixel + b * kBoxFloats, p.m0, at.n);
+        if (pixel < p.pixels) tma::store_box_3d(&p.y_map, staging, pixel, p.m0, at.n);
       } else {
         if (pixel < p.pixels) tma::store_box(&p.y_map, staging, p.m0, pixel);  // the part past the matrix is skipped
       }
@@ -401,7 +408,7 @@ void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st) {
   if (q.nchw) {
     const int box_channels = q.R <= 32 ? 32 : 64;
     p.x_map = f32_planes_map(op, q.x, q.images, q.R, q.pixels, {box_channels, kBoxFloats, true});
-    p.y_map = f32_planes_map(op, q.y, q.images, q.M, q.pixels, {kOutChannels, kBoxFloats, true});
+    p.y_map = f32_planes_map(op, q.y, q.images, q.M, q.pixels, {kOutChannels, kHalfRows, false});
     p.pixels = q.pixels;
     p.tiles_per_image = (q.pixels + kTileRows - 1) / kTileRows;
     p.tiles = q.images * p.tiles_per_image;
