@@ -26,7 +26,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t planes, int64_t rows, int64_t cols, TmaBox box) {
   TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && cols % 4 == 0 && cols > 0 && rows > 0 && planes > 0 &&
                rows < (int64_t(1) << 31) && cols < (int64_t(1) << 31) && planes < (int64_t(1) << 31) &&
-               box.rows > 0 && box.rows <= 256 && box.cols > 0 && box.cols <= 256 && box.cols % 4 == 0 &&
+               box.rows > 0 && box.rows <= 256 && box.planes > 0 && box.planes <= 256 && (rank == 3 || box.planes == 1) && box.cols > 0 && box.cols <= 256 && box.cols % 4 == 0 &&
                (!box.swizzle128 || box.cols == 32),
            op_name, ": no tensor map for ", planes, " x ", rows, " x ", cols, " floats in boxes of ", box.rows, " x ",
            box.cols, box.swizzle128 ? " (128-byte swizzle)" : "", " (needs 16-byte aligned rows, fewer than 2^31)");
@@ -34,7 +34,8 @@ CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t pla
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(planes)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 4, static_cast<cuuint64_t>(cols * rows) * 4};
-  const cuuint32_t box_dims[3] = {static_cast<cuuint32_t>(box.cols), static_cast<cuuint32_t>(box.rows), 1};
+  const cuuint32_t box_dims[3] = {static_cast<cuuint32_t>(box.cols), static_cast<cuuint32_t>(box.rows),
+                                   static_cast<cuuint32_t>(box.planes)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(data), dims, strides,
                                box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,

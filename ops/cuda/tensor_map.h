@@ -15,6 +15,7 @@ struct TmaBox {
   // rows' chunk c fall in 8 different bank groups (ldmatrix without conflicts); such boxes must
   // start 1024-byte aligned in shared memory.
   bool swizzle128;
+  int planes = 1;  // f32_planes_map only: consecutive planes per box (box rows x cols each)
 };
 
 // A tensor map over the row-major f32 matrix at `data` (rows x cols, row stride cols floats),
@@ -24,8 +25,8 @@ struct TmaBox {
 CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box);
 
 // The same over `planes` such matrices stored one after another (planes x rows x cols, e.g. an
-// NCHW tensor as N planes of C x HW), boxes of one plane: rows past a plane's last are outside
-// (zeros / skipped), never the next plane's.
+// NCHW tensor as N planes of C x HW), boxes of box.planes planes: rows past a plane's last are
+// outside (zeros / skipped), never the next plane's.
 CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
                            TmaBox box);
 
