@@ -221,7 +221,6 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   // Per-lane offsets of the fragment loads (a_off) and of the staging writes (st_off), and the
   // bias of the channels each staging write carries.
   uint32_t a_off[4], st_off[4], a_off_c[kRows ? kKS : 1];
-  float2 bias_r[16];  // TF32 only: FP32 mode needs the registers, and reads the bias at the epilogue
   const int gq = g & 3;  // NHWC's staging rotation
   if constexpr (kNchw) {
     // Lane (g, t)'s pixels 16 wi + g + 8 h of the warpgroup's 64 lie in box 2 wg + wi / 2 of the
@@ -248,8 +247,6 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 #pragma unroll
       for (int x = 0; x < 2; ++x)
         st_off[2 * e + x] = tma::smem_u32(staging + (2 * t + e) * kHalfRows + 16 * wi + g + 8 * (x ^ (t >> 1)));
-#pragma unroll
-    for (int j = 0; j < 16; ++j) bias_r[j] = kSplit ? float2{} : make_float2(bias_s[8 * j + 2 * t], bias_s[8 * j + 2 * t + 1]);
   } else {
     // ldmatrix: lane 8 j + r hands row r of matrix j: rows 16 wi + r + 8 (j & 1) of the
     // warpgroup's half, 16-byte chunk 2 (ks % 4) + (j >> 1) of box ks / 4, stored at chunk ^ r.
@@ -274,11 +271,14 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       st_off[q] = tma::smem_u32(staging + (16 * wi + g) * kOutChannels + 8 * (q ^ gq) + 2 * t);
+  }
+  // The bias of the two channels lane (g, t) stores in step j: in registers for TF32; FP32 mode
+  // needs those registers (ptxas caps 288 threads at 168) and reads it at the epilogue.
+  auto bias_channel = [&](int j) { return (kNchw ? 8 * j : 8 * (j ^ gq)) + 2 * t; };
+  float2 bias_r[kSplit ? 1 : 16];
+  if constexpr (!kSplit) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int n = 8 * (j ^ gq) + 2 * t;
-      bias_r[j] = kSplit ? float2{} : make_float2(bias_s[n], bias_s[n + 1]);
-    }
+    for (int j = 0; j < 16; ++j) bias_r[j] = *reinterpret_cast<const float2*>(bias_s + bias_channel(j));
   }
   const uint64_t desc_hi = wgmma::kmajor_desc(tma::smem_u32(w_hi), kWeightLbo, kWeightSbo);
   const uint64_t desc_lo = wgmma::kmajor_desc(tma::smem_u32(w_lo), kWeightLbo, kWeightSbo);
@@ -341,9 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 
     if (store_thread) tma::bulk_wait_read<0>();  // the previous tile's stores have read the staging
     named_barrier_sync(1 + wg, 128);
-    // The bias of the channels lane (g, t) stores in step j.
     auto bias_of = [&](int j) -> float2 {
-      if constexpr (kSplit) return *reinterpret_cast<const float2*>(bias_s + (kNchw ? 8 * j : 8 * (j ^ gq)) + 2 * t);
+      if constexpr (kSplit) return *reinterpret_cast<const float2*>(bias_s + bias_channel(j));
       else return bias_r[j];
     };
     if constexpr (kNchw) {
@@ -422,7 +421,8 @@ constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coo
 }  // namespace
 
 bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev) {
-  if (q.R < 1 || q.R > 64 || q.M < 1 || q.images < 1 || q.pixels < 1 || !aligned16(q.x) || !aligned16(q.y)) return false;
+  if (q.R < 1 || q.R > 64 || q.M < 1 || q.images < 1 || q.pixels < 1 || !aligned16(q.x) || !aligned16(q.y))
+    return false;
   const bool rows_ok = q.nchw ? q.pixels % 4 == 0 && q.pixels < kCoordinateLimit && q.images < kCoordinateLimit
                               : q.R % 4 == 0 && q.M % 4 == 0 && q.images <= kCoordinateLimit / q.pixels;
   return rows_ok && device_runs_wgmma(dev);

@@ -23,13 +23,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 
 // planes x rows x cols, row-major, as a map of `rank` dimensions (2: planes must be 1).
-CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t planes, int64_t rows, int64_t cols, TmaBox box) {
+CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t planes, int64_t rows, int64_t cols,
+                   TmaBox box) {
+  const int64_t limit = int64_t(1) << 31;
   TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && cols % 4 == 0 && cols > 0 && rows > 0 && planes > 0 &&
-               rows < (int64_t(1) << 31) && cols < (int64_t(1) << 31) && planes < (int64_t(1) << 31) &&
-               box.rows > 0 && box.rows <= 256 && box.planes > 0 && box.planes <= 256 && (rank == 3 || box.planes == 1) && box.cols > 0 && box.cols <= 256 && box.cols % 4 == 0 &&
-               (!box.swizzle128 || box.cols == 32),
-           op_name, ": no tensor map for ", planes, " x ", rows, " x ", cols, " floats in boxes of ", box.rows, " x ",
-           box.cols, box.swizzle128 ? " (128-byte swizzle)" : "", " (needs 16-byte aligned rows, fewer than 2^31)");
+               rows < limit && cols < limit && planes < limit && box.rows > 0 && box.rows <= 256 && box.cols > 0 &&
+               box.cols <= 256 && box.cols % 4 == 0 && box.planes > 0 && box.planes <= 256 &&
+               (rank == 3 || box.planes == 1) && (!box.swizzle128 || box.cols == 32),
+           op_name, ": no tensor map for ", planes, " x ", rows, " x ", cols, " floats in boxes of ", box.planes,
+           " x ", box.rows, " x ", box.cols, box.swizzle128 ? " (128-byte swizzle)" : "",
+           " (needs 16-byte aligned rows, fewer than 2^31)");
   CUtensorMap map{};
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(planes)};
