@@ -57,8 +57,6 @@
 #include "ops/cuda/conv1x1_tma.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -80,7 +78,8 @@ constexpr int kStagingBytes = kHalfRows * kOutChannels * 4;   // 32 KB per warpg
 constexpr uint32_t kWeightLbo = 16 * 128, kWeightSbo = 128;  // see the layout above
 
 struct Params {
-  CUtensorMap x_map;  // NHWC: (rows, R) in boxes of 128 x 32; NCHW: (images, R, pixels) in boxes of 8 kKS x 32
+  CUtensorMap x_map;  // NHWC: (rows, R) in 128 x 32 boxes (R = 64: (rows, 2, 32) in 128 x 2 x 32);
+                      // NCHW: (images, R, pixels) in boxes of 8 kKS x 32
   CUtensorMap y_map;  // NHWC: (rows, M) in boxes of 64 x 128; NCHW: (images, M, pixels) in boxes of 128 x 64; dense
   const float* w;
   int64_t w_stride_m, w_stride_r;
@@ -454,11 +453,11 @@ void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st) {
   p.w_stride_m = q.w_stride_m;
   p.w_stride_r = q.w_stride_r;
   p.r_count = static_cast<int>(q.R);
+  p.bias = q.bias;
   set_device(dev);
   for (int64_t m0 = 0; m0 < q.M; m0 += kOutChannels) {
     p.m0 = static_cast<int>(m0);
     p.m_count = static_cast<int>(std::min<int64_t>(kOutChannels, q.M - m0));
-    p.bias = q.bias;
     if (q.nchw) {
       if (q.split) launch_for<true, true>(p, q.R, dev, st);
       else launch_for<true, false>(p, q.R, dev, st);
