@@ -63,6 +63,7 @@
 #include "ops/cuda/hopper.h"
 #include "ops/cuda/named_barrier.cuh"
 #include "ops/cuda/tensor_map.h"
+#include "ops/cuda/tf32.cuh"
 #include "ops/cuda/tma.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -120,11 +121,6 @@ __device__ __forceinline__ TilePlace place_of(const Params& p, int64_t tile) {
   }
 }
 
-// tf32 bits of x rounded to nearest: exact hi words for the split. As a plain TF32 operand the
-// tensor core reads only the top 19 bits: adding half an ulp (tf32_operand) is the whole rounding.
-__device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
-__device__ __forceinline__ uint32_t tf32_operand(uint32_t bits) { return bits + 0x1000u; }
-
 // The reduction channel of column k of the product (see "Fragments" above).
 template <bool kNchw>
 __device__ __forceinline__ int channel_of_column(int k) {
@@ -133,11 +129,6 @@ __device__ __forceinline__ int channel_of_column(int k) {
   return (k & ~7) + (c < 4 ? 2 * c : 2 * (c - 4) + 1);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 __device__ __forceinline__ uint32_t ld_shared(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -167,8 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   for (int e = threadIdx.x; e < L::kWeightWords; e += kThreads) {
     const int n = (e >> 2) & (kOutChannels - 1), r = channel_of_column<kNchw>(4 * (e >> 9) + (e & 3));
     const float v = (n < p.m_count && r < p.r_count) ? p.w[(p.m0 + n) * p.w_stride_m + r * p.w_stride_r] : 0.f;
-    w_hi[e] = tf32_round(v);
-    if constexpr (kSplit) w_lo[e] = tf32_round(v - __uint_as_float(w_hi[e]));
+    w_hi[e] = tf32_bits(v);
+    if constexpr (kSplit) w_lo[e] = tf32_bits(v - __uint_as_float(w_hi[e]));
   }
   for (int c = threadIdx.x; c < kOutChannels; c += kThreads)
     bias_s[c] = (p.bias != nullptr && c < p.m_count) ? p.bias[p.m0 + c] : 0.f;
@@ -308,10 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if constexpr (kSplit) {
-          a_hi[ks][u] = tf32_round(__uint_as_float(raw[ks][u]));
-          a_lo[ks][u] = tf32_operand(__float_as_uint(__uint_as_float(raw[ks][u]) - __uint_as_float(a_hi[ks][u])));
+          a_hi[ks][u] = tf32_bits(__uint_as_float(raw[ks][u]));
+          a_lo[ks][u] = tf32_operand(__uint_as_float(raw[ks][u]) - __uint_as_float(a_hi[ks][u]));
         } else {
-          a_hi[ks][u] = tf32_operand(raw[ks][u]);
+          a_hi[ks][u] = tf32_operand(__uint_as_float(raw[ks][u]));
         }
       }
     // The operands exist before the fence: left to itself the compiler sinks their arithmetic

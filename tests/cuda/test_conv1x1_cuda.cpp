@@ -162,16 +162,16 @@ TEST(CudaConv1x1, NhwcTmaBoxesAndEdges) {
   check_case({2, 60, 44, 30, 33, true});   // 1980 rows = 15 x 128 + 60; K = 44: 2 store boxes, one partial
 }
 
-// NCHW: images whose pixel counts (multiples of 4) end in partial tiles, with the second
-// warpgroup's 64 pixels or one of its two 32-pixel store boxes wholly past the image; one
-// channel each way (the channel box is mostly zeros past the image's channels, never the next
+// NCHW: images whose pixel counts (multiples of 4) end in partial tiles: input boxes of 32 pixels
+// wholly past the image, the first warpgroup's 64-pixel store box cut short, the second's skipped;
+// one channel each way (the channel box is mostly zeros past the image's channels, never the next
 // image's); output channels in three launches; 33 reduction channels (a second k-step group of
 // one channel).
 TEST(CudaConv1x1, NchwTmaBoxesAndEdges) {
   TG_REQUIRE_GPU();
   check_case({3, 1, 1, 4, 5, true});       // 20 pixels, C = K = 1
   check_case({2, 36, 260, 6, 22, true});   // 132 pixels = 128 + 4; K = 128 + 128 + 4
-  check_case({2, 33, 40, 8, 20, false});   // 160 pixels: the last tile's second half stores one box
+  check_case({2, 33, 40, 8, 20, false});   // 160 pixels: the last tile stores 32 of its first half's 64
   check_case({1, 64, 128, 1, 4, true});    // 4 pixels: B's channels, one nearly empty tile
   check_case({2, 60, 44, 30, 32, true});   // 960 pixels = 7.5 tiles
 }
