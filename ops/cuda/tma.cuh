@@ -88,6 +88,71 @@ __device__ __forceinline__ void load_box_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 #endif
 }
+// The same for a box (c0: column, c1: row, c2: plane, c3: image) of a stack of images
+// (f32_images_map), with the default L2 policy (data other blocks read again).
+__device__ __forceinline__ void load_box_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+#endif
+}
+// The same box written to the same shared-memory offset of every CTA of this cluster named in
+// cta_mask (bit r: rank r), each signalling its own barrier at bar's offset: one L2 read serves
+// several SMs.
+__device__ __forceinline__ void load_box_4d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                                      int c1, int c2, int c3, uint16_t cta_mask) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
+      : "memory");
+#endif
+}
+
+// ---- thread-block clusters (launched with a cluster dimension) ----
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+// Every thread of every CTA of the cluster arrives and waits: what each wrote before (its
+// barriers' inits included) is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// One arrival on the barrier at bar's offset in the shared memory of CTA `rank` of this cluster
+// (this CTA included), releasing this thread's earlier accesses at cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+#endif
+}
+// mbar_wait, acquiring at cluster scope (what the arriving CTAs did before their arrivals).
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
 // `bytes` contiguous bytes global -> shared (both 16-byte aligned, bytes a multiple of 16), counted
 // towards bar's current phase: one instruction for a whole block of memory, no tensor map.
 __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
