@@ -19,7 +19,7 @@
 // Per pipeline stage (8 input channels; 4 stages, loads 2 steps ahead):
 //   halo (B)   [channel quad (2)][halo row (4)][halo column (264, 258 used)][4 channels] 33 KB
 //   weights (A)[tap (9)][k half (2)][output channel (64)][4 input channels]              18 KB
-//   = 51.8 KB per stage, 207 KB for 4 (of 227 KB).
+//   = 51.8 KB per stage, 207 KB for 4; + 18 KB of staged-store scratch (8 warps x 8 x 72 floats) = 225 KB (of 227 KB).
 // Tiles of 128 output channels x 2 rows x 128 columns (4 warpgroups: the halo transposed once per
 // 128 channels) and 64 x 4 x 128 (6 halo rows per 4 output rows) were measured slower on an H200
 // (workload A forward 2.92 / 2.90 ms vs 2.71): m64n128 wgmma read the weights twice as often and
@@ -72,10 +72,12 @@
 //   - stage (s + 2) % 4 was last read by step s - 2, which every warpgroup retired (its wait at
 //     the end of step s - 1) before the barrier of step s: refilled only after every wgmma
 //     reading it retired.
-//   - tile end: wait_group 0, accumulators re-bound (fence_operand), __syncthreads (step s - 1
-//     is retired by this thread's wait, but the other warpgroup's wait of step s may not have
-//     come yet: the barrier orders both), staged through stage load_stage (= (s + 3) % 4: read by
-//     step s - 1; refilled only after the next step's barrier) and stored; the next tile's first wgmma has scale-d = 0
+//   - tile end: wait_group 0, accumulators re-bound (fence_operand), staged through the warp's
+//     own scratch (outside the stages) and stored. (Until session 10 the scratch lay in stage
+//     (s + 3) % 4, which the other warpgroup's wgmma of step s - 1 may still have been reading:
+//     its retirement is only known after that warpgroup's wait of step s. Ordering it by a
+//     barrier cost 3% on an H100; a 18 KB scratch of its own costs nothing, see notes_conv3x3.)
+//     The next tile's first wgmma has scale-d = 0
 //     (no zeroing) and follows a wgmma.fence (the epilogue read them).
 //
 // Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
@@ -86,8 +88,6 @@
 // as the register-A kernel; the weights are 35% of it).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
 
@@ -97,7 +97,6 @@
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/hopper.h"
-#include "ops/cuda/tensor_map.h"
 #include "ops/cuda/tma.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -109,11 +108,6 @@ namespace {
 // 8 bytes to / from shared memory (8-byte aligned), plain generic-proxy accesses.
 __device__ __forceinline__ void store2_shared(float* dst, float v0, float v1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1) : "memory");
-}
-__device__ __forceinline__ void store4_shared(float* dst, float v0, float v1, float v2, float v3) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1),
-               "f"(v2), "f"(v3)
-               : "memory");
 }
 __device__ __forceinline__ float2 load2_shared(const float* src) {
   float2 v;
@@ -152,13 +146,15 @@ struct SsTile {
   static constexpr int kStageFloats = kXStage + kWStage;
   static constexpr uint32_t kALbo = kM * 16, kASbo = 128;            // weights: next channel quad, next 8 rows
   static constexpr uint32_t kBLbo = kQuadFloats * 4, kBSbo = 128;    // halo: next channel quad, next 8 pixels
-  static constexpr size_t kBarrierOffset = sizeof(float) * kStages * kStageFloats;  // weights landed, per stage
-  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * kStages;
-  // Staged stores: each warp's scratch holds 8 output channels x 128 columns, rows padded to
-  // kScratchStride floats (= 8 mod 32: the fragment-order 8-byte writes are conflict-free).
-  static constexpr int kScratchStride = 136, kScratchFloats = 8 * kScratchStride;
+  // Staged stores: each warp's own scratch (outside the stages, so that no other warp's wgmma
+  // can still be reading it) holds 8 output channels x 64 columns, rows padded to kScratchStride
+  // floats (= 8 mod 32: the fragment-order 8-byte writes are conflict-free).
+  static constexpr int kScratchCols = 64, kScratchStride = 72, kScratchFloats = 8 * kScratchStride;
+  static constexpr size_t kScratchOffset = sizeof(float) * kStages * kStageFloats;
+  static constexpr size_t kBarrierOffset = kScratchOffset + sizeof(float) * (kThreads / 32) * kScratchFloats;
+  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * kStages;  // + weights landed, per stage
   static_assert(kThreads / 32 == 2 * kHaloRows, "one warp per (channel quad, halo row) of a stage");
-  static_assert(kThreads / 32 * kScratchFloats <= kStageFloats, "the staged stores fit in one stage");
+  static_assert(kScratchStride % 32 == 8 && kScratchStride >= kScratchCols, "conflict-free scratch rows");
   static_assert(kXStage % 32 == 0 && kStageFloats % 32 == 0, "operand images on 128-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 };
@@ -248,11 +244,11 @@ __device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_ad
 // Writes a finished tile (+ bias). This thread holds output channels k0 + 16 wi + g + 8 h of
 // output row oh0 + wg, columns ow0 + 8 j + 2 t + e in acc[4 j + 2 h + e]. Addresses are formed
 // for rows, channels or columns outside the output too, and never stored to.
-// p.pairs (the workload's case): staged through `scratch` (this warp's kScratchFloats of a free
-// stage) in 4 rounds of 8 channels x 128 columns: fragment-order 8-byte writes, then each store
-// instruction writes 256 contiguous bytes of one output row (2 whole 128-byte lines) instead of 8
-// rows x 32 bytes: a quarter of the L2 write requests. Stored from the fragments, the epilogue
-// took ~0.8 of the 2.7 ms forward of workload A on an H200 (tensor cores idle meanwhile).
+// p.pairs (the workload's case): staged through `scratch` (this warp's kScratchFloats) in 8 rounds
+// of 8 channels x 64 columns: fragment-order 8-byte writes, then each store instruction writes
+// 256 contiguous bytes of one output row (2 whole 128-byte lines) instead of 8 rows x 32 bytes: a
+// quarter of the L2 write requests. Stored from the fragments, the epilogue took ~0.8 of the
+// 2.7 ms forward of workload A on an H200 (tensor cores idle meanwhile).
 // Otherwise (odd Wout or 4-byte aligned out): one float per store, from the fragments.
 __device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
                                            const SsParams& p, const TileCoord& tc, const float (&acc)[T::kAcc],
@@ -261,33 +257,31 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
   const int64_t oh = tc.oh0 + wg;
   const int64_t cols_left64 = p.Wout - tc.ow0;  // columns of this tile inside the output
   const int cols_left = static_cast<int>(cols_left64 < T::kCols ? cols_left64 : T::kCols);
+  constexpr int kRounds = T::kCols / T::kScratchCols, kFragCols = T::kScratchCols / 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t k_frag = tc.k0 + 16 * wi + g + 8 * h;  // this thread's fragment row
     const float b = bias && k_frag < p.Kout ? bias[k_frag] : 0.f;
     if (p.pairs) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // Fragment order in: row g, columns 8 jj + 2 t + e of this 128-column half.
+      for (int round = 0; round < kRounds; ++round) {
+        // Fragment order in: row g, columns 8 jj + 2 t + e of this round's 64 columns.
 #pragma unroll
-        for (int jj = 0; jj < 16; ++jj) {
-          const int j = 16 * half + jj;
+        for (int jj = 0; jj < kFragCols; ++jj) {
+          const int j = kFragCols * round + jj;
           store2_shared(scratch + g * T::kScratchStride + 8 * jj + 2 * t, acc[4 * j + 2 * h] + b,
                         acc[4 * j + 2 * h + 1] + b);
         }
         __syncwarp();
-        // Rows out: lane l takes columns 2 l, 2 l + 1 and 64 + 2 l, 65 + 2 l of each of the 8 rows.
+        // Rows out: lane l takes columns 2 l, 2 l + 1 of each of the 8 rows.
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
           const int64_t k = tc.k0 + 16 * wi + r + 8 * h;
           const bool row_ok = k < p.Kout && oh < p.Hout;
-          float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0 + 128 * half;
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int col = 64 * q + 2 * lane;
-            const float2 v = load2_shared(scratch + r * T::kScratchStride + col);
-            store2_if(row + col, v.x, v.y, row_ok && 128 * half + col < cols_left);
-          }
+          const int col = T::kScratchCols * round + 2 * lane;
+          float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0;
+          const float2 v = load2_shared(scratch + r * T::kScratchStride + 2 * lane);
+          store2_if(row + col, v.x, v.y, row_ok && col < cols_left);
         }
         __syncwarp();  // the next round overwrites the scratch
       }
@@ -372,216 +366,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma::wait<0>();
 #pragma unroll
     for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
-    // Scratch for the staged stores: stage load_stage (= the last step's - 1) was last read by
-    // the previous step and is refilled only after the next step's barrier (no copy is in flight
-    // into it). This thread's wait retired its own warpgroup's reads of it; the barrier makes
-    // sure the other warpgroup's have retired too (its wait of the last step may come later).
-    __syncthreads();
-    float* scratch = smem + load_stage * T::kStageFloats + warp * T::kScratchFloats;
+    float* scratch = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + T::kScratchOffset) +
+                     warp * T::kScratchFloats;
     store_tile(out, bias, p, tile_coord<T>(tile, p), acc, scratch, wg, wi, lane);
   }
   cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
-#else
-  __trap();  // conv3x3_wgmma_ss_applies is false for builds without sm_90a code
-#endif
-}
-
-// ---- The same kernel with a TMA-fed halo (input rows a multiple of 16 bytes) ----
-//
-// The 4-byte copies of load_halo cost the forward of workload A ~0.65 ms of tensor time (round 6
-// of notes_conv3x3.md: wgmma alone 1.28 ms, with the copies 1.93): 33 copy instructions per
-// thread and step, each reading 4 rows x 32 bytes through L1. Here the TMA unit fetches a step's
-// halo as it lies in NCHW -- two boxes of [8 channels][4 rows][136 columns], the second from
-// column 128 -- into a raw buffer (one instruction of one thread, zeros outside the image, the
-// channels past Cin and the padding included), and the warps transpose it into the same K-major
-// image load_halo writes, with shared-memory accesses only: per pixel and channel quad four 4-byte
-// loads (32 consecutive floats of a channel row per warp: no bank conflict) and one 16-byte store
-// (32 consecutive pixels: 512 contiguous bytes, 4 wavefronts, the minimum).
-// A box's first column must be a multiple of 16 bytes: the boxes start at ow0 + ((-pad_w) & ~3)
-// (ow0 is a multiple of 256) and the taps read the image `shift` = (-pad_w) & 3 pixels further.
-//
-// Shared memory: 3 operand stages (halo image + weights, as above) + 2 raw buffers (34 KB each)
-// = 221 KB. Pipeline of step s (stage s % 3, raw buffer s % 2):
-//   wait for the weights of s -> fence.proxy.async (this thread's transposes of s, made during
-//   step s - 1) -> __syncthreads -> 9 wgmma -> thread 0: TMA of raw (s + 2) into raw buffer s % 2
-//   (transposed by everyone before this barrier) and the bulk copy of the weights of s + 1 into
-//   stage (s + 1) % 3 -> wait for raw (s + 1), transpose it into stage (s + 1) % 3 (both: last
-//   read by step s - 2, which every warpgroup retired before this barrier) -> wgmma.wait_group 1.
-//   So the transposes run while two steps of wgmma are queued, off the path between barriers.
-// Tile end: wait_group 0, __syncthreads (the other warpgroup's last step - 1 retired too), staged
-// stores through stage (s + 2) % 3, rewritten only after the next step's barrier.
-struct TmaFill {
-  static constexpr int kStages = 3;      // operand stages (halo image + weights): T's layout
-  static constexpr int kRawBuffers = 2;  // raw halos in flight
-  static constexpr int kBoxCols = 136, kBox1Col = 128;                       // box 1: columns 128..263
-  static constexpr int kBoxFloats = T::kChunk * T::kHaloRows * kBoxCols;    // [8 channels][4 rows][136]
-  static constexpr int kRawFloats = 2 * kBoxFloats;
-  static constexpr size_t kRawOffset = sizeof(float) * kStages * T::kStageFloats;
-  static constexpr size_t kBarrierOffset = kRawOffset + sizeof(float) * kRawBuffers * kRawFloats;
-  // barriers: weights landed (per stage), halo landed and (CTA pairs) halo free (per raw buffer)
-  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * (kStages + 2 * kRawBuffers);
-  static_assert(kBox1Col + kBoxCols == T::kCopyCols, "the two boxes cover the image's columns");
-  static_assert(T::kThreads == 8 * 32 && 8 * 32 + 8 == T::kCopyCols, "warp w transposes columns 32 w.., 2 warps the last 8");
-  static_assert(kRawOffset % 128 == 0 && (kBoxFloats * 4) % 128 == 0, "TMA destinations 128-byte aligned");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
-};
-using F = TmaFill;
-
-// Thread 0 asks the TMA unit for the cursor's halo (both boxes) into `raw`; `landed` completes
-// when it is there. col0: the boxes' first column relative to the tile's (a multiple of 4).
-// kPair: this CTA fetches only box `rank` and the TMA unit writes it into both CTAs of the pair
-// (same offsets), whose `landed` each expect both boxes.
-template <bool kPair>
-__device__ __forceinline__ void load_raw_halo(float* raw, uint64_t* landed, const CUtensorMap* map, const SsParams& p,
-                                              const LoadCursor& cur, int col0, uint32_t rank) {
-  tma::mbar_arrive_expect_tx(landed, sizeof(float) * F::kRawFloats);
-  const int col = static_cast<int>(cur.tc.ow0) + col0, row = static_cast<int>(cur.tc.oh0 - p.pad_h);
-  const int channel = static_cast<int>(cur.chunk * T::kChunk), image = static_cast<int>(cur.tc.n);
-  if constexpr (kPair) {
-    tma::load_box_4d_multicast(raw + rank * F::kBoxFloats, map, landed, col + rank * F::kBox1Col, row, channel, image,
-                               0b11);
-  } else {
-    tma::load_box_4d(raw, map, landed, col, row, channel, image);
-    tma::load_box_4d(raw + F::kBoxFloats, map, landed, col + F::kBox1Col, row, channel, image);
-  }
-}
-
-// raw (two boxes [channel][halo row][136 columns]) -> the stage's K-major halo image
-// [channel quad][halo row][column][4 channels]. Warp w takes columns 32 w + lane of every (quad,
-// halo row), warps 0-1 also the last 8 columns (thread i: (quad, row) i / 8, column 256 + i % 8).
-__device__ __forceinline__ void transpose_halo(float* image, const float* raw) {
-  constexpr int kRowStride = F::kBoxCols, kChannelStride = T::kHaloRows * F::kBoxCols;
-  const int warp = threadIdx.x / 32;
-  const auto move = [&](int quad, int hrow, int col, const float* src) {
-    const float* c0 = src + (4 * quad * T::kHaloRows + hrow) * kRowStride;
-    store4_shared(image + ((quad * T::kHaloRows + hrow) * T::kCopyCols + col) * 4, c0[0], c0[kChannelStride],
-                  c0[2 * kChannelStride], c0[3 * kChannelStride]);
-  };
-  const int col = threadIdx.x;  // 32 warp + lane
-  const float* src = raw + (warp < 4 ? col : F::kBoxFloats + col - F::kBox1Col);
-#pragma unroll
-  for (int quad = 0; quad < 2; ++quad) {
-#pragma unroll
-    for (int hrow = 0; hrow < T::kHaloRows; ++hrow) move(quad, hrow, col, src);
-  }
-  if (warp < 2) {
-    const int qr = threadIdx.x / 8, tail_col = T::kThreads + threadIdx.x % 8;
-    move(qr / T::kHaloRows, qr % T::kHaloRows, tail_col, raw + F::kBoxFloats + tail_col - F::kBox1Col);
-  }
-}
-
-// kPair: launched in clusters of 2 CTAs on the two channel tiles of the same pixels (k_tiles even,
-// an even grid: tile t and t ^ 1 are the same pixels, and both CTAs walk them in step), each
-// fetching half of every halo for both (multicast): the L2 reads the halo once for 128 output
-// channels instead of twice. Before a raw buffer is refilled, both CTAs must have transposed it:
-// each thread 0 arrives on both CTAs' `x_free` barrier of that buffer after its step barrier, and
-// waits on its own before the TMA request.
-template <bool kPair>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    conv3x3_wgmma_ss_tma_kernel(float* __restrict__ out,                 // (N, Kout, Hout, Wout)
-                                const __grid_constant__ CUtensorMap x_map,  // in (N, Cin, Hin, Win), boxes 8 x 4 x 136
-                                const float* __restrict__ wp,            // (chunks, k_tiles, 9, 2, 64, 4)
-                                const float* __restrict__ bias,          // (Kout) or null
-                                SsParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float* smem = dynamic_smem();
-  const uint32_t smem_addr = wgmma::shared_address(smem);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wg = warp / 4, wi = warp % 4;
-  const int col0 = static_cast<int>(-p.pad_w) & ~3, shift = static_cast<int>(-p.pad_w) & 3;
-  const uint32_t rank = kPair ? tma::cluster_rank() : 0;
-
-  float acc[T::kAcc];
-#pragma unroll
-  for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
-  unsigned char* bytes = reinterpret_cast<unsigned char*>(smem);
-  float* raw = reinterpret_cast<float*>(bytes + F::kRawOffset);
-  uint64_t* w_landed = reinterpret_cast<uint64_t*>(bytes + F::kBarrierOffset);  // per operand stage
-  uint64_t* x_landed = w_landed + F::kStages;                                    // per raw buffer
-  uint64_t* x_free = x_landed + F::kRawBuffers;                                  // per raw buffer (kPair)
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < F::kStages; ++s) tma::mbar_init(&w_landed[s], 1);
-    for (int b = 0; b < F::kRawBuffers; ++b) tma::mbar_init(&x_landed[b], 1);
-    for (int b = 0; b < F::kRawBuffers; ++b) tma::mbar_init(&x_free[b], 2);
-    tma::mbar_init_fence();
-    tma::prefetch_map(&x_map);
-  }
-  if constexpr (kPair) tma::cluster_sync();  // both CTAs' barriers exist before either's TMA signals them
-  else __syncthreads();
-  // Only thread 0 issues loads: its cursors run 2 steps (halo) and 1 step (weights) ahead.
-  LoadCursor x_cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
-  LoadCursor w_cur = x_cur;
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < F::kRawBuffers && x_cur.tile < p.tiles; ++b) {
-      load_raw_halo<kPair>(raw + b * F::kRawFloats, &x_landed[b], &x_map, p, x_cur, col0, rank);
-      advance<T>(x_cur, p);
-    }
-    load_weights(smem, &w_landed[0], wp, p, w_cur);
-    advance<T>(w_cur, p);
-  }
-  uint32_t w_parity = 0, x_parity = 0, free_parity = 0;  // bit i: parity of barrier i's next completion
-  // Waits for the halo of the step in raw buffer `b` and transposes it into `stage`.
-  const auto take_halo = [&](int b, int stage) {
-    tma::mbar_wait(&x_landed[b], (x_parity >> b) & 1);
-    x_parity ^= 1u << b;
-    transpose_halo(smem + stage * T::kStageFloats, raw + b * F::kRawFloats);
-  };
-  if (p.tiles > blockIdx.x) take_halo(0, 0);  // step 0's halo; each step transposes the next one's
-  const int64_t steps = (p.tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * p.chunks;  // this block's
-  int64_t step = 0;
-  int stage = 0, buffer = 0;  // of this step
-  const auto run_step = [&](bool accumulate) {
-    tma::mbar_wait(&w_landed[stage], (w_parity >> stage) & 1);
-    w_parity ^= 1u << stage;
-    wgmma::fence_proxy_async();  // this thread's transposed halo of this step is visible to the wgmma
-    __syncthreads();             // everyone's is; raw buffer `buffer` has been read by everyone
-    const uint32_t stage_addr = smem_addr + 4u * stage * T::kStageFloats;
-    issue_stage(acc, stage_addr + 16u * shift, stage_addr + 4u * T::kXStage, wg, accumulate);
-    const int next = stage == F::kStages - 1 ? 0 : stage + 1;
-    if (threadIdx.x == 0) {
-      if constexpr (kPair) {
-        tma::mbar_arrive_cluster(&x_free[buffer], 0);
-        tma::mbar_arrive_cluster(&x_free[buffer], 1);
-      }
-      if (x_cur.tile < p.tiles) {  // step + 2 into this step's raw buffer
-        if constexpr (kPair) {
-          tma::mbar_wait_cluster(&x_free[buffer], (free_parity >> buffer) & 1);  // the other CTA read it too
-          free_parity ^= 1u << buffer;
-        }
-        load_raw_halo<kPair>(raw + buffer * F::kRawFloats, &x_landed[buffer], &x_map, p, x_cur, col0, rank);
-        advance<T>(x_cur, p);
-      }
-      if (w_cur.tile < p.tiles) {  // step + 1's weights
-        load_weights(smem + next * T::kStageFloats, &w_landed[next], wp, p, w_cur);
-        advance<T>(w_cur, p);
-      }
-    }
-    buffer ^= 1;
-    // The next step's halo, while this step's and the previous step's wgmma run: its stage was
-    // last read by step - 2, which every warpgroup retired before this step's barrier.
-    if (++step < steps) take_halo(buffer, next);
-    stage = next;
-    wgmma::wait<1>();  // step - 1 retired
-  };
-#pragma unroll 1
-  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
-    run_step(/*accumulate=*/false);
-#pragma unroll 1
-    for (int64_t chunk = 1; chunk < p.chunks; ++chunk) run_step(/*accumulate=*/true);
-    wgmma::wait<0>();
-#pragma unroll
-    for (int i = 0; i < T::kAcc; ++i) wgmma::fence_operand(acc[i]);
-    // Scratch: stage (last step + 2) % 3 = (last step - 1) % 3 (`stage` is last step + 1, whose
-    // halo is already transposed). Its next writers (the transposes and the weights of last step
-    // + 2) come after the next step's barrier; the barrier here makes sure the other warpgroup's
-    // wgmma of last step - 1 have retired too.
-    __syncthreads();
-    const int free_stage = stage == F::kStages - 1 ? 0 : stage + 1;
-    float* scratch = smem + free_stage * T::kStageFloats + warp * T::kScratchFloats;
-    store_tile(out, bias, p, tile_coord<T>(tile, p), acc, scratch, wg, wi, lane);
-  }
-  // The other CTA's last arrivals on this CTA's barriers happen before it gets here.
-  if constexpr (kPair) tma::cluster_sync();
 #else
   __trap();  // conv3x3_wgmma_ss_applies is false for builds without sm_90a code
 #endif
@@ -646,56 +435,8 @@ void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
   check_conv3x3_tensors(op, s, conv3x3_wgmma_ss_applies, kNeedsTf32Wgmma, ts);
 }
 
-// The TMA-fed halo (conv3x3_wgmma_ss_tma_kernel) takes inputs whose rows are whole 16-byte units
-// (Win % 4 == 0, 16-byte aligned base) and 32-bit TMA coordinates. TG_CONV3X3_SS_TMA=0 keeps the
-// 4-byte copies everywhere (to measure one against the other).
-bool tma_halo_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV3X3_SS_TMA");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return enabled;
-}
-bool tma_halo_applies(const SsParams& p, const float* in) {
-  const int64_t limit = int64_t{1} << 30;
-  return tma_halo_enabled() && p.Win % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 && p.N < limit &&
-         p.Cin < limit && p.Hin < limit && p.Win < limit && p.Wout < limit && p.Hout < limit;
-}
-
-// TG_CONV3X3_SS_PAIRS=0: no CTA pairs (each CTA fetches its whole halo).
-bool tma_pairs_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV3X3_SS_PAIRS");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return enabled;
-}
-
-// The pair kernel in clusters of 2, as many pairs as fit at once (each SM holds one CTA).
-void launch_pairs(float* out, const CUtensorMap& x_map, const float* wp, const float* bias, const SsParams& p,
-                  int dev) {
-  const auto kernel = conv3x3_wgmma_ss_tma_kernel<true>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(F::kSmemBytes)));
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(T::kThreads);
-  config.dynamicSmemBytes = F::kSmemBytes;
-  config.stream = stream(dev);
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(p.tiles / 2, sm_count(dev) / 2)));
-  int clusters = 0;
-  TG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  TG_CHECK(clusters > 0, "conv3x3_wgmma_ss: no pair of CTAs fits on this GPU");
-  config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(p.tiles / 2, clusters)));
-  TG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, x_map, wp, bias, p));
-}
-
 // out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
-void run(const char* op, const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p,
-         bool for_grad_input) {
+void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, SsParams p, bool for_grad_input) {
   const int dev = out.device().index;
   set_device(dev);
   p = plan(p, reinterpret_cast<uintptr_t>(out.data<float>()) % 8 == 0);
@@ -705,38 +446,17 @@ void run(const char* op, const Tensor& out, const Tensor& in, const Tensor& w, c
       wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, for_grad_input);
   TG_LAUNCH_CHECK();
 
+  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(T::kSmemBytes)));
   // One block per SM (the accumulators take half the registers, the stages most of the smem).
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
-  if (tma_halo_applies(p, in.data<float>())) {
-    const CUtensorMap x_map = f32_images_map(op, in.data<float>(), p.N, p.Cin, p.Hin, p.Win,
-                                             TmaBox{.rows = T::kHaloRows, .cols = F::kBoxCols, .swizzle128 = false,
-                                                    .planes = T::kChunk});
-    if (p.k_tiles % 2 == 0 && tma_pairs_enabled()) {
-      launch_pairs(out.data<float>(), x_map, wp.data<float>(), bias, p, dev);
-    } else {
-      TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_tma_kernel<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(F::kSmemBytes)));
-      conv3x3_wgmma_ss_tma_kernel<false><<<static_cast<unsigned>(grid), T::kThreads, F::kSmemBytes, stream(dev)>>>(
-          out.data<float>(), x_map, wp.data<float>(), bias, p);
-    }
-  } else {
-    TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(T::kSmemBytes)));
-    conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
-        out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
-  }
+  conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
+      out.data<float>(), in.data<float>(), wp.data<float>(), bias, p);
   TG_LAUNCH_CHECK();
   // wp is freed stream-ordered, after the kernel that reads it.
 }
 
 }  // namespace
-
-bool conv3x3_wgmma_ss_reads_by_tma(const Tensor& in) {
-  if (in.dim() != 4) return false;
-  SsParams p{};
-  p.N = in.size(0), p.Cin = in.size(1), p.Hin = in.size(2), p.Win = in.size(3);
-  return tma_halo_applies(p, in.data<float>());
-}
 
 bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d) {
   return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
@@ -746,14 +466,14 @@ void conv3x3_wgmma_ss_forward(const Tensor& y, const Tensor& x, const Tensor& w,
                               const ConvShape& s) {
   check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (b.defined()) check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
-  run("conv3x3_wgmma_ss_forward", y, x, w, b.defined() ? b.data<float>() : nullptr,
+  run(y, x, w, b.defined() ? b.data<float>() : nullptr,
       forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
       /*for_grad_input=*/false);
 }
 
 void conv3x3_wgmma_ss_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   check_tensors("conv3x3_wgmma_ss_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
-  run("conv3x3_wgmma_ss_grad_input", dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
+  run(dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
       /*for_grad_input=*/true);
 }
 

@@ -19,11 +19,6 @@ namespace tg::cuda {
 // tensor core (weights rounded): rel. L2 error ~5e-4.
 bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d);
 
-// True when the kernel would fetch `in` (x of the forward, dy of the grad-input) by TMA boxes and
-// transpose it in shared memory (rows of whole 16-byte units: width % 4 == 0, 16-byte aligned),
-// rather than by 4-byte copies; TG_CONV3X3_SS_TMA=0 turns that off. Results agree either way.
-bool conv3x3_wgmma_ss_reads_by_tma(const Tensor& in);
-
 // y (N, K, Ho, Wo) = conv(x (N, C, H, W), w (K, C, 3, 3)) + b (K) or no bias (undefined b).
 void conv3x3_wgmma_ss_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
 // dx (N, C, H, W) = gradient of the output dy (N, K, Ho, Wo) with respect to x (overwritten).

@@ -22,49 +22,42 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-// images x planes x rows x cols, row-major, as a map of `rank` dimensions (2: planes and images
-// must be 1; 3: images must be 1); boxes of one image.
-CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t images, int64_t planes, int64_t rows,
-                   int64_t cols, TmaBox box) {
+// planes x rows x cols, row-major, as a map of `rank` dimensions (2: planes must be 1).
+CUtensorMap encode(const char* op_name, int rank, const float* data, int64_t planes, int64_t rows, int64_t cols,
+                   TmaBox box) {
   const int64_t limit = int64_t(1) << 31;
   TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && cols % 4 == 0 && cols > 0 && rows > 0 && planes > 0 &&
-               images > 0 && rows < limit && cols < limit && planes < limit && images < limit && box.rows > 0 && box.rows <= 256 && box.cols > 0 &&
+               rows < limit && cols < limit && planes < limit && box.rows > 0 && box.rows <= 256 && box.cols > 0 &&
                box.cols <= 256 && box.cols % 4 == 0 && box.planes > 0 && box.planes <= 256 &&
-               (rank >= 3 || box.planes == 1) && (!box.swizzle128 || box.cols == 32),
-           op_name, ": no tensor map for ", images, " x ", planes, " x ", rows, " x ", cols, " floats in boxes of ", box.planes,
+               (rank == 3 || box.planes == 1) && (!box.swizzle128 || box.cols == 32),
+           op_name, ": no tensor map for ", planes, " x ", rows, " x ", cols, " floats in boxes of ", box.planes,
            " x ", box.rows, " x ", box.cols, box.swizzle128 ? " (128-byte swizzle)" : "",
            " (needs 16-byte aligned rows, fewer than 2^31)");
   CUtensorMap map{};
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(planes), static_cast<cuuint64_t>(images)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(cols) * 4, static_cast<cuuint64_t>(cols * rows) * 4,
-                                 static_cast<cuuint64_t>(cols * rows * planes) * 4};
-  const cuuint32_t box_dims[4] = {static_cast<cuuint32_t>(box.cols), static_cast<cuuint32_t>(box.rows),
-                                   static_cast<cuuint32_t>(box.planes), 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(planes)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 4, static_cast<cuuint64_t>(cols * rows) * 4};
+  const cuuint32_t box_dims[3] = {static_cast<cuuint32_t>(box.cols), static_cast<cuuint32_t>(box.rows),
+                                   static_cast<cuuint32_t>(box.planes)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(data), dims, strides,
                                box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                box.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TG_CHECK(r == CUDA_SUCCESS, op_name, ": cuTensorMapEncodeTiled failed (error ", static_cast<int>(r), ") for ",
-           images, " x ", planes, " x ", rows, " x ", cols, " floats");
+           planes, " x ", rows, " x ", cols, " floats");
   return map;
 }
 
 }  // namespace
 
 CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box) {
-  return encode(op_name, 2, data, 1, 1, rows, cols, box);
+  return encode(op_name, 2, data, 1, rows, cols, box);
 }
 
 CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
                            TmaBox box) {
-  return encode(op_name, 3, data, 1, planes, rows, cols, box);
-}
-
-CUtensorMap f32_images_map(const char* op_name, const float* data, int64_t images, int64_t planes, int64_t rows,
-                           int64_t cols, TmaBox box) {
-  return encode(op_name, 4, data, images, planes, rows, cols, box);
+  return encode(op_name, 3, data, planes, rows, cols, box);
 }
 
 }  // namespace tg::cuda

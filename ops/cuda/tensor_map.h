@@ -15,7 +15,7 @@ struct TmaBox {
   // rows' chunk c fall in 8 different bank groups (ldmatrix without conflicts); such boxes must
   // start 1024-byte aligned in shared memory.
   bool swizzle128;
-  int planes = 1;  // f32_planes_map / f32_images_map: consecutive planes per box (box rows x cols each)
+  int planes = 1;  // f32_planes_map only: consecutive planes per box (box rows x cols each)
 };
 
 // A tensor map over the row-major f32 matrix at `data` (rows x cols, row stride cols floats),
@@ -29,11 +29,5 @@ CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows,
 // outside (zeros / skipped), never the next plane's.
 CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
                            TmaBox box);
-
-// The same over `images` such stacks (images x planes x rows x cols, e.g. an NCHW tensor as N
-// images of C planes of H x W), boxes of box.planes planes of one image: planes past an image's
-// last are outside (zeros / skipped), never the next image's.
-CUtensorMap f32_images_map(const char* op_name, const float* data, int64_t images, int64_t planes, int64_t rows,
-                           int64_t cols, TmaBox box);
 
 }  // namespace tg::cuda

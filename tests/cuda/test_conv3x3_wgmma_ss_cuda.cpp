@@ -5,7 +5,6 @@
 // to 3; W >> H; the staged stores' edges), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose
 // failure message names the wrong (channel, row, column); argument checks; applies only in TF32
 // on an H100 / H200. The launchers are called directly (conv3x3.cu does not route here).
-#include <cstdlib>
 #include <string>
 
 #include "common/conv3x3_cases.h"
@@ -160,45 +159,6 @@ TEST(CudaConv3x3WgmmaSs, AlignmentsOneHotAreExact) {
     SCOPED_TRACE(name(c));
     expect_forward_one_hot_exact(c, ss_forward);
     expect_grad_input_one_hot_exact(c, cuda::conv3x3_wgmma_ss_grad_input);
-  }
-}
-
-// The TMA-fed halo (input rows of whole 16-byte units): every column shift of the boxes against
-// the taps ((-pad) & 3 = 0, 3, 2, 1; grad-input pad -1), boxes wider and taller than the image
-// (W = 8, H = 2), a box starting left of the image, partial last chunks (channels past Cin
-// arrive as zeros, never the next image's), three column tiles, two images, many tiles per block;
-// K in 65..128 or 200 (an even number of 64-channel tiles) runs as CTA pairs sharing each halo
-// (multicast), K = 9, 64, 130 as single CTAs; the same shapes once more with the 4-byte copies
-// (TG_CONV3X3_SS_TMA=0 runs the whole file so).
-TEST(CudaConv3x3WgmmaSs, TmaHaloMatchesReference) {
-  REQUIRE_WGMMA_SS();
-  const std::vector<Case> forward_cases = {
-      {1, 13, 7, 20, 9, 1, 1},   {2, 3, 6, 264, 130, 0, 2}, {1, 9, 5, 516, 70, 2, 3},   {1, 1, 2, 8, 1, 1, 0},
-      {2, 64, 3, 260, 65, 1, 1}, {1, 16, 9, 12, 64, 3, 0},  {3, 19, 37, 300, 96, 1, 1},
-  };
-  for (const Case& c : forward_cases) {
-    Tensor x = random(shape_of(c).x_shape(), f32, kGpu);
-    EXPECT_EQ(cuda::conv3x3_wgmma_ss_reads_by_tma(x), std::getenv("TG_CONV3X3_SS_TMA") == nullptr) << name(c);
-    check_forward(c, /*with_bias=*/c.K % 2 == 1);
-  }
-  // Grad-input reads dy (Wo = W + 2 pad - 2 columns): Wo = 12, 20, 256, 12 (pad 3: dy padded by -1).
-  for (const Case& c : {Case{1, 16, 9, 12, 64, 1, 1}, Case{2, 13, 7, 22, 9, 0, 0}, Case{1, 70, 5, 258, 13, 2, 0},
-                        Case{1, 5, 4, 8, 8, 3, 3}}) {
-    Tensor dy = random(shape_of(c).y_shape(), f32, kGpu);
-    EXPECT_EQ(cuda::conv3x3_wgmma_ss_reads_by_tma(dy), std::getenv("TG_CONV3X3_SS_TMA") == nullptr) << name(c);
-    check_grad_input(c);
-  }
-  // Rows that are not whole 16-byte units take the 4-byte copies.
-  EXPECT_FALSE(cuda::conv3x3_wgmma_ss_reads_by_tma(random({1, 3, 4, 21}, f32, kGpu)));
-  EXPECT_FALSE(cuda::conv3x3_wgmma_ss_reads_by_tma(random({1, 3, 4, 1022}, f32, kGpu)));
-}
-
-TEST(CudaConv3x3WgmmaSs, TmaHaloOneHotIsExact) {
-  REQUIRE_WGMMA_SS();
-  PrecisionGuard guard(Precision::TF32);
-  for (const Case& c : {Case{1, 13, 3, 64, 72, 1, 1}, Case{1, 9, 5, 516, 64, 0, 2}, Case{1, 8, 4, 16, 16, 3, 3}}) {
-    SCOPED_TRACE(name(c));
-    expect_forward_one_hot_exact(c, ss_forward);
   }
 }
 
