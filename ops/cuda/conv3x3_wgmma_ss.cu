@@ -63,22 +63,23 @@
 // C = 64): sqrt(4.2^2 + 2.1^2) e-4 ~ 4.6e-4 < 1e-3 (the TF32 tolerance). cuBLAS / cuDNN TF32 treat
 // activations the same way. FP32 mode is not offered (conv3x3_wgmma_ss_applies says false).
 //
-// Ordering (PTX ISA, wgmma and the async proxy):
-//   - step s: cp.async.wait_group 1 (this thread's copies of step s landed) and the stage's
-//     mbarrier phase (the weights' bulk copy landed) -> fence.proxy.async
-//     -> __syncthreads (everyone's landed and are visible to wgmma) -> wgmma.fence -> 9 wgmma ->
-//     commit -> copies of step s + 2 into stage (s + 2) % 4 -> wgmma.wait_group 1 (retires step
-//     s - 1). The copies are issued behind the wgmma so the tensor cores never wait for them.
-//   - stage (s + 2) % 4 was last read by step s - 2, which every warpgroup retired (its wait at
-//     the end of step s - 1) before the barrier of step s: refilled only after every wgmma
-//     reading it retired.
+// Ordering (PTX ISA, wgmma, mbarrier and the async proxy), per stage two mbarriers:
+//   - full[stage]: every thread, after issuing its copies into the stage, executes
+//     cp.async.mbarrier.arrive.noinc (the arrival happens when those copies have landed);
+//     thread 0 also announces the weights' bytes (expect_tx). Count: 256 + 1.
+//   - empty[stage]: lane 0 of every warp arrives after the warp's wgmma.wait_group retired the
+//     step that read the stage. Count: 8.
+//   - step s (stage s % 4): wait full -> fence.proxy.async -> wgmma.fence -> 9 wgmma -> commit
+//     -> wait empty of stage (s + 2) % 4 (step s - 2 retired by every warp; first use: no wait)
+//     -> copies of step s + 2 into it, arrive on its full -> wgmma.wait_group 1 (retires step
+//     s - 1) -> arrive on empty of stage (s - 1) % 4. The copies are issued behind the wgmma so
+//     the tensor cores never wait for them, and no warp waits for another to reach its step:
+//     a __syncthreads per step (until session 10) cost 6-7% of workload A's forward.
 //   - tile end: wait_group 0, accumulators re-bound (fence_operand), staged through the warp's
 //     own scratch (outside the stages) and stored. (Until session 10 the scratch lay in stage
-//     (s + 3) % 4, which the other warpgroup's wgmma of step s - 1 may still have been reading:
-//     its retirement is only known after that warpgroup's wait of step s. Ordering it by a
-//     barrier cost 3% on an H100; a 18 KB scratch of its own costs nothing, see notes_conv3x3.)
-//     The next tile's first wgmma has scale-d = 0
-//     (no zeroing) and follows a wgmma.fence (the epilogue read them).
+//     (s + 3) % 4, which the other warpgroup's wgmma of step s - 1 may still have been reading.)
+//     The next tile's first wgmma has scale-d = 0 (no zeroing) and follows a wgmma.fence (the
+//     epilogue read them).
 //
 // Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
 //   operand reads 18 x (A 2 KB + B 8 KB) = 180 KB = 1440 wavefronts (B is read once per wgmma and
@@ -152,7 +153,7 @@ struct SsTile {
   static constexpr int kScratchCols = 64, kScratchStride = 72, kScratchFloats = 8 * kScratchStride;
   static constexpr size_t kScratchOffset = sizeof(float) * kStages * kStageFloats;
   static constexpr size_t kBarrierOffset = kScratchOffset + sizeof(float) * (kThreads / 32) * kScratchFloats;
-  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * kStages;  // + weights landed, per stage
+  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * 2 * kStages;  // + full and empty, per stage
   static_assert(kThreads / 32 == 2 * kHaloRows, "one warp per (channel quad, halo row) of a stage");
   static_assert(kScratchStride % 32 == 8 && kScratchStride >= kScratchCols, "conflict-free scratch rows");
   static_assert(kXStage % 32 == 0 && kStageFloats % 32 == 0, "operand images on 128-byte boundaries");
@@ -298,7 +299,13 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 }
 
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
-// over the block's (tile, chunk) steps without a break.
+// over the block's (tile, chunk) steps without a break. Steps are ordered by two mbarriers per
+// stage, not by a block barrier: full[stage] completes when every thread's copies into it
+// (cp.async.mbarrier.arrive) and the weights' bulk copy have landed; empty[stage] when every warp
+// has retired the wgmma that read it (lane 0 arrives after the warp's wait). A warp waits for the
+// data of its step and, before it refills a stage, for that stage's readers only, never for the
+// other warps to reach the same point of their loop: with a __syncthreads per step instead,
+// workload A's forward took 2.41-2.47 ms against 2.26-2.29 (H100, alternated in one process).
 __global__ void __launch_bounds__(T::kThreads, 1)
     conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
                             const float* __restrict__ in,    // (N, Cin, Hin, Win)
@@ -314,46 +321,55 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   float acc[T::kAcc];
 #pragma unroll
   for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
-  uint64_t* landed = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + T::kBarrierOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + T::kBarrierOffset);
+  uint64_t* empty = full + T::kStages;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < T::kStages; ++s) tma::mbar_init(&landed[s], 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      tma::mbar_init(&full[s], T::kThreads + 1);  // every thread's copies + the weights' expect_tx arrival
+      tma::mbar_init(&empty[s], T::kThreads / 32);
+    }
     tma::mbar_init_fence();
   }
   __syncthreads();
-  uint32_t landed_parity = 0;  // bit s: parity of stage s's next completion
+  uint32_t full_parity = 0, empty_parity = 0;  // bit s: parity of stage s's next completion
 
   LoadCursor cur{blockIdx.x, 0, tile_coord<T>(blockIdx.x, p)};
-  // Steps 0 and 1 into stages 0 and 1.
-#pragma unroll 1
-  for (int s = 0; s < 2; ++s) {
-    if (cur.tile < p.tiles) {  // the cursor runs past the block's last tile when its steps are all loaded
-      load_halo(smem + s * T::kStageFloats, in, p, cur);
-      load_weights(smem + s * T::kStageFloats, &landed[s], wp, p, cur);
-      advance<T>(cur, p);
-    }
-    cp_async_commit();
-  }
+  const auto load = [&](int stage) {  // the cursor's step into `stage`
+    load_halo(smem + stage * T::kStageFloats, in, p, cur);
+    load_weights(smem + stage * T::kStageFloats, &full[stage], wp, p, cur);
+    cp_async_arrive_noinc(&full[stage]);
+    advance<T>(cur, p);
+  };
+  // Steps 0 and 1 into stages 0 and 1 (the cursor runs past the block's last tile when its
+  // steps are all loaded).
+  for (int s = 0; s < 2 && cur.tile < p.tiles; ++s) load(s);
   int load_stage = 2, compute_stage = 0;
-  // One (tile, chunk) step: publish its stage, issue its 9 taps, then (while they and the
-  // previous step's run) load the halo and weights of the step after next (into the stage used
-  // 2 steps ago), and retire the previous step.
+  int64_t step = 0;  // this block's steps so far
+  // One (tile, chunk) step: wait for its stage, issue its 9 taps, then (while they and the
+  // previous step's run) load the halo and weights of the step after next into the stage of step
+  // - 2 once every warp has retired that, and retire the previous step.
   const auto run_step = [&](bool accumulate) {
-    cp_async_wait<1>();          // this thread's copies of this step have landed (one newer group may be open)
-    tma::mbar_wait(&landed[compute_stage], (landed_parity >> compute_stage) & 1);  // and the weights
-    landed_parity ^= 1u << compute_stage;
-    wgmma::fence_proxy_async();  // ... and are visible to the wgmma's operand reads
-    __syncthreads();             // everyone's are; stage (step + 2) % 4 was last read by step - 2: retired
+    tma::mbar_wait(&full[compute_stage], (full_parity >> compute_stage) & 1);
+    full_parity ^= 1u << compute_stage;
+    wgmma::fence_proxy_async();  // the copies (generic proxy) before the wgmma's operand reads
     const uint32_t stage_addr = smem_addr + 4u * compute_stage * T::kStageFloats;
+    const int previous_stage = compute_stage == 0 ? T::kStages - 1 : compute_stage - 1;
     compute_stage = compute_stage == T::kStages - 1 ? 0 : compute_stage + 1;
     issue_stage(acc, stage_addr, stage_addr + 4u * T::kXStage, wg, accumulate);
     if (cur.tile < p.tiles) {
-      load_halo(smem + load_stage * T::kStageFloats, in, p, cur);
-      load_weights(smem + load_stage * T::kStageFloats, &landed[load_stage], wp, p, cur);
-      advance<T>(cur, p);
+      if (step >= 2) {  // the stage's previous use was step - 2
+        tma::mbar_wait(&empty[load_stage], (empty_parity >> load_stage) & 1);
+        empty_parity ^= 1u << load_stage;
+      }
+      load(load_stage);
     }
-    cp_async_commit();
     load_stage = load_stage == T::kStages - 1 ? 0 : load_stage + 1;
-    wgmma::wait<1>();  // step - 1 retired: its stage may be refilled after the next barrier
+    wgmma::wait<1>();  // step - 1 retired
+    if (step >= 1) {
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(&empty[previous_stage]);
+    }
+    ++step;
   };
   // The first chunk of a tile is peeled off the chunk loop so that wgmma are in flight on both
   // paths into the loop head (one loop over (tile, chunk) steps made ptxas drain the warpgroup on
@@ -370,7 +386,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                      warp * T::kScratchFloats;
     store_tile(out, bias, p, tile_coord<T>(tile, p), acc, scratch, wg, wi, lane);
   }
-  cp_async_wait<0>();  // nothing outstanding at exit (the last groups are empty)
+  // Every copy issued was for a step this block ran (and waited for): nothing is outstanding.
 #else
   __trap();  // conv3x3_wgmma_ss_applies is false for builds without sm_90a code
 #endif
