@@ -4,7 +4,7 @@
 //   work per pass (forward, grad-input, grad-weight alike): 2 * 4.17M pixels * 128 * 576 = 615 GFLOP
 //   bytes per pass: x 1.07 GB, y (or dy) 2.13 GB -> ~3.2 GB = 0.75 ms at 4.3 TB/s (H200), 1.07 ms at 3.0 (H100)
 //   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split products (2 tensor ops per
-//   term here, see tf32_hi): ~3 ms per pass at that rate; as FFMA at ~51 TFLOP/s: 12 ms. So every
+//   term here, see tf32_bits): ~3 ms per pass at that rate; as FFMA at ~51 TFLOP/s: 12 ms. So every
 //   pass is compute-bound and the design goal is to keep the tensor cores fed. On an H200 the
 //   mma.sync m16n8k8 TF32 ceiling is ~320-330 TFLOP/s (ncu: tensor pipe 45% at 146), i.e.
 //   ~1.9 ms TF32 and ~3.8 ms FP32-accurate per pass at best with this instruction
@@ -46,6 +46,7 @@
 #include "ops/cuda/conv3x3_wgmma_ss.h"
 #include "ops/cuda/mma_sync.cuh"
 #include "ops/cuda/sum_partials.cuh"
+#include "ops/cuda/tf32.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -74,18 +75,12 @@ constexpr int stride_for_rows_of_8(int n) {
   return n;
 }
 
-// x as a TF32 mma operand, rounded to nearest (ties away). The tensor cores read only the top
-// 19 bits of a .tf32 operand, so adding half a TF32 ulp (bit 12) is the whole rounding: what
-// ptxas itself emits for cvt.rna feeding an mma, minus a guard that only matters for NaNs
-// whose payload lies in the low 13 bits.
-__device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
-
 // FP32-accurate products (Precision::FP32): x = hi + lo with hi = tf32(x), |lo| <= 2^-11 |x|;
 // x * w ~= hi*hi' (one TF32 mma, exact products) + hi*lo' + lo*hi' (one bf16 m16n8k16 mma
 // whose k16 interleaves the pairs: element 2k is hi, 2k+1 is lo on the A side and lo', hi'
 // on the B side). bf16 keeps 8 bits of each cross term, itself ~2^-11 of the product, so the
 // error is ~2^-20 per product; lo*lo' (~2^-22) is dropped. Two mma instead of 3xTF32's three.
-__device__ __forceinline__ uint32_t tf32_hi(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// hi = tf32_bits(x), plain TF32 operands tf32_operand(x) (ops/cuda/tf32.cuh).
 
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
 // output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 pixels x
@@ -174,7 +169,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][T::kNTiles][4], const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (kSplit) {
-          a_hi[mt][i] = tf32_hi(v[i]);
+          a_hi[mt][i] = tf32_bits(v[i]);
           const float hi = __uint_as_float(a_hi[mt][i]);
           a_pair[mt][i] = bf16_pair(hi, v[i] - hi);
         } else {
@@ -187,7 +182,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][T::kNTiles][4], const 
     for (int nt = 0; nt < T::kNTiles; ++nt) {
       const float b0 = wt[8 * nt], b1 = wt[8 * nt + 36 * T::kWLd];  // channels t and t + 4
       if constexpr (kSplit) {
-        const uint32_t b0_hi = tf32_hi(b0), b1_hi = tf32_hi(b1);
+        const uint32_t b0_hi = tf32_bits(b0), b1_hi = tf32_bits(b1);
         const float h0 = __uint_as_float(b0_hi), h1 = __uint_as_float(b1_hi);
         const uint32_t b0_pair = bf16_pair(b0 - h0, h0), b1_pair = bf16_pair(b1 - h1, h1);  // (lo', hi')
 #pragma unroll
@@ -451,7 +446,7 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[T::kMTiles][9][4], cons
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (kSplit) {
-          a_hi[mt][i] = tf32_hi(v[i]);
+          a_hi[mt][i] = tf32_bits(v[i]);
           const float hi = __uint_as_float(a_hi[mt][i]);
           a_pair[mt][i] = bf16_pair(hi, v[i] - hi);
         } else {
@@ -465,7 +460,7 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[T::kMTiles][9][4], cons
       const float* bt = b + (tap / 3) * T::kRowLen + tap % 3;
       const float b0 = bt[0], b1 = bt[4];  // pixels t and t + 4
       if constexpr (kSplit) {
-        const uint32_t b0_hi = tf32_hi(b0), b1_hi = tf32_hi(b1);
+        const uint32_t b0_hi = tf32_bits(b0), b1_hi = tf32_bits(b1);
         const float h0 = __uint_as_float(b0_hi), h1 = __uint_as_float(b1_hi);
         const uint32_t b0_pair = bf16_pair(b0 - h0, h0), b1_pair = bf16_pair(b1 - h1, h1);  // (lo', hi')
 #pragma unroll

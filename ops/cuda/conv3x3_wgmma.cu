@@ -97,6 +97,7 @@
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/hopper.h"
+#include "ops/cuda/tf32.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
@@ -216,8 +217,6 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
   }
 }
 
-// x as a TF32 operand: rounded to nearest (ties away from zero), low 13 bits cleared.
-__device__ __forceinline__ uint32_t tf32_operand(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 // The A fragments of one tap for this thread's kMT m64 tiles. xa: the thread's base in the
 // stage (channel t, the halo position of its warpgroup's first m64 tile, column + 16 * warp + g,
@@ -234,7 +233,7 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[T::kMT][4], uint32_t (&a_lo
     const float v[4] = {q[0], q[8], q[4 * T::kXChan], q[4 * T::kXChan + 8]};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a[mt][i] = tf32_operand(v[i]);
+      a[mt][i] = tf32_bits(v[i]);
       if constexpr (T::kSplit) a_lo[mt][i] = __float_as_uint(v[i] - __uint_as_float(a[mt][i]));
     }
   }

@@ -1,5 +1,6 @@
 // TF32 operands for the tensor cores, shared by the 1x1 kernels (conv1x1.cu's mma.sync, conv1x1_tma.cu's
-// wgmma): rounding f32 to TF32 and the ldmatrix load that hands f32 fragments to the lanes.
+// wgmma) and the 3x3 ones (conv3x3.cu's mma.sync, conv3x3_wgmma.cu's register-A wgmma): rounding
+// f32 to TF32 and the ldmatrix load that hands f32 fragments to the lanes.
 // Device code only; each translation unit gets its own copy.
 #pragma once
 #include <cstdint>
