@@ -217,7 +217,6 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
   }
 }
 
-
 // The A fragments of one tap for this thread's kMT m64 tiles. xa: the thread's base in the
 // stage (channel t, the halo position of its warpgroup's first m64 tile, column + 16 * warp + g,
 // plus the shift). FP32 split: hi = tf32(x) in a, lo = x - hi (exact) in a_lo; lo's low 13 bits
