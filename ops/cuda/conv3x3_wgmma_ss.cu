@@ -299,13 +299,9 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 }
 
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
-// over the block's (tile, chunk) steps without a break. Steps are ordered by two mbarriers per
-// stage, not by a block barrier: full[stage] completes when every thread's copies into it
-// (cp.async.mbarrier.arrive) and the weights' bulk copy have landed; empty[stage] when every warp
-// has retired the wgmma that read it (lane 0 arrives after the warp's wait). A warp waits for the
-// data of its step and, before it refills a stage, for that stage's readers only, never for the
-// other warps to reach the same point of their loop: with a __syncthreads per step instead,
-// workload A's forward took 2.41-2.47 ms against 2.26-2.29 (H100, alternated in one process).
+// over the block's (tile, chunk) steps without a break, ordered by the full / empty mbarriers of
+// each stage as the header's "Ordering" says (with a __syncthreads per step instead, workload A's
+// forward took 2.41-2.47 ms against 2.26-2.29: H100, alternated in one process).
 __global__ void __launch_bounds__(T::kThreads, 1)
     conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
                             const float* __restrict__ in,    // (N, Cin, Hin, Win)
@@ -343,7 +339,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // Steps 0 and 1 into stages 0 and 1 (the cursor runs past the block's last tile when its
   // steps are all loaded).
   for (int s = 0; s < 2 && cur.tile < p.tiles; ++s) load(s);
-  int load_stage = 2, compute_stage = 0;
+  int compute_stage = 0;
   int64_t step = 0;  // this block's steps so far
   // One (tile, chunk) step: wait for its stage, issue its 9 taps, then (while they and the
   // previous step's run) load the halo and weights of the step after next into the stage of step
@@ -353,8 +349,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     full_parity ^= 1u << compute_stage;
     wgmma::fence_proxy_async();  // the copies (generic proxy) before the wgmma's operand reads
     const uint32_t stage_addr = smem_addr + 4u * compute_stage * T::kStageFloats;
-    const int previous_stage = compute_stage == 0 ? T::kStages - 1 : compute_stage - 1;
-    compute_stage = compute_stage == T::kStages - 1 ? 0 : compute_stage + 1;
+    static_assert(T::kStages == 4, "step s + 2 goes into the stage of step s - 2");
+    const int previous_stage = (compute_stage + 3) % 4, load_stage = (compute_stage + 2) % 4;
+    compute_stage = (compute_stage + 1) % 4;
     issue_stage(acc, stage_addr, stage_addr + 4u * T::kXStage, wg, accumulate);
     if (cur.tile < p.tiles) {
       if (step >= 2) {  // the stage's previous use was step - 2
@@ -363,7 +360,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       load(load_stage);
     }
-    load_stage = load_stage == T::kStages - 1 ? 0 : load_stage + 1;
     wgmma::wait<1>();  // step - 1 retired
     if (step >= 1) {
       __syncwarp();
