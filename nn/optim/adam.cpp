@@ -20,11 +20,11 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(par
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled_weight_decay, const char* name)
     : Optimizer(std::move(params)), options_(o), decoupled_(decoupled_weight_decay), name_(name) {
-  TG_CHECK(o.lr >= 0, name_, ": invalid learning rate ", o.lr);
-  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, name_, ": invalid beta1 ", o.beta1, " (needs 0 <= beta1 < 1)");
-  TG_CHECK(o.beta2 >= 0 && o.beta2 < 1, name_, ": invalid beta2 ", o.beta2, " (needs 0 <= beta2 < 1)");
-  TG_CHECK(o.eps >= 0, name_, ": invalid eps ", o.eps);
-  TG_CHECK(o.weight_decay >= 0, name_, ": invalid weight_decay ", o.weight_decay);
+  check_lr(name_, o.lr);
+  check_range(name_, "beta1", o.beta1, 0, 1, true);
+  check_range(name_, "beta2", o.beta2, 0, 1, true);
+  check_non_negative(name_, "eps", o.eps);
+  check_non_negative(name_, "weight_decay", o.weight_decay);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
@@ -33,7 +33,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
            true, "AdamW") {}
 
 void Adam::set_lr(double lr) {
-  TG_CHECK(lr >= 0, name_, ": invalid learning rate ", lr);
+  check_lr(name_, lr);
   options_.lr = lr;
 }
 

@@ -5,6 +5,8 @@
 
 namespace tg::nn {
 
+// Checked at construction (tg::Error naming Adam or AdamW and the option): lr positive and
+// finite, beta1 and beta2 in [0, 1), eps and weight_decay finite and >= 0.
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;

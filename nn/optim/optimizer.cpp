@@ -1,6 +1,7 @@
 #include "nn/optim/optimizer.h"
 
 #include <charconv>
+#include <cmath>
 
 #include "autograd/tape.h"
 
@@ -16,6 +17,23 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)), s
     for (size_t j = 0; j < i; ++j)
       TG_CHECK(!params_[j].same(p), "Optimizer: parameter ", i, " is the same tensor as parameter ", j);
   }
+}
+
+void Optimizer::check_lr(const char* optimizer, double lr) {
+  TG_CHECK(std::isfinite(lr) && lr > 0, optimizer, ": invalid learning rate ", lr,
+           " (it must be positive and finite", lr == 0 ? "; an lr of 0 would leave every parameter unchanged" : "",
+           ")");
+}
+
+void Optimizer::check_range(const char* optimizer, const char* option, double value, double lo, double hi,
+                            bool hi_open) {
+  TG_CHECK(std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi), optimizer, ": invalid ",
+           option, " ", value, " (it must be finite and in [", lo, ", ", hi, hi_open ? "))" : "])");
+}
+
+void Optimizer::check_non_negative(const char* optimizer, const char* option, double value) {
+  TG_CHECK(std::isfinite(value) && value >= 0, optimizer, ": invalid ", option, " ", value,
+           " (it must be finite and >= 0)");
 }
 
 int64_t Optimizer::step_count(size_t param_index) const {

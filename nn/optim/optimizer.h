@@ -32,6 +32,7 @@ class Optimizer {
   int64_t step_count(size_t param_index) const;
 
   virtual double lr() const = 0;
+  // Throws tg::Error unless lr is positive and finite (as at construction).
   virtual void set_lr(double lr) = 0;
 
   // Per-parameter state for checkpoints, keyed by the parameter's index as in PyTorch's
@@ -46,6 +47,14 @@ class Optimizer {
   void set_step_count(int64_t steps) { steps_ = steps; }
 
  protected:
+  // Option checks shared by the optimizers: each throws tg::Error naming the optimizer and
+  // the option. The learning rate must be positive and finite (an lr of 0 would train
+  // nothing, silently); `value` must be finite and in [lo, hi] or, with hi_open, [lo, hi).
+  static void check_lr(const char* optimizer, double lr);
+  static void check_range(const char* optimizer, const char* option, double value, double lo, double hi,
+                          bool hi_open);
+  static void check_non_negative(const char* optimizer, const char* option, double value);
+
   struct ParamState {
     int64_t steps = 0;            // updates this parameter received
     std::vector<Tensor> buffers;  // one per buffer_names() entry; undefined until first use

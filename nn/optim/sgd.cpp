@@ -12,23 +12,23 @@ void sgd_cpu(T* param, T* buf, const T* grad, int64_t n, const SGDUpdate& u) {  
   for (int64_t i = 0; i < n; ++i) sgd_step(param, buf, grad, i, c);
 }
 
-void check_options(const SGDOptions& o) {
-  TG_CHECK(o.lr >= 0, "SGD: invalid learning rate ", o.lr);
-  TG_CHECK(o.momentum >= 0, "SGD: invalid momentum ", o.momentum);
-  TG_CHECK(o.weight_decay >= 0, "SGD: invalid weight_decay ", o.weight_decay);
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options_(o) {
+  // SGDOptions{} leaves lr at 0: say that there is no default rather than only "invalid".
+  TG_CHECK(o.lr != 0, "SGD: invalid learning rate 0: SGD has no default learning rate (as torch.optim.SGD);",
+           " pass one, e.g. nn::SGD opt(params, {.lr = 0.01})");
+  check_lr("SGD", o.lr);
+  check_range("SGD", "momentum", o.momentum, 0, 1, true);
+  check_range("SGD", "dampening", o.dampening, 0, 1, false);
+  check_non_negative("SGD", "weight_decay", o.weight_decay);
   TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
            "SGD: nesterov momentum requires a momentum > 0 and zero dampening (got momentum ", o.momentum,
            ", dampening ", o.dampening, ")");
 }
 
-}  // namespace
-
-SGD::SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer(std::move(params)), options_(options) {
-  check_options(options_);
-}
-
 void SGD::set_lr(double lr) {
-  TG_CHECK(lr >= 0, "SGD: invalid learning rate ", lr);
+  check_lr("SGD", lr);
   options_.lr = lr;
 }
 

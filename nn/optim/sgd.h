@@ -7,7 +7,10 @@
 namespace tg::nn {
 
 struct SGDOptions {
-  double lr = 0;  // required (> 0 in practice; 0 is allowed and leaves parameters unchanged)
+  // Required, as in torch.optim.SGD: the 0 left by SGDOptions{} is rejected. Every option
+  // is checked at construction (tg::Error naming SGD and the option): lr positive and
+  // finite, momentum in [0, 1), dampening in [0, 1], weight_decay finite and >= 0.
+  double lr = 0;
   double momentum = 0;
   double dampening = 0;
   double weight_decay = 0;

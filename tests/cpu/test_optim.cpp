@@ -3,6 +3,7 @@
 // hand, state handling (skipped parameters, checkpoint state), and option errors.
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "common/test_util.h"
 
@@ -275,6 +276,63 @@ TEST(Optimizer, BadOptionsAndParamsAreRejected) {
   Tape tape;
   Tensor computed = p * 2.0;
   TG_EXPECT_ERROR(nn::SGD({computed}, {.lr = 0.1}), "not a leaf");
+}
+
+// An lr of 0 (what SGDOptions{} leaves) or a non-finite one would train nothing, or
+// poison the weights, without a word: construction and set_lr refuse them, naming the
+// optimizer. PyTorch's SGD has no default lr either.
+TEST(Optimizer, LearningRateMustBePositiveAndFinite) {
+  Tensor p = random({3}).requires_grad_();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  TG_EXPECT_ERROR(nn::SGD({p}, {}), "SGD", "learning rate", "no default");
+  TG_EXPECT_ERROR(nn::SGD({p}, {.lr = 0}), "SGD", "learning rate");
+  TG_EXPECT_ERROR(nn::SGD({p}, {.lr = inf}), "SGD", "learning rate", "inf");
+  TG_EXPECT_ERROR(nn::SGD({p}, {.lr = nan}), "SGD", "learning rate");
+  for (double lr : {0.0, -1e-3, inf, -inf, nan}) {
+    TG_EXPECT_ERROR(nn::Adam({p}, {.lr = lr}), "Adam", "learning rate");
+    TG_EXPECT_ERROR(nn::AdamW({p}, {.lr = lr}), "AdamW", "learning rate");
+  }
+  nn::SGD sgd({p}, {.lr = 0.1});
+  nn::Adam adam({p}, {.lr = 0.1});
+  nn::AdamW adamw({p}, {.lr = 0.1});
+  for (double lr : {0.0, -0.5, inf, nan}) {
+    TG_EXPECT_ERROR(sgd.set_lr(lr), "SGD", "learning rate");
+    TG_EXPECT_ERROR(adam.set_lr(lr), "Adam", "learning rate");
+    TG_EXPECT_ERROR(adamw.set_lr(lr), "AdamW", "learning rate");
+  }
+  // A refused set_lr keeps the old rate; a valid one is taken.
+  EXPECT_EQ(sgd.lr(), 0.1);
+  EXPECT_EQ(adamw.lr(), 0.1);
+  sgd.set_lr(1e-4);
+  adam.set_lr(2e-5);
+  EXPECT_EQ(sgd.lr(), 1e-4);
+  EXPECT_EQ(adam.lr(), 2e-5);
+  // Adam keeps PyTorch's default lr (1e-3), which is valid.
+  EXPECT_EQ(nn::Adam({p}).lr(), 1e-3);
+  EXPECT_EQ(nn::AdamW({p}).lr(), 1e-3);
+}
+
+TEST(Optimizer, OtherOptionsMustBeFiniteAndInRange) {
+  Tensor p = random({3}).requires_grad_();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double m : {-0.1, 1.0, 1.5, inf, nan}) TG_EXPECT_ERROR(nn::SGD({p}, {.lr = 0.1, .momentum = m}), "SGD", "momentum");
+  for (double d : {-0.1, 1.5, inf, nan})
+    TG_EXPECT_ERROR(nn::SGD({p}, {.lr = 0.1, .momentum = 0.9, .dampening = d}), "SGD", "dampening");
+  for (double wd : {-0.1, inf, nan}) {
+    TG_EXPECT_ERROR(nn::SGD({p}, {.lr = 0.1, .weight_decay = wd}), "SGD", "weight_decay");
+    TG_EXPECT_ERROR(nn::Adam({p}, {.weight_decay = wd}), "Adam", "weight_decay");
+    TG_EXPECT_ERROR(nn::AdamW({p}, {.weight_decay = wd}), "AdamW", "weight_decay");
+  }
+  for (double b : {-0.1, 1.0, inf, nan}) {
+    TG_EXPECT_ERROR(nn::Adam({p}, {.beta1 = b}), "Adam", "beta1");
+    TG_EXPECT_ERROR(nn::Adam({p}, {.beta2 = b}), "Adam", "beta2");
+    TG_EXPECT_ERROR(nn::AdamW({p}, {.beta1 = b}), "AdamW", "beta1");
+  }
+  for (double eps : {-1e-8, inf, nan}) TG_EXPECT_ERROR(nn::Adam({p}, {.eps = eps}), "Adam", "eps");
+  // The edges of each range are accepted.
+  EXPECT_NO_THROW(nn::SGD({p}, {.lr = 0.1, .momentum = 0.0, .dampening = 1.0, .weight_decay = 0.0}));
+  EXPECT_NO_THROW(nn::SGD({p}, {.lr = 0.1, .momentum = 0.999, .dampening = 0.0}));
+  EXPECT_NO_THROW(nn::Adam({p}, {.lr = 1e-3, .beta1 = 0.0, .beta2 = 0.0, .eps = 0.0, .weight_decay = 0.0}));
 }
 
 TEST(Optimizer, MismatchedGradIsRejectedBeforeAnyUpdate) {
