@@ -1,10 +1,12 @@
-// CUDA convolution: general direct kernels for every geometry (any kernel size, stride,
+// CUDA convolution: the dispatcher (specialised 1x1 and 3x3 kernels for the shapes they claim,
+// then the implicit-GEMM engine of ops/cuda/gemm/, then the kernels below; policy.h can force
+// a path) and the general direct kernels for every geometry (any kernel size, stride,
 // padding, dilation), NCDHW and channels-last, f32 and f64. 2-D convolutions arrive as 3-D
 // ones with D = 1 (see ConvShape), so one set of kernels serves both.
 //
-// Correctness first: one thread per output element (forward) or input element (grad-input);
-// the weight and bias gradients are fixed-order block reductions, so results are
-// bit-identical from run to run (no atomics).
+// The direct kernels serve f64 and whatever the engine cannot index: one thread per output
+// element (forward) or input element (grad-input); the weight and bias gradients are
+// fixed-order block reductions, so results are bit-identical from run to run (no atomics).
 #include <type_traits>
 
 #include "core/cuda_context.h"
@@ -12,6 +14,7 @@
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv1x1.h"
 #include "ops/cuda/conv3x3.h"
+#include "ops/cuda/policy.h"
 
 namespace tg::cuda {
 namespace {
@@ -199,13 +202,17 @@ unsigned reduce_blocks(int64_t count) {
 void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   const int64_t total = y.numel();
   if (total == 0) return;
-  if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
-  if (y.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_forward(y, x, w, b, s);
+  const KernelPolicy& policy = kernel_policy();
+  if (policy.conv == KernelPath::Auto) {
+    if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
+    if (y.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_forward(y, x, w, b, s);
+  }
+  if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, y.dtype()))
+    return engine_conv_forward(y, x, w, b, s, precision(), policy.engine);
   const int dev = y.device().index;
   set_device(dev);
   dispatch_floating("conv_forward", y.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
-    // Kernel choice: the general direct kernel serves every geometry.
     forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream(dev)>>>(
         y.data<T>(), x.data<T>(), w.data<T>(), b.defined() ? b.data<T>() : nullptr, s);
   });
@@ -215,8 +222,13 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   const int64_t total = dx.numel();
   if (total == 0) return;
-  if (conv1x1_applies(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
-  if (dx.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_input(dx, dy, w, s);
+  const KernelPolicy& policy = kernel_policy();
+  if (policy.conv == KernelPath::Auto) {
+    if (conv1x1_applies(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
+    if (dx.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_input(dx, dy, w, s);
+  }
+  if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dx.dtype()))
+    return engine_conv_grad_input(dx, dy, w, s, precision(), policy.engine);
   const int dev = dx.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_input", dx.dtype(), [&](auto* tag) {
@@ -230,8 +242,13 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   const int64_t count = dw.numel();
   if (count == 0) return;
-  if (conv1x1_applies(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
-  if (dw.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_weight(dw, dy, x, s);
+  const KernelPolicy& policy = kernel_policy();
+  if (policy.conv == KernelPath::Auto) {
+    if (conv1x1_applies(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
+    if (dw.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_weight(dw, dy, x, s);
+  }
+  if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dw.dtype()))
+    return engine_conv_grad_weight(dw, dy, x, s, precision(), policy.engine);
   const int dev = dw.device().index;
   set_device(dev);
   dispatch_floating("conv_grad_weight", dw.dtype(), [&](auto* tag) {
@@ -245,7 +262,8 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
 void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const ConvShape& s) {
   // A 1x1 convolution reads dy once for both gradients; other shapes run the two passes.
-  if (dx.numel() > 0 && dw.numel() > 0 && conv1x1_applies(s, dx.dtype())) return conv1x1_backward(dx, dw, dy, x, w, s);
+  if (kernel_policy().conv == KernelPath::Auto && dx.numel() > 0 && dw.numel() > 0 && conv1x1_applies(s, dx.dtype()))
+    return conv1x1_backward(dx, dw, dy, x, w, s);
   conv_grad_input(dx, dy, w, s);
   conv_grad_weight(dw, dy, x, s);
 }

@@ -1,9 +1,12 @@
-// CUDA kernels of the linear family: a tiled shared-memory GEMM for every transpose
-// combination (template flags), and the deterministic column sum used for the bias gradient.
+// CUDA kernels of the linear family: the dispatcher (streaming kernels for matrix-vector
+// shapes, the 1x1-convolution kernels for short reductions, then the implicit-GEMM engine of
+// ops/cuda/gemm/), a tiled shared-memory FFMA GEMM for f64 and every transpose combination
+// (template flags), and the deterministic column sum used for the bias gradient.
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/cuda/conv1x1.h"
 #include "ops/cuda/linear.h"
+#include "ops/cuda/policy.h"
 #include "ops/cuda/skinny_gemm.h"
 #include "ops/elementwise.h"
 
@@ -149,12 +152,21 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
   if (p.M == 0 || p.N == 0) return;
   // Matrix-vector products and other skinny shapes are bound by memory, not arithmetic:
   // they take the streaming kernels of skinny_gemm.cu (workload D).
-  if (skinny_gemm_applies(c, p)) {
-    skinny_gemm(c, a, b, bias, p);
-    return;
+  const KernelPolicy& policy = kernel_policy();
+  if (policy.gemm == KernelPath::Auto) {
+    if (skinny_gemm_applies(c, p)) {
+      skinny_gemm(c, a, b, bias, p);
+      return;
+    }
+    if (pointwise_applies(c, bias, p)) {
+      pointwise_gemm(c, a, b, bias, p);
+      return;
+    }
   }
-  if (pointwise_applies(c, bias, p)) {
-    pointwise_gemm(c, a, b, bias, p);
+  // Everything else in f32 runs on the tensor-core engine; the tiled FFMA kernel below
+  // serves f64 (and a forced Direct policy).
+  if (policy.gemm != KernelPath::Direct && engine_gemm_can_implement(p, c.dtype())) {
+    engine_gemm(c, a, b, bias, p, precision(), policy.engine);
     return;
   }
   const int dev = c.device().index;
@@ -179,7 +191,8 @@ void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& 
   const GemmProblem for_dx{.M = B, .N = in, .K = out}, for_dw{.M = out, .N = in, .K = B, .transA = true};
   check_gemm_operands(dx, dy, w, Tensor(), for_dx);
   check_gemm_operands(dw, dy, x, Tensor(), for_dw);
-  if (pointwise_applies(dx, Tensor(), for_dx) && pointwise_applies(dw, Tensor(), for_dw)) {
+  if (kernel_policy().gemm == KernelPath::Auto && pointwise_applies(dx, Tensor(), for_dx) &&
+      pointwise_applies(dw, Tensor(), for_dw)) {
     pointwise_matmul_backward(dx, dw, dy, x, w);
     return;
   }

@@ -1,0 +1,267 @@
+// The engine's host side: problem checks, tile and split planning, weight packing, the
+// split-reduction pass, and the public entry points of engine.h.
+#include "ops/cuda/gemm/engine.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/cuda_context.h"
+#include "ops/cuda/gemm/kernels.h"
+#include "ops/cuda/hopper.h"
+
+namespace tg::cuda {
+namespace {
+
+using engine::ConvGeometry;
+using engine::MainloopArgs;
+using engine::OutputMap;
+using engine::Plan;
+
+constexpr int64_t kIndexLimit = std::numeric_limits<int32_t>::max();
+// Coordinates (input size plus padding, dilated kernel extent) stay far from int32 overflow.
+constexpr int64_t kCoordinateLimit = int64_t{1} << 29;
+// Partial sums of a split reduction: at most this many floats of workspace.
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 26;
+constexpr int kMaxSplits = 64;
+constexpr int kMinKTilesPerSplit = 8;
+constexpr int kThreads = 256;
+
+int32_t ceil_div32(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy) {
+  const int sms = sm_count(dev);
+  Plan plan;
+  const int64_t big_tiles = int64_t(ceil_div32(M, 128)) * ceil_div32(N, 128);
+  plan.big_tile = policy.tile ? policy.tile == 128 : big_tiles >= sms;
+  const int tile = plan.big_tile ? 128 : 64;
+  plan.tiles_m = ceil_div32(M, tile);
+  plan.tiles_n = ceil_div32(N, tile);
+  const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
+  TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
+  const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, engine::kBK));
+  int64_t splits = 1;
+  if (policy.splits > 0) {
+    splits = policy.splits;
+  } else if (tiles < sms) {
+    // Fill about two blocks per SM, each split keeping a real share of the reduction.
+    splits = std::min<int64_t>((2 * sms + tiles - 1) / tiles, k_tiles / kMinKTilesPerSplit);
+  }
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMaxPartialFloats / std::max<int64_t>(1, M * N)));
+  plan.k_tiles_per_split = ceil_div32(k_tiles, splits);
+  plan.splits = ceil_div32(k_tiles, plan.k_tiles_per_split);  // no empty split
+  return plan;
+}
+
+// out(m, n) = sum over splits of partials[s][m][n] (+ bias), in split order.
+__global__ void reduce_partials_kernel(const float* __restrict__ partials, int32_t splits, OutputMap out) {
+  const int64_t total = int64_t(out.M) * out.N;
+  TG_GRID_STRIDE(i, total) {
+    float sum = 0.f;
+    for (int32_t s = 0; s < splits; ++s) sum += partials[s * total + i];
+    out.store(static_cast<int32_t>(i / out.N), static_cast<int32_t>(i % out.N), sum);
+  }
+}
+
+// Runs one planned launch: straight into `out`, or into partial sums reduced afterwards.
+template <class Launch>
+void run(const Plan& plan, MainloopArgs args, const Device& device, Launch&& launch) {
+  const int dev = device.index;
+  cudaStream_t st = stream(dev);
+  Tensor partials;
+  if (plan.splits > 1) {
+    partials = Tensor::empty({int64_t(plan.splits) * args.M * args.N}, {.dtype = DType::f32, .device = device});
+    args.partials = partials.data<float>();
+  }
+  args.k_tiles_per_split = plan.k_tiles_per_split;
+  args.tiles_n = plan.tiles_n;
+  launch(args, st);
+  if (plan.splits > 1) {
+    reduce_partials_kernel<<<grid_for(int64_t(args.M) * args.N, kThreads), kThreads, 0, st>>>(
+        args.partials, plan.splits, args.out);
+    TG_LAUNCH_CHECK();
+  }
+}
+
+ConvGeometry geometry(const ConvShape& s) {
+  ConvGeometry g{};
+  g.N = int32_t(s.N);
+  g.C = int32_t(s.C);
+  g.K = int32_t(s.K);
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = int32_t(s.in[d]);
+    g.out[d] = int32_t(s.out[d]);
+    g.kernel[d] = int32_t(s.kernel[d]);
+    g.stride[d] = int32_t(s.stride[d]);
+    g.pad[d] = int32_t(s.pad[d]);
+    g.dil[d] = int32_t(s.dilation[d]);
+    g.div_stride[d] = FastDivmod(uint32_t(s.stride[d]));
+  }
+  g.in_volume = s.in_volume();
+  g.out_volume = s.out_volume();
+  g.div_out_w = FastDivmod(uint32_t(s.out[2]));
+  g.div_out_h = FastDivmod(uint32_t(s.out[1]));
+  g.div_out_volume = FastDivmod(uint32_t(s.out_volume()));
+  g.div_in_w = FastDivmod(uint32_t(s.in[2]));
+  g.div_in_h = FastDivmod(uint32_t(s.in[1]));
+  g.div_in_volume = FastDivmod(uint32_t(s.in_volume()));
+  g.div_kernel_w = FastDivmod(uint32_t(s.kernel[2]));
+  g.div_kernel_h = FastDivmod(uint32_t(s.kernel[1]));
+  g.div_kernel_volume = FastDivmod(uint32_t(s.kernel_volume()));
+  g.div_C = FastDivmod(uint32_t(s.C));
+  g.div_K = FastDivmod(uint32_t(s.K));
+  return g;
+}
+
+// packed[o][t * I + i] = w[o][i][t] (w of shape (O, I, kvol)); or, transposed,
+// packed[i][t * O + o] = w[o][i][t]. The forward reads rows o = k_out, the input gradient rows i = c.
+__global__ void pack_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t O, int64_t I,
+                                    int64_t kvol, bool transposed) {
+  const int64_t total = O * I * kvol;
+  TG_GRID_STRIDE(e, total) {
+    const int64_t t = e % kvol, i = (e / kvol) % I, o = e / (kvol * I);
+    const int64_t dst = transposed ? (i * kvol + t) * O + o : (o * kvol + t) * I + i;
+    packed[dst] = w[e];
+  }
+}
+
+Tensor pack_weights(const Tensor& w, const ConvShape& s, bool transposed) {
+  const int64_t kvol = s.kernel_volume();
+  if (!transposed && (kvol == 1 || s.C == 1)) return w;  // already (K, kvol*C) in order
+  if (transposed && kvol == 1 && s.K == 1) return w;
+  Tensor packed = Tensor::empty({w.numel()}, {.dtype = DType::f32, .device = w.device()});
+  const int dev = w.device().index;
+  pack_weights_kernel<<<grid_for(w.numel(), kThreads), kThreads, 0, stream(dev)>>>(
+      packed.data<float>(), w.data<float>(), s.K, s.C, kvol, transposed);
+  TG_LAUNCH_CHECK();
+  return packed;
+}
+
+OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
+  OutputMap out{};
+  out.data = data;
+  out.bias = bias;
+  out.M = int32_t(M);
+  out.N = int32_t(N);
+  out.mode = OutputMap::kPlain;
+  out.kvol = 1;
+  return out;
+}
+
+bool fits(int64_t v) { return v >= 0 && v <= kIndexLimit; }
+
+}  // namespace
+
+bool engine_conv_can_implement(const ConvShape& s, DType dtype) {
+  if (dtype != DType::f32) return false;
+  const int64_t kvol = s.kernel_volume();
+  if (!(fits(s.N * s.out_volume()) && fits(s.N * s.in_volume()) && fits(s.C * kvol) && fits(s.K * kvol))) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (s.in[d] + 2 * s.pad[d] >= kCoordinateLimit) return false;
+    if (s.dilation[d] * (s.kernel[d] - 1) >= kCoordinateLimit) return false;
+    if (s.stride[d] >= kCoordinateLimit) return false;
+  }
+  return s.N >= 1 && s.C >= 1 && s.K >= 1;
+}
+
+bool engine_gemm_can_implement(const GemmProblem& p, DType dtype) {
+  return dtype == DType::f32 && fits(p.M) && fits(p.N) && fits(p.K) && p.M >= 1 && p.N >= 1;
+}
+
+void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                         Precision precision, const EnginePolicy& policy) {
+  TG_CHECK(engine_conv_can_implement(s, y.dtype()), "engine_conv_forward: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " (", dtype_name(y.dtype()), ") is outside the engine's limits");
+  const int dev = y.device().index;
+  set_device(dev);
+  const ConvGeometry g = geometry(s);
+  const int64_t M = s.N * s.out_volume(), N = s.K, red = s.C * s.kernel_volume();
+  const Tensor packed = pack_weights(w, s, /*transposed=*/false);
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(N);
+  args.red = int32_t(red);
+  args.out = output_map(y.data<float>(), b.defined() ? b.data<float>() : nullptr, M, N);
+  if (!s.channels_last()) {
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(s.out_volume()));
+  }
+  const Plan plan = make_plan(M, N, red, dev, policy);
+  run(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t st) {
+    engine::launch_conv_fprop(g, s.channels_last(), x.data<float>(), packed.data<float>(), plan, a,
+                              precision == Precision::FP32, st);
+  });
+}
+
+void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                            Precision precision, const EnginePolicy& policy) {
+  TG_CHECK(engine_conv_can_implement(s, dx.dtype()), "engine_conv_grad_input: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " (", dtype_name(dx.dtype()), ") is outside the engine's limits");
+  const int dev = dx.device().index;
+  set_device(dev);
+  const ConvGeometry g = geometry(s);
+  const int64_t M = s.N * s.in_volume(), N = s.C, red = s.K * s.kernel_volume();
+  const Tensor packed = pack_weights(w, s, /*transposed=*/true);
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(N);
+  args.red = int32_t(red);
+  args.out = output_map(dx.data<float>(), nullptr, M, N);
+  if (!s.channels_last()) {
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(s.in_volume()));
+  }
+  const Plan plan = make_plan(M, N, red, dev, policy);
+  run(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t st) {
+    engine::launch_conv_dgrad(g, s.channels_last(), dy.data<float>(), packed.data<float>(), plan, a,
+                              precision == Precision::FP32, st);
+  });
+}
+
+void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                             Precision precision, const EnginePolicy& policy) {
+  TG_CHECK(engine_conv_can_implement(s, dw.dtype()), "engine_conv_grad_weight: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " (", dtype_name(dw.dtype()), ") is outside the engine's limits");
+  const int dev = dw.device().index;
+  set_device(dev);
+  const ConvGeometry g = geometry(s);
+  const int64_t M = s.K, N = s.C * s.kernel_volume(), red = s.N * s.out_volume();
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(N);
+  args.red = int32_t(red);
+  args.out = output_map(dw.data<float>(), nullptr, M, N);
+  if (s.channels_last() && s.kernel_volume() > 1) {
+    args.out.mode = OutputMap::kWeightsChannelsLast;
+    args.out.div = FastDivmod(uint32_t(s.C));
+    args.out.kvol = int32_t(s.kernel_volume());
+  }
+  const Plan plan = make_plan(M, N, red, dev, policy);
+  run(plan, args, dw.device(), [&](const MainloopArgs& a, cudaStream_t st) {
+    engine::launch_conv_wgrad(g, s.channels_last(), dy.data<float>(), x.data<float>(), plan, a,
+                              precision == Precision::FP32, st);
+  });
+}
+
+void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
+                 Precision precision, const EnginePolicy& policy) {
+  TG_CHECK(engine_gemm_can_implement(p, c.dtype()), "engine_gemm: ", p.M, " x ", p.N, " x ", p.K, " (",
+           dtype_name(c.dtype()), ") is outside the engine's limits");
+  const int dev = c.device().index;
+  set_device(dev);
+  MainloopArgs args{};
+  args.M = int32_t(p.M);
+  args.N = int32_t(p.N);
+  args.red = int32_t(p.K);
+  args.out = output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
+  // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
+  const bool a_k = !p.transA, b_k = p.transB;
+  const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
+  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy);
+  run(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
+    engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
+                          precision == Precision::FP32, st);
+  });
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,38 @@
+// The implicit-GEMM engine: one tensor-core kernel family (mma.sync TF32, sm_80 and later)
+// for every f32 convolution pass (2-D and 3-D, any kernel, stride, padding, dilation, NCHW
+// and NHWC; forward, input gradient, weight gradient) and every matrix product. The conv
+// and linear dispatchers call it for what no specialised kernel claims.
+// Precision::FP32 runs three TF32 products per step (split operands: FP32 accuracy);
+// Precision::TF32 runs one. The weight gradient and split reductions are deterministic.
+// Design note: docs/kernels/gemm.md.
+#pragma once
+#include "core/precision.h"
+#include "core/tensor.h"
+#include "ops/conv.h"
+#include "ops/linear.h"
+
+namespace tg::cuda {
+
+// Overrides of the engine's own choices, for tests and the benchmark.
+struct EnginePolicy {
+  int tile = 0;    // 0: by problem size; 128: 128x128 tiles; 64: 64x64 tiles
+  int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
+};
+
+// Whether the engine serves this problem: f32 data and every row, column and reduction
+// count below 2^31 (its indices are 32-bit; offsets are 64-bit).
+bool engine_conv_can_implement(const ConvShape& s, DType dtype);
+bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
+
+// Same contracts as tg::cuda::conv_forward / conv_grad_input / conv_grad_weight / gemm:
+// outputs fully overwritten, ordered on the device's framework stream.
+void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                         Precision precision, const EnginePolicy& policy = {});
+void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                            Precision precision, const EnginePolicy& policy = {});
+void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                             Precision precision, const EnginePolicy& policy = {});
+void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
+                 Precision precision, const EnginePolicy& policy = {});
+
+}  // namespace tg::cuda

@@ -1,0 +1,34 @@
+// The engine's per-role launchers (one .cu each, so they compile in parallel), called by
+// engine.cu once it has validated the problem, planned the tiles and packed the weights.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/gemm/mainloop_sm80.cuh"
+#include "ops/cuda/gemm/operands.cuh"
+
+namespace tg::cuda::engine {
+
+// Tiles and reduction split of one launch.
+struct Plan {
+  bool big_tile = true;  // BigTile (128x128) or SmallTile (64x64)
+  int32_t tiles_m = 0, tiles_n = 0;
+  int32_t splits = 1, k_tiles_per_split = 0;
+};
+
+// y = conv(x, packed weights (K, kvol*C)); x NCDHW or NDHWC.
+void launch_conv_fprop(const ConvGeometry& g, bool channels_last, const float* x, const float* packed_w,
+                       const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+// dx = conv_transpose(dy, packed weights (C, kvol*K)).
+void launch_conv_dgrad(const ConvGeometry& g, bool channels_last, const float* dy, const float* packed_w,
+                       const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+// dw (K, C*kvol) = dy x^T over batch and output pixels.
+void launch_conv_wgrad(const ConvGeometry& g, bool channels_last, const float* dy, const float* x,
+                       const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+// c (M, N) = op(a) op(b): a_k_contiguous = !transA, b_k_contiguous = transB; lda/ldb the
+// strides of the non-contiguous index.
+void launch_matmul(const float* a, bool a_k_contiguous, int64_t lda, const float* b, bool b_k_contiguous,
+                   int64_t ldb, const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+
+}  // namespace tg::cuda::engine

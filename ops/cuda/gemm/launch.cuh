@@ -1,0 +1,32 @@
+// Host side of one engine launch: picks the tile configuration and precision instantiation of
+// igemm_sm80_kernel for a plan made by engine.cu. Included by the per-role .cu files only.
+#pragma once
+#include "core/cuda_context.h"
+#include "ops/cuda/gemm/kernels.h"
+#include "ops/cuda/gemm/mainloop_sm80.cuh"
+
+namespace tg::cuda::engine {
+
+template <class Cfg, class OpA, class OpB, bool kSplitTf32>
+void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  const auto kernel = igemm_sm80_kernel<Cfg, OpA, OpB, kSplitTf32>;
+  constexpr int kBytes = smem_bytes<Cfg, OpA, OpB>();
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, Cfg::kThreads, kBytes, stream>>>(a, b, args);
+  TG_LAUNCH_CHECK();
+}
+
+template <class OpA, class OpB>
+void launch(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, bool split_tf32,
+            cudaStream_t stream) {
+  if (plan.big_tile) {
+    if (split_tf32) launch_config<BigTile, OpA, OpB, true>(a, b, plan, args, stream);
+    else launch_config<BigTile, OpA, OpB, false>(a, b, plan, args, stream);
+  } else {
+    if (split_tf32) launch_config<SmallTile, OpA, OpB, true>(a, b, plan, args, stream);
+    else launch_config<SmallTile, OpA, OpB, false>(a, b, plan, args, stream);
+  }
+}
+
+}  // namespace tg::cuda::engine

@@ -1,0 +1,262 @@
+// The engine's kernel for sm_80 and later: a C[M][N] = sum_k A[m][k] B[n][k] tile per block on
+// mma.sync TF32 m16n8k8, operands gathered by cp.async into a multi-stage shared-memory ring.
+// A and B are any of operands.cuh's types; the output goes through an OutputMap (layouts, bias)
+// or, when the reduction is split over blockIdx.y, into a plain partial-sum workspace that
+// engine.cu reduces in a fixed order (deterministic: no atomics anywhere).
+// Design note: docs/kernels/gemm.md.
+#pragma once
+#include <cstdint>
+
+#include "ops/cuda/arch/cp_async.cuh"
+#include "ops/cuda/arch/fast_divmod.h"
+#include "ops/cuda/mma_sync.cuh"
+#include "ops/cuda/tf32.cuh"
+
+namespace tg::cuda::engine {
+
+constexpr int kBK = 32;  // reduction slice per stage
+
+template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_>
+struct TileConfig {
+  static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
+  static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;  // mma tiles per warp
+  static_assert(kWarpM % 16 == 0 && kWarpN % 8 == 0, "warp tile must be whole mma tiles");
+};
+using BigTile = TileConfig<128, 128, 2, 4, 3>;   // 256 threads, 64x32 per warp
+using SmallTile = TileConfig<64, 64, 2, 2, 4>;   // 128 threads, 32x32 per warp
+
+// Floats of one operand's tile in shared memory. Rows of BK+4 (k adjacent) or BK rows of
+// ROWS+8 (rows adjacent): both paddings make the fragment reads of a warp hit 32 banks.
+template <int kRows, bool kContiguousK>
+constexpr int tile_floats() {
+  return kContiguousK ? kRows * (kBK + 4) : kBK * (kRows + 8);
+}
+template <int kRows, bool kContiguousK>
+__device__ __forceinline__ int tile_index(int row, int k) {
+  return kContiguousK ? row * (kBK + 4) + k : k * (kRows + 8) + row;
+}
+
+// Where each C element goes: the layouts of the convolution outputs, and the bias.
+struct OutputMap {
+  enum Mode : int32_t {
+    kPlain,                // out[m * N + n]
+    kChannelsFirst,        // m = (img, p): out[(img * N + n) * P + p]   (NCDHW outputs)
+    kWeightsChannelsLast,  // n = t * C + c: out[m * N + c * kvol + t]   (wgrad of NHWC)
+  };
+  float* data;
+  const float* bias;  // (N) or null
+  int32_t M, N;
+  Mode mode;
+  FastDivmod div;  // P (kChannelsFirst) or C (kWeightsChannelsLast)
+  int32_t kvol;
+
+  __device__ __forceinline__ int64_t offset(int32_t m, int32_t n) const {
+    if (mode == kPlain) return int64_t(m) * N + n;
+    uint32_t q, r;
+    if (mode == kChannelsFirst) {
+      div.divmod(uint32_t(m), q, r);
+      return (int64_t(q) * N + n) * div.divisor + r;
+    }
+    div.divmod(uint32_t(n), q, r);  // q = tap, r = channel
+    return int64_t(m) * N + int64_t(r) * kvol + q;
+  }
+  __device__ __forceinline__ void store(int32_t m, int32_t n, float v) const {
+    if (bias) v += bias[n];
+    data[offset(m, n)] = v;
+  }
+};
+
+struct MainloopArgs {
+  int32_t M, N, red;
+  int32_t tiles_n;
+  int32_t k_tiles_per_split;
+  float* partials;  // [splits][M][N] when the reduction is split, else null
+  OutputMap out;
+};
+
+// One operand's share of a stage: which rows and reduction indices this thread copies.
+// k adjacent: 8 threads along k (4 consecutive each, one 16-byte copy when the four are
+// adjacent and aligned), the rest along rows. Rows adjacent: a warp's lanes along rows.
+template <class Op, int kRows, int kThreads>
+struct TileLoader {
+  static constexpr bool kK = Op::kContiguousK;
+  static constexpr int kRowThreads = kK ? kThreads / 8 : 32;
+  static constexpr int kRowsPerThread = kRows / kRowThreads;
+  static constexpr int kKStep = kK ? 1 : kThreads / 32;
+  static constexpr int kKPerThread = kK ? 4 : kBK / kKStep;
+  static_assert(kRows % kRowThreads == 0 && kBK % kKStep == 0, "tile does not divide among threads");
+
+  int row_first, k_first;
+  typename Op::Row rows[kRowsPerThread];
+
+  __device__ __forceinline__ void init(const Op& op, int32_t tile_row0, int tid) {
+    row_first = kK ? tid / 8 : tid % 32;
+    k_first = kK ? (tid % 8) * 4 : tid / 32;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) rows[j] = op.row(tile_row0 + row_first + j * kRowThreads);
+  }
+
+  __device__ __forceinline__ void load(const Op& op, float* tile, int32_t k0) const {
+    if constexpr (kK) {
+      typename Op::Col cols[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cols[i] = op.col(k0 + k_first + i);
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        int64_t off[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) off[i] = op.offset(rows[j], cols[i]);
+        float* dst = tile + tile_index<kRows, true>(row_first + j * kRowThreads, k_first);
+        const bool vector = off[0] >= 0 && off[1] == off[0] + 1 && off[2] == off[0] + 2 && off[3] == off[0] + 3 &&
+                            (reinterpret_cast<uintptr_t>(op.data + off[0]) & 15) == 0;
+        if (vector) {
+          cp_async<16>(dst, op.data + off[0], true);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) cp_async<4>(dst + i, op.data + (off[i] >= 0 ? off[i] : 0), off[i] >= 0);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKPerThread; ++i) {
+        const int k = k_first + i * kKStep;
+        const typename Op::Col col = op.col(k0 + k);
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const int64_t off = op.offset(rows[j], col);
+          float* dst = tile + tile_index<kRows, false>(row_first + j * kRowThreads, k);
+          cp_async<4>(dst, op.data + (off >= 0 ? off : 0), off >= 0);
+        }
+      }
+    }
+  }
+};
+
+// x as a TF32 operand (TF32 mode), or split into a TF32 head and the TF32 rounding of the
+// remainder (FP32 mode: three products give FP32 accuracy).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = tf32_bits(x);
+  small = tf32_operand(x - __uint_as_float(big));
+}
+
+template <class Cfg, class OpA, class OpB, bool kSplitTf32>
+__global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, const OpB b, const MainloopArgs args) {
+  constexpr bool kAK = OpA::kContiguousK, kBKc = OpB::kContiguousK;
+  constexpr int kTileA = tile_floats<Cfg::kBM, kAK>(), kTileB = tile_floats<Cfg::kBN, kBKc>();
+  extern __shared__ __align__(16) float smem[];  // kStages x (A tile, B tile)
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_m0 = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_n0 = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
+  const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
+  const int32_t m0 = tile_m * Cfg::kBM, n0 = tile_n * Cfg::kBN;
+
+  const int32_t k_tiles = (args.red + kBK - 1) / kBK;
+  const int32_t kt_begin = blockIdx.y * args.k_tiles_per_split;
+  const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
+
+  TileLoader<OpA, Cfg::kBM, Cfg::kThreads> load_a;
+  TileLoader<OpB, Cfg::kBN, Cfg::kThreads> load_b;
+  load_a.init(a, m0, tid);
+  load_b.init(b, n0, tid);
+  auto stage_a = [&](int s) { return smem + s * (kTileA + kTileB); };
+  auto stage_b = [&](int s) { return smem + s * (kTileA + kTileB) + kTileA; };
+
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (kt_begin + s < kt_end) {
+      load_a.load(a, stage_a(s), (kt_begin + s) * kBK);
+      load_b.load(b, stage_b(s), (kt_begin + s) * kBK);
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+
+  float acc[Cfg::kMI][Cfg::kNI][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNI; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
+
+  for (int32_t kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // the stage is complete for every thread, and the one refilled below is free
+    const int32_t next = kt + Cfg::kStages - 1;
+    if (next < kt_end) {
+      const int s = (next - kt_begin) % Cfg::kStages;
+      load_a.load(a, stage_a(s), next * kBK);
+      load_b.load(b, stage_b(s), next * kBK);
+    }
+    cp_async_commit();
+
+    const int s = (kt - kt_begin) % Cfg::kStages;
+    const float* sa = stage_a(s);
+    const float* sb = stage_b(s);
+#pragma unroll
+    for (int ks = 0; ks < kBK; ks += 8) {
+      uint32_t af[Cfg::kMI][4], bf[Cfg::kNI][2];
+      uint32_t af_small[Cfg::kMI][4], bf_small[Cfg::kNI][2];
+#pragma unroll
+      for (int i = 0; i < Cfg::kMI; ++i) {
+        const int r = warp_m0 + i * 16 + g;
+        const float v[4] = {sa[tile_index<Cfg::kBM, kAK>(r, ks + t)], sa[tile_index<Cfg::kBM, kAK>(r + 8, ks + t)],
+                            sa[tile_index<Cfg::kBM, kAK>(r, ks + t + 4)],
+                            sa[tile_index<Cfg::kBM, kAK>(r + 8, ks + t + 4)]};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if constexpr (kSplitTf32) split_tf32(v[q], af[i][q], af_small[i][q]);
+          else af[i][q] = tf32_operand(v[q]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kNI; ++j) {
+        const int c = warp_n0 + j * 8 + g;
+        const float v[2] = {sb[tile_index<Cfg::kBN, kBKc>(c, ks + t)], sb[tile_index<Cfg::kBN, kBKc>(c, ks + t + 4)]};
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          if constexpr (kSplitTf32) split_tf32(v[q], bf[j][q], bf_small[j][q]);
+          else bf[j][q] = tf32_operand(v[q]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < Cfg::kMI; ++i)
+#pragma unroll
+        for (int j = 0; j < Cfg::kNI; ++j) {
+          if constexpr (kSplitTf32) {
+            mma_tf32(acc[i][j], af_small[i], bf[j][0], bf[j][1]);
+            mma_tf32(acc[i][j], af[i], bf_small[j][0], bf_small[j][1]);
+          }
+          mma_tf32(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator r of mma tile (i, j) holds C[row + 8 (r / 2)][col + r % 2].
+#pragma unroll
+  for (int i = 0; i < Cfg::kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNI; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int32_t m = m0 + warp_m0 + i * 16 + g + 8 * (r / 2);
+        const int32_t n = n0 + warp_n0 + j * 8 + 2 * t + r % 2;
+        if (m >= args.M || n >= args.N) continue;
+        if (args.partials) {
+          args.partials[(int64_t(blockIdx.y) * args.M + m) * args.N + n] = acc[i][j][r];
+        } else {
+          args.out.store(m, n, acc[i][j][r]);
+        }
+      }
+}
+
+template <class Cfg, class OpA, class OpB>
+constexpr int smem_bytes() {
+  return Cfg::kStages * (tile_floats<Cfg::kBM, OpA::kContiguousK>() + tile_floats<Cfg::kBN, OpB::kContiguousK>()) *
+         int(sizeof(float));
+}
+
+}  // namespace tg::cuda::engine

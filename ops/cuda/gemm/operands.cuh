@@ -1,0 +1,253 @@
+// The engine's operands: how element (row, k) of each GEMM operand is found in memory.
+// The mainloop (mainloop_sm80.cuh) computes C[M][N] = sum_k A[m][k] B[n][k]: both operands are
+// seen as "rows x reduction". Each operand type says
+//   kContiguousK   whether consecutive k (true) or consecutive rows (false) are adjacent in
+//                  memory; it decides the shared-memory layout and which threads load what,
+//   Row row(r)     what can be computed once per row (the thread keeps its rows all along),
+//   Col col(k)     what can be computed once per reduction index (shared by the thread's rows),
+//   offset(row, col) the element's offset from `data`, or -1 where the element is zero
+//                  (padding, out of the image, out of range).
+// Convolutions are implicit GEMMs (DESIGN.md, ops): no im2col buffer is ever written.
+//   fprop  y[n,k,p]   = sum_{t,c} x[n,c,p*s-pad+t*dil] w[k,c,t]   M = N*P,    N = K,    red = kvol*C
+//   dgrad  dx[n,c,q]  = sum_{t,k} dy[n,k,(q+pad-t*dil)/s] w[k,c,t] M = N*Vin,  N = C,    red = kvol*K
+//   wgrad  dw[k,c,t]  = sum_{n,p} dy[n,k,p] x[n,c,p*s-pad+t*dil]  M = K,      N = C*kvol, red = N*P
+// The weights of fprop and dgrad are packed first (engine.cu) into plain row-major matrices
+// whose reduction index is t*C + c (fprop) or t*K + k (dgrad), the order the gathers use.
+// Indices below 2^31 (rows, reduction); offsets are 64-bit.
+#pragma once
+#include <cstdint>
+
+#include "ops/cuda/arch/fast_divmod.h"
+
+namespace tg::cuda::engine {
+
+// A plain matrix: element (r, k) at r * row_stride + k * k_stride, one of the strides 1.
+template <bool kContiguousKArg>
+struct MatrixOperand {
+  static constexpr bool kContiguousK = kContiguousKArg;
+  const float* data;
+  int32_t rows, red;
+  int64_t stride;  // the stride of the non-contiguous index
+  struct Row { int64_t base; };  // -1 when out of range
+  struct Col { int64_t base; };
+  __device__ __forceinline__ Row row(int32_t r) const {
+    return {r < rows ? (kContiguousK ? int64_t(r) * stride : int64_t(r)) : int64_t(-1)};
+  }
+  __device__ __forceinline__ Col col(int32_t k) const {
+    return {k < red ? (kContiguousK ? int64_t(k) : int64_t(k) * stride) : int64_t(-1)};
+  }
+  __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
+    return (r.base < 0 || c.base < 0) ? -1 : r.base + c.base;
+  }
+};
+
+// The geometry every convolution gather needs, in 32-bit (can_implement keeps sizes below
+// 2^31) with the divisors the index decompositions use.
+struct ConvGeometry {
+  int32_t N, C, K;
+  int32_t in[3], out[3], kernel[3], stride[3], pad[3], dil[3];
+  int64_t in_volume, out_volume;
+  FastDivmod div_out_w, div_out_h, div_out_volume;  // p -> (z, y, x) of the output
+  FastDivmod div_in_w, div_in_h, div_in_volume;     // q -> (z, y, x) of the input
+  FastDivmod div_kernel_w, div_kernel_h;            // tap -> (td, th, tw)
+  FastDivmod div_kernel_volume;                     // wgrad column c*kvol + t -> (c, t)
+  FastDivmod div_stride[3];                         // dgrad: which output reads input q
+  FastDivmod div_C, div_K;
+
+  __device__ __forceinline__ void unravel_out(uint32_t p, int32_t& z, int32_t& y, int32_t& x) const {
+    uint32_t q, r;
+    div_out_w.divmod(p, q, r);
+    x = int32_t(r);
+    div_out_h.divmod(q, q, r);
+    y = int32_t(r);
+    z = int32_t(q);
+  }
+  __device__ __forceinline__ void unravel_in(uint32_t p, int32_t& z, int32_t& y, int32_t& x) const {
+    uint32_t q, r;
+    div_in_w.divmod(p, q, r);
+    x = int32_t(r);
+    div_in_h.divmod(q, q, r);
+    y = int32_t(r);
+    z = int32_t(q);
+  }
+  // The dilated offsets of tap t in (d, h, w).
+  __device__ __forceinline__ void tap_offsets(uint32_t t, int32_t& dz, int32_t& dy, int32_t& dx) const {
+    uint32_t q, r;
+    div_kernel_w.divmod(t, q, r);
+    dx = int32_t(r) * dil[2];
+    div_kernel_h.divmod(q, q, r);
+    dy = int32_t(r) * dil[1];
+    dz = int32_t(q) * dil[0];
+  }
+  __device__ __forceinline__ bool inside_input(int32_t z, int32_t y, int32_t x) const {
+    return uint32_t(z) < uint32_t(in[0]) && uint32_t(y) < uint32_t(in[1]) && uint32_t(x) < uint32_t(in[2]);
+  }
+  __device__ __forceinline__ int64_t input_pixel(int32_t z, int32_t y, int32_t x) const {
+    return (int64_t(z) * in[1] + y) * in[2] + x;
+  }
+};
+
+// fprop's A: the input x gathered as im2col[m = (n, p)][k = t*C + c], never materialised.
+template <bool kChannelsLast>
+struct ImageOperand {
+  static constexpr bool kContiguousK = kChannelsLast;  // NHWC: channels adjacent; NCHW: pixels
+  const float* data;
+  ConvGeometry g;
+  int32_t rows;  // N * out_volume
+  int32_t red;   // kvol * C
+  struct Row { int64_t base; int32_t z, y, x; bool valid; };
+  struct Col { int64_t channel; int32_t dz, dy, dx; bool valid; };
+  __device__ __forceinline__ Row row(int32_t m) const {
+    Row r{};
+    r.valid = m < rows;
+    if (!r.valid) return r;
+    uint32_t n, p;
+    g.div_out_volume.divmod(uint32_t(m), n, p);
+    g.unravel_out(p, r.z, r.y, r.x);
+    r.z = r.z * g.stride[0] - g.pad[0];
+    r.y = r.y * g.stride[1] - g.pad[1];
+    r.x = r.x * g.stride[2] - g.pad[2];
+    r.base = int64_t(n) * g.C * g.in_volume;
+    return r;
+  }
+  __device__ __forceinline__ Col col(int32_t k) const {
+    Col c{};
+    c.valid = k < red;
+    if (!c.valid) return c;
+    uint32_t t, ch;
+    g.div_C.divmod(uint32_t(k), t, ch);
+    g.tap_offsets(t, c.dz, c.dy, c.dx);
+    c.channel = kChannelsLast ? int64_t(ch) : int64_t(ch) * g.in_volume;
+    return c;
+  }
+  __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
+    const int32_t z = r.z + c.dz, y = r.y + c.dy, x = r.x + c.dx;
+    if (!(r.valid && c.valid && g.inside_input(z, y, x))) return -1;
+    const int64_t pixel = g.input_pixel(z, y, x);
+    return r.base + c.channel + (kChannelsLast ? pixel * g.C : pixel);
+  }
+};
+
+// dgrad's A: dy gathered as [m = (n, q)][k = t*K + k_out]: input pixel q receives from output
+// o = (q + pad - t*dil) / stride where that division is exact and o is inside the output.
+template <bool kChannelsLast>
+struct GradOutputOperand {
+  static constexpr bool kContiguousK = kChannelsLast;
+  const float* data;
+  ConvGeometry g;
+  int32_t rows;  // N * in_volume
+  int32_t red;   // kvol * K
+  struct Row { int64_t base; int32_t z, y, x; bool valid; };
+  struct Col { int64_t channel; int32_t dz, dy, dx; bool valid; };
+  __device__ __forceinline__ Row row(int32_t m) const {
+    Row r{};
+    r.valid = m < rows;
+    if (!r.valid) return r;
+    uint32_t n, q;
+    g.div_in_volume.divmod(uint32_t(m), n, q);
+    g.unravel_in(q, r.z, r.y, r.x);
+    r.z += g.pad[0];
+    r.y += g.pad[1];
+    r.x += g.pad[2];
+    r.base = int64_t(n) * g.K * g.out_volume;
+    return r;
+  }
+  __device__ __forceinline__ Col col(int32_t k) const {
+    Col c{};
+    c.valid = k < red;
+    if (!c.valid) return c;
+    uint32_t t, ch;
+    g.div_K.divmod(uint32_t(k), t, ch);
+    g.tap_offsets(t, c.dz, c.dy, c.dx);
+    c.channel = kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume;
+    return c;
+  }
+  // The output coordinate that reads `scaled` (= q + pad - t*dil) in one dim, or -1.
+  __device__ __forceinline__ int32_t source(int32_t scaled, int d) const {
+    if (scaled < 0) return -1;
+    uint32_t o, rem;
+    g.div_stride[d].divmod(uint32_t(scaled), o, rem);
+    return (rem == 0 && int32_t(o) < g.out[d]) ? int32_t(o) : -1;
+  }
+  __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
+    if (!(r.valid && c.valid)) return -1;
+    const int32_t oz = source(r.z - c.dz, 0), oy = source(r.y - c.dy, 1), ox = source(r.x - c.dx, 2);
+    if ((oz | oy | ox) < 0) return -1;
+    const int64_t pixel = (int64_t(oz) * g.out[1] + oy) * g.out[2] + ox;
+    return r.base + c.channel + (kChannelsLast ? pixel * g.K : pixel);
+  }
+};
+
+// wgrad's A: dy as [m = k_out][red = (n, p)].
+template <bool kChannelsLast>
+struct GradOutputRowsOperand {
+  static constexpr bool kContiguousK = !kChannelsLast;  // NCHW: pixels adjacent; NHWC: channels
+  const float* data;
+  ConvGeometry g;
+  int32_t rows;  // K
+  int32_t red;   // N * out_volume
+  struct Row { int64_t base; };
+  struct Col { int64_t base; };
+  __device__ __forceinline__ Row row(int32_t k) const {
+    return {k < rows ? (kChannelsLast ? int64_t(k) : int64_t(k) * g.out_volume) : int64_t(-1)};
+  }
+  __device__ __forceinline__ Col col(int32_t j) const {
+    if (j >= red) return {-1};
+    if (kChannelsLast) return {int64_t(j) * g.K};
+    uint32_t n, p;
+    g.div_out_volume.divmod(uint32_t(j), n, p);
+    return {int64_t(n) * g.K * g.out_volume + p};
+  }
+  __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
+    return (r.base < 0 || c.base < 0) ? -1 : r.base + c.base;
+  }
+};
+
+// wgrad's B: x as [row = weight column][red = (n, p)]. The weight column is c*kvol + t for NCHW
+// (the reduction walks pixels, adjacent in memory) and t*C + c for NHWC (rows walk channels,
+// adjacent in memory); the epilogue puts NHWC's columns back in (c, t) order.
+template <bool kChannelsLast>
+struct ImageColumnsOperand {
+  static constexpr bool kContiguousK = !kChannelsLast;
+  const float* data;
+  ConvGeometry g;
+  int32_t rows;  // C * kvol
+  int32_t red;   // N * out_volume
+  struct Row { int64_t channel; int32_t dz, dy, dx; bool valid; };
+  struct Col { int64_t base; int32_t z, y, x; bool valid; };
+  __device__ __forceinline__ Row row(int32_t j) const {
+    Row r{};
+    r.valid = j < rows;
+    if (!r.valid) return r;
+    uint32_t c, t;
+    if (kChannelsLast) g.div_C.divmod(uint32_t(j), t, c);
+    else g.div_kernel_volume.divmod(uint32_t(j), c, t);
+    g.tap_offsets(t, r.dz, r.dy, r.dx);
+    r.dz -= g.pad[0];
+    r.dy -= g.pad[1];
+    r.dx -= g.pad[2];
+    r.channel = kChannelsLast ? int64_t(c) : int64_t(c) * g.in_volume;
+    return r;
+  }
+  __device__ __forceinline__ Col col(int32_t j) const {
+    Col c{};
+    c.valid = j < red;
+    if (!c.valid) return c;
+    uint32_t n, p;
+    g.div_out_volume.divmod(uint32_t(j), n, p);
+    g.unravel_out(p, c.z, c.y, c.x);
+    c.z *= g.stride[0];
+    c.y *= g.stride[1];
+    c.x *= g.stride[2];
+    c.base = int64_t(n) * g.C * g.in_volume;
+    return c;
+  }
+  __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
+    const int32_t z = c.z + r.dz, y = c.y + r.dy, x = c.x + r.dx;
+    if (!(r.valid && c.valid && g.inside_input(z, y, x))) return -1;
+    const int64_t pixel = g.input_pixel(z, y, x);
+    return c.base + r.channel + (kChannelsLast ? pixel * g.C : pixel);
+  }
+};
+
+}  // namespace tg::cuda::engine

@@ -1,0 +1,215 @@
+// The implicit-GEMM engine (ops/cuda/gemm/) against the f64 CPU reference: every convolution
+// pass and every matrix-product transpose, at shapes that break its tiles (odd sizes, 1 and 3
+// channels, kernels larger than the input, stride > kernel, dilation with padding, N = 1),
+// both tile configurations, split and unsplit reductions, FP32 (three TF32 products) and TF32.
+// Outputs are NaN-poisoned before each launch; split reductions must be bit-reproducible.
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "ops/cpu/conv.h"
+#include "ops/cuda/conv.h"
+#include "ops/cuda/gemm/engine.h"
+#include "ops/cuda/policy.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
+
+struct ConvCase {
+  const char* name;
+  Shape x, w;  // x in the layout of p
+  ConvParams p;
+};
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      {"3x3 s1 p1 odd", {2, 5, 9, 13}, {7, 5, 3, 3}, {.stride = {1}, .padding = {1}}},
+      {"3x3 s2 p1", {3, 33, 15, 11}, {67, 33, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"1 channel 5x5 p2", {1, 1, 17, 19}, {3, 1, 5, 5}, {.padding = {2}}},
+      {"stem 7x7 s2 p3 C3", {2, 3, 29, 23}, {16, 3, 7, 7}, {.stride = {2}, .padding = {3}}},
+      {"kernel > input, padded", {2, 4, 3, 2}, {5, 4, 5, 5}, {.padding = {2}}},
+      {"stride > kernel", {2, 6, 13, 14}, {9, 6, 2, 2}, {.stride = {3}}},
+      {"dilated 3x3 d2 p2", {2, 8, 12, 10}, {8, 8, 3, 3}, {.padding = {2}, .dilation = {2}}},
+      {"rect kernel, per-dim params", {1, 7, 16, 9}, {5, 7, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 3}}},
+      {"1x1 s2", {2, 40, 9, 9}, {130, 40, 1, 1}, {.stride = {2}}},
+      {"wide K, N=1", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
+      {"NHWC 3x3 s1 p1", {2, 9, 11, 36}, {20, 36, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 3x3 s2 odd C", {3, 13, 10, 5}, {11, 5, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC dilated 1 channel", {2, 12, 12, 1}, {4, 1, 3, 3}, {.padding = {2}, .dilation = {2}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 p1", {2, 5, 6, 7, 5}, {9, 5, 3, 3, 3}, {.padding = {1}}},
+      {"3d s2 C1", {1, 1, 9, 8, 7}, {6, 1, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"3d anisotropic", {2, 3, 5, 9, 6}, {4, 3, 1, 3, 2}, {.stride = {1, 2, 1}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
+  };
+}
+
+Tensor poisoned(const Shape& s) {
+  Tensor t = Tensor::empty(s, {.dtype = DType::f32, .device = kGpu});
+  poison(t);
+  return t;
+}
+
+Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
+
+struct Variant {
+  const char* name;
+  cuda::EnginePolicy policy;
+};
+const Variant kVariants[] = {
+    {"auto", {}},
+    {"128x128", {.tile = 128, .splits = 1}},
+    {"64x64", {.tile = 64, .splits = 1}},
+    {"64x64 split 3", {.tile = 64, .splits = 3}},
+    {"128x128 split 2", {.tile = 128, .splits = 2}},
+};
+const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
+const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
+
+TEST(GemmEngineConv, EveryPassMatchesF64Reference) {
+  TG_REQUIRE_GPU();
+  for (const ConvCase& c : conv_cases()) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    ASSERT_TRUE(cuda::engine_conv_can_implement(s, DType::f32)) << c.name;
+    Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
+    Tensor b = random({s.K}, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
+    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64}), dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
+    cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
+    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
+    for (Precision prec : kPrecisions) {
+      for (const Variant& v : kVariants) {
+        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        Tensor y = poisoned(s.y_shape()), dx = poisoned(c.x), dw = poisoned(c.w);
+        cuda::engine_conv_forward(y, x, w, b, s, prec, v.policy);
+        cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
+        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, v.policy);
+        EXPECT_LE(rel_l2(y, y_ref), tolerance(prec)) << where << ": forward";
+        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where << ": grad-input";
+        EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where << ": grad-weight";
+      }
+    }
+  }
+}
+
+// A long reduction split many ways: the fixed-order partial sums give the same bits every run.
+TEST(GemmEngineConv, SplitWeightGradientIsDeterministic) {
+  TG_REQUIRE_GPU();
+  const ConvCase c{"wgrad split", {8, 16, 40, 40}, {24, 16, 3, 3}, {.padding = {1}}};
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
+  cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
+  for (int splits : {0, 7, 64}) {
+    Tensor first = poisoned(c.w), second = poisoned(c.w);
+    cuda::engine_conv_grad_weight(first, dy, x, s, Precision::FP32, {.splits = splits});
+    cuda::engine_conv_grad_weight(second, dy, x, s, Precision::FP32, {.splits = splits});
+    EXPECT_LE(rel_l2(first, dw_ref), 1e-5) << "splits " << splits;
+    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
+  }
+}
+
+// The public ops with the engine forced, through the tape: forward, dx, dw and the bias.
+TEST(GemmEngineConv, PublicOpsThroughTapeUseTheEngine) {
+  TG_REQUIRE_GPU();
+  cuda::KernelPolicyGuard guard({.conv = cuda::KernelPath::Engine});
+  PrecisionGuard fp32(Precision::FP32);
+  // 3x3 stride 1 NCHW and 1x1: shapes the specialised kernels would otherwise take.
+  const ConvCase cases[] = {
+      {"3x3 s1", {2, 6, 10, 9}, {5, 6, 3, 3}, {.padding = {1}}},
+      {"1x1", {2, 10, 7, 5}, {12, 10, 1, 1}, {}},
+  };
+  for (const ConvCase& c : cases) {
+    Tensor x = random(c.x, DType::f32, kGpu).requires_grad_(), w = random(c.w, DType::f32, kGpu).requires_grad_();
+    Tensor b = random({c.w[0]}, DType::f32, kGpu).requires_grad_();
+    Tensor xr = ref(x).requires_grad_(), wr = ref(w).requires_grad_(), br = ref(b).requires_grad_();
+    Tensor y, yr;
+    Tensor seed = random(make_conv_shape("test", c.x, c.w, c.p).y_shape(), DType::f32, kGpu);
+    {
+      Tape tape;
+      y = conv2d(x, w, b, c.p);
+      tape.backward(y, seed);
+    }
+    {
+      Tape tape;
+      yr = conv2d(xr, wr, br, c.p);
+      tape.backward(yr, ref(seed));
+    }
+    EXPECT_LE(rel_l2(y, yr), 1e-5) << c.name;
+    EXPECT_LE(rel_l2(x.grad(), xr.grad()), 1e-5) << c.name;
+    EXPECT_LE(rel_l2(w.grad(), wr.grad()), 1e-5) << c.name;
+    EXPECT_LE(rel_l2(b.grad(), br.grad()), 1e-5) << c.name;
+  }
+}
+
+struct GemmCase {
+  int64_t M, N, K;
+  bool transA, transB, bias;
+};
+
+TEST(GemmEngineMatmul, EveryTransposeMatchesF64Reference) {
+  TG_REQUIRE_GPU();
+  const GemmCase cases[] = {
+      {1, 1, 1, false, false, true},    {7, 9, 13, false, true, true},  {130, 67, 257, true, false, false},
+      {257, 130, 33, true, true, true}, {64, 300, 1000, false, true, false}, {5, 513, 8, false, false, true},
+      {200, 3, 4097, true, false, false}, {33, 129, 0, false, true, true},
+  };
+  for (const GemmCase& c : cases) {
+    const GemmProblem p{.M = c.M, .N = c.N, .K = c.K, .transA = c.transA, .transB = c.transB};
+    Tensor a = random({p.a_rows(), p.a_cols()}, DType::f32, kGpu);
+    Tensor b = random({p.b_rows(), p.b_cols()}, DType::f32, kGpu);
+    Tensor bias = c.bias ? random({c.N}, DType::f32, kGpu) : Tensor();
+    Tensor c_ref = Tensor::empty({c.M, c.N}, {.dtype = DType::f64});
+    cpu::gemm(c_ref, ref(a), ref(b), c.bias ? ref(bias) : Tensor(), p);
+    for (Precision prec : kPrecisions) {
+      for (const Variant& v : kVariants) {
+        Tensor out = poisoned({c.M, c.N});
+        cuda::engine_gemm(out, a, b, bias, p, prec, v.policy);
+        EXPECT_LE(rel_l2(out, c_ref), tolerance(prec))
+            << c.M << "x" << c.N << "x" << c.K << " tA " << c.transA << " tB " << c.transB << ", " << name_of(prec)
+            << ", " << v.name;
+      }
+    }
+  }
+}
+
+TEST(GemmEngineMatmul, LinearRoutesLargeShapesToTheEngine) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard fp32(Precision::FP32);
+  // Reduction 300 > the 1x1 kernels' limit: the dispatcher's engine path.
+  Tensor x = random({70, 300}, DType::f32, kGpu).requires_grad_(), w = random({90, 300}, DType::f32, kGpu).requires_grad_();
+  Tensor b = random({90}, DType::f32, kGpu).requires_grad_();
+  Tensor xr = ref(x).requires_grad_(), wr = ref(w).requires_grad_(), br = ref(b).requires_grad_();
+  Tensor y, yr;
+  Tensor seed = random({70, 90}, DType::f32, kGpu);
+  {
+    Tape tape;
+    y = linear(x, w, b);
+    tape.backward(y, seed);
+  }
+  {
+    Tape tape;
+    yr = linear(xr, wr, br);
+    tape.backward(yr, ref(seed));
+  }
+  EXPECT_LE(rel_l2(y, yr), 1e-5);
+  EXPECT_LE(rel_l2(x.grad(), xr.grad()), 1e-5);
+  EXPECT_LE(rel_l2(w.grad(), wr.grad()), 1e-5);
+  EXPECT_LE(rel_l2(b.grad(), br.grad()), 1e-5);
+}
+
+TEST(GemmEngine, RejectsWhatItCannotIndex) {
+  ConvShape s = make_conv_shape("test", {1, 1, 4, 4}, {1, 1, 3, 3}, {});
+  EXPECT_FALSE(cuda::engine_conv_can_implement(s, DType::f64));
+  s.N = int64_t{1} << 32;
+  EXPECT_FALSE(cuda::engine_conv_can_implement(s, DType::f32));
+  EXPECT_FALSE(cuda::engine_gemm_can_implement({.M = int64_t{1} << 31, .N = 4, .K = 4}, DType::f32));
+  EXPECT_TRUE(cuda::engine_gemm_can_implement({.M = 3, .N = 4, .K = 5}, DType::f32));
+}
+
+}  // namespace
