@@ -104,13 +104,21 @@ TensorInfo parse_entry(const std::string& name, const json::Value& v, uint64_t b
            where(*dtype));
   TG_CHECK(shape->is_array(), "safetensors: tensor '", name, "': shape at byte ", where(*shape),
            " must be an array");
-  uint64_t numel = 1;
-  bool overflow = false;
-  for (const json::Value& d : shape->items) {
-    int64_t n = d.as_size(("shape of tensor '" + name + "'").c_str(), base);
-    info.shape.push_back(n);
-    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(n), &numel);
+  const std::string shape_what = "shape of tensor '" + name + "'";
+  for (const json::Value& d : shape->items) info.shape.push_back(d.as_size(shape_what.c_str(), base));
+  // The bounds of a tensor of this shape (core/checked.h): the non-zero dims, times the
+  // element size, must fit in int64 whatever their order, so that [0, 2^62, 2^62] fails as
+  // [2^62, 2^62, 0] does rather than passing as an empty tensor with overflowing strides.
+  uint64_t extent_bytes = esize;
+  bool zero = false, overflow = false;
+  for (int64_t n : info.shape) {
+    if (n == 0) zero = true;
+    else overflow = overflow || __builtin_mul_overflow(extent_bytes, static_cast<uint64_t>(n), &extent_bytes);
   }
+  const uint64_t kMaxBytes = static_cast<uint64_t>(INT64_MAX);
+  TG_CHECK(!overflow && extent_bytes <= kMaxBytes, "safetensors: tensor '", name, "' ", info.dtype,
+           Shape(info.shape), " at byte ", where(*shape), " is too large: its non-zero dims need ",
+           overflow ? std::string("more than 2^64") : std::to_string(extent_bytes), " bytes, over INT64_MAX");
   TG_CHECK(offsets->is_array() && offsets->items.size() == 2, "safetensors: tensor '", name,
            "': data_offsets at byte ", where(*offsets), " must be an array [begin, end]");
   std::string what = "data_offsets of tensor '" + name + "'";
@@ -118,12 +126,10 @@ TensorInfo parse_entry(const std::string& name, const json::Value& v, uint64_t b
   info.end = static_cast<uint64_t>(offsets->items[1].as_size(what.c_str(), base));
   TG_CHECK(info.begin <= info.end, "safetensors: tensor '", name, "' has data_offsets [", info.begin, ", ",
            info.end, "] with begin > end at byte ", where(*offsets));
-  uint64_t bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(numel, esize, &bytes);
-  TG_CHECK(!overflow && bytes == info.end - info.begin, "safetensors: tensor '", name, "' ", info.dtype,
-           Shape(info.shape), " needs ", overflow ? std::string("more than 2^64") : std::to_string(bytes),
-           " bytes but its data_offsets [", info.begin, ", ", info.end, "] at byte ", where(*offsets), " hold ",
-           info.end - info.begin);
+  const uint64_t bytes = zero ? 0 : extent_bytes;
+  TG_CHECK(bytes == info.end - info.begin, "safetensors: tensor '", name, "' ", info.dtype, Shape(info.shape),
+           " needs ", bytes, " bytes but its data_offsets [", info.begin, ", ", info.end, "] at byte ",
+           where(*offsets), " hold ", info.end - info.begin);
   return info;
 }
 
@@ -243,6 +249,11 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   NamedTensors out;
   for (const TensorInfo* info : infos) {
     Tensor t = Tensor::empty(Shape(info->shape), {.dtype = dtype_from_code(info->dtype, info->name)});
+    // The header may have been built by the caller rather than by read_header: the byte
+    // range read must be the buffer's size, or the read would run past it.
+    TG_CHECK(info->begin <= info->end && t.nbytes() == info->end - info->begin, "safetensors: tensor '",
+             info->name, "' ", describe(t), " needs ", t.nbytes(), " bytes but its data_offsets [", info->begin,
+             ", ", info->end, "] do not hold that many");
     read_exact(fd.get(), t.raw_data(), info->end - info->begin, header.data_start + info->begin, path,
                "tensor '" + info->name + "'");
     out.emplace_back(info->name, std::move(t));

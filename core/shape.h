@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/checked.h"
+
 namespace tg {
 
 inline constexpr int kMaxDims = 6;
@@ -22,11 +24,9 @@ class Shape {
   int64_t& operator[](int64_t i) { return dims_[static_cast<size_t>(i)]; }
   // Dimension with Python-style negative indexing (-1 is the last).
   int64_t at(int64_t i) const;
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : dims_) n *= d;
-    return n;
-  }
+  // Throws tg::Error for a negative dim or a count that overflows int64 (see checked.h):
+  // a wrapped count would let reshape and allocation disagree with the kernels.
+  int64_t numel() const { return checked_numel(dims_, "Shape::numel"); }
   const std::vector<int64_t>& dims() const { return dims_; }
   auto begin() const { return dims_.begin(); }
   auto end() const { return dims_.end(); }

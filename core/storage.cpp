@@ -14,16 +14,14 @@
 namespace tg {
 namespace {
 
-constexpr int kMaxDevices = 16;
-
 struct Counters {
   std::atomic<std::size_t> in_use{0};
   std::atomic<std::size_t> peak{0};
 };
 Counters& counters(Device d) {
   static Counters cpu;
-  static Counters gpu[kMaxDevices];
-  return d.is_cpu() ? cpu : gpu[d.index];
+  static Counters gpu[kMaxCudaDevices];
+  return d.is_cpu() ? cpu : gpu[d.index];  // callers ran check_device
 }
 
 void count_alloc(Device d, std::size_t bytes) {
@@ -67,6 +65,7 @@ bool trim_pool_for(int device, std::size_t bytes) {
 }  // namespace
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  check_device("Storage", device);
   if (device.is_cpu()) {
     // 64-byte alignment lets Eigen and vector loads use aligned accesses.
     std::size_t rounded = (bytes + 63) / 64 * 64;
@@ -78,8 +77,6 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
     }
   } else {
 #if TG_CUDA
-    TG_CHECK(device.index >= 0 && device.index < kMaxDevices && device.index < cuda_device_count(),
-             "Storage: no such device ", device.str(), " (", cuda_device_count(), " GPUs visible)");
     if (bytes) {
       cuda::set_device(device.index);
       cudaError_t err = cudaMallocAsync(&data_, bytes, cuda::stream(device.index));
@@ -122,8 +119,13 @@ Storage::~Storage() {
 }
 
 MemoryStats memory_stats(Device d) {
+  check_device("memory_stats", d);
   return {counters(d).in_use.load(), counters(d).peak.load()};
 }
-void reset_peak_memory(Device d) { counters(d).peak.store(counters(d).in_use.load()); }
+
+void reset_peak_memory(Device d) {
+  check_device("reset_peak_memory", d);
+  counters(d).peak.store(counters(d).in_use.load());
+}
 
 }  // namespace tg

@@ -65,16 +65,30 @@ RandomDraw next_random_draw(uint64_t n) {
 
 // ---- construction -----------------------------------------------------------------------
 
-Tensor Tensor::empty(const Shape& shape, TensorOptions opts) {
-  TG_CHECK(shape.rank() <= kMaxDims, "Tensor: shape ", shape, " has more than ", kMaxDims, " dims");
-  for (int64_t d : shape) TG_CHECK(d >= 0, "Tensor: negative size in shape ", shape);
+int64_t checked_tensor_bytes(const char* op, const Shape& shape, DType dtype) {
+  TG_CHECK(shape.rank() <= kMaxDims, op, ": shape ", shape, " has more than ", kMaxDims, " dims");
+  const int64_t extent = checked_extent(shape.dims(), op);
+  // Checked on the extent, not on numel: byte strides of a tensor with a zero dim are
+  // products of its other dims and must fit as well.
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+  checked_mul(extent, esize, op, ": byte count of ", dtype_name(dtype), shape);
+  return checked_numel(shape.dims(), op) * esize;
+}
+
+namespace {
+// Tensor::empty with errors naming the public function that was called.
+Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
+  const int64_t bytes = checked_tensor_bytes(op, shape, opts.dtype);
+  check_device(op, opts.device);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = opts.dtype;
-  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(opts.dtype),
-                                            opts.device);
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(bytes), opts.device);
   return Tensor(std::move(impl));
 }
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions opts) { return empty_for("Tensor::empty", shape, opts); }
 
 Tensor& Tensor::fill_(double value) {
   if (device().is_cpu()) {
@@ -133,28 +147,36 @@ void fill_normal_(Tensor& t, double mean, double stddev) {
   t.bump_version();
 }
 
-Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
-Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
-Tensor full(const Shape& shape, double value, TensorOptions opts) {
-  Tensor t = Tensor::empty(shape, opts);
+namespace {
+Tensor full_for(const char* op, const Shape& shape, double value, TensorOptions opts) {
+  Tensor t = empty_for(op, shape, opts);
   t.fill_(value);
   return t;
 }
-Tensor rand(const Shape& shape, TensorOptions opts) { return uniform(shape, 0.0, 1.0, opts); }
-Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
-  Tensor t = Tensor::empty(shape, opts);
+Tensor uniform_for(const char* op, const Shape& shape, double low, double high, TensorOptions opts) {
+  Tensor t = empty_for(op, shape, opts);
   fill_uniform_(t, low, high);
   return t;
 }
+}  // namespace
+
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full_for("zeros", shape, 0.0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full_for("ones", shape, 1.0, opts); }
+Tensor full(const Shape& shape, double value, TensorOptions opts) { return full_for("full", shape, value, opts); }
+Tensor rand(const Shape& shape, TensorOptions opts) { return uniform_for("rand", shape, 0.0, 1.0, opts); }
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts) {
+  return uniform_for("uniform", shape, low, high, opts);
+}
 Tensor randn(const Shape& shape, TensorOptions opts) {
-  Tensor t = Tensor::empty(shape, opts);
+  Tensor t = empty_for("randn", shape, opts);
   fill_normal_(t, 0.0, 1.0);
   return t;
 }
 
 Tensor arange(int64_t n, TensorOptions opts) {
   TG_CHECK(n >= 0, "arange: negative length ", n);
-  Tensor host = Tensor::empty(Shape{n}, {.dtype = opts.dtype});
+  check_device("arange", opts.device);  // before the host buffer is filled
+  Tensor host = empty_for("arange", Shape{n}, {.dtype = opts.dtype});
   dispatch_any(opts.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* p = host.data<T>();
@@ -166,9 +188,11 @@ Tensor arange(int64_t n, TensorOptions opts) {
 namespace {
 template <class T>
 Tensor from_values(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
-  TG_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_vector: ", values.size(),
-           " values do not fill shape ", shape);
-  Tensor host = Tensor::empty(shape, {.dtype = dtype_of<T>()});
+  checked_tensor_bytes("from_vector", shape, opts.dtype);
+  check_device("from_vector", opts.device);
+  TG_CHECK(static_cast<int64_t>(values.size()) == checked_numel(shape.dims(), "from_vector"), "from_vector: ",
+           values.size(), " values do not fill shape ", shape);
+  Tensor host = empty_for("from_vector", shape, {.dtype = dtype_of<T>()});
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
   if (opts.dtype != dtype_of<T>()) host = host.to(opts.dtype);
   return opts.device.is_cpu() ? host : host.to(opts.device);

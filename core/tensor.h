@@ -95,6 +95,11 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// The bytes of a new tensor of this shape and dtype, validated before anything is
+// allocated: at most kMaxDims dims, none negative, and the element and byte counts of the
+// non-zero dims within int64 (see checked.h). Errors name `op` and the shape.
+int64_t checked_tensor_bytes(const char* op, const Shape& shape, DType dtype);
+
 // Shape, dtype, device and up to a few values.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // "f32[2, 3] on cuda:0", for error messages.

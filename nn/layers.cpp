@@ -45,6 +45,12 @@ void check_conv_options(const char* layer, const Options& o, size_t dims) {
   check_per_dim(layer, "stride", o.stride, dims, 1);
   check_per_dim(layer, "padding", o.padding, dims, 0);
   check_per_dim(layer, "dilation", o.dilation, dims, 1);
+  // The dilated kernel extent and twice the padding must be computable (conv.h's formula).
+  for (size_t d = 0; d < dims; ++d) {
+    auto at = [d](const std::vector<int64_t>& v) { return v.size() == 1 ? v[0] : v[d]; };
+    conv_kernel_extent(at(o.kernel_size), at(o.dilation), layer);
+    conv_padded_size(0, at(o.padding), layer);
+  }
 }
 
 // (K, C, k...) with a single kernel_size value repeated over the spatial dims.
@@ -56,8 +62,11 @@ Shape conv_weight_shape(int64_t out, int64_t in, const std::vector<int64_t>& ker
 
 // A convolution's weight (out, in, k...) and optional bias (out), allocated and initialized.
 template <class Options>
-void make_conv_parameters(const Options& o, size_t dims, TensorOptions t, Tensor& weight, Tensor& bias) {
-  weight = Tensor::empty(conv_weight_shape(o.out_channels, o.in_channels, o.kernel_size, dims), t);
+void make_conv_parameters(const char* layer, const Options& o, size_t dims, TensorOptions t, Tensor& weight,
+                          Tensor& bias) {
+  const Shape w_shape = conv_weight_shape(o.out_channels, o.in_channels, o.kernel_size, dims);
+  checked_tensor_bytes(layer, w_shape, t.dtype);  // an overflowing weight size fails naming the layer
+  weight = Tensor::empty(w_shape, t);
   if (o.bias) bias = Tensor::empty({o.out_channels}, t);
   default_init(weight, bias);
 }
@@ -70,6 +79,7 @@ Linear::Linear(LinearOptions o, TensorOptions t) : options_(o) {
   TG_CHECK(o.in_features > 0, "Linear: in_features must be positive, got ", o.in_features);
   TG_CHECK(o.out_features > 0, "Linear: out_features must be positive, got ", o.out_features);
   check_tensor_options("Linear", t);
+  checked_tensor_bytes("Linear", {o.out_features, o.in_features}, t.dtype);  // before any allocation
   weight = Tensor::empty({o.out_features, o.in_features}, t);
   if (o.bias) bias = Tensor::empty({o.out_features}, t);
   default_init(weight, bias);
@@ -84,7 +94,7 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 Conv2d::Conv2d(Conv2dOptions o, TensorOptions t) : options_(std::move(o)) {
   check_conv_options("Conv2d", options_, 2);
   check_tensor_options("Conv2d", t);
-  make_conv_parameters(options_, 2, t, weight, bias);
+  make_conv_parameters("Conv2d", options_, 2, t, weight, bias);
   register_parameter("weight", &weight);
   register_parameter("bias", &bias);
 }
@@ -101,7 +111,7 @@ Conv3d::Conv3d(Conv3dOptions o, TensorOptions t) : options_(std::move(o)) {
   TG_CHECK(options_.layout == Layout::NCHW, "Conv3d: only the channels-first layout (N, C, D, H, W) is "
            "supported; leave layout at Layout::NCHW");
   check_tensor_options("Conv3d", t);
-  make_conv_parameters(options_, 3, t, weight, bias);
+  make_conv_parameters("Conv3d", options_, 3, t, weight, bias);
   register_parameter("weight", &weight);
   register_parameter("bias", &bias);
 }
@@ -145,7 +155,7 @@ Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 Tensor Flatten::forward(const Tensor& x) {
   TG_CHECK(x.defined() && x.dim() >= 1, "Flatten: expected a tensor with a batch dim, got ", describe(x));
   int64_t features = 1;
-  for (int64_t d = 1; d < x.dim(); ++d) features *= x.size(d);
+  for (int64_t d = 1; d < x.dim(); ++d) features = checked_mul(features, x.size(d), "Flatten: ", describe(x));
   return x.reshape({x.size(0), features});
 }
 

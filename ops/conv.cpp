@@ -118,6 +118,10 @@ Shape ConvShape::y_shape() const {
 
 ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_shape, const ConvParams& p) {
   TG_CHECK(w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ", w_shape);
+  // The shapes may come from callers (the backward pieces take x_shape / w_shape), not
+  // only from tensors: their counts must fit in int64 before any product of them is formed.
+  checked_extent(x_shape.dims(), op);
+  checked_extent(w_shape.dims(), op);
   const int dims = static_cast<int>(w_shape.rank()) - 2;
   TG_CHECK(x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
            " must have the same rank");
@@ -147,13 +151,16 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
     s.pad[slot] = pad[d];
     s.dilation[slot] = dil[d];
     TG_CHECK(s.in[slot] >= 1, op, ": input ", x_shape, " is empty in spatial dim ", dim_name(dims, d));
-    const int64_t extent = dil[d] * (s.kernel[slot] - 1) + 1;
-    const int64_t padded = s.in[slot] + 2 * pad[d];
+    const std::string where = detail::concat(op, ": input ", x_shape, ", weight ", w_shape, ", padding ",
+                                             pad[d], ", dilation ", dil[d], " in dim ", dim_name(dims, d));
+    const int64_t extent = conv_kernel_extent(s.kernel[slot], dil[d], where.c_str());
+    const int64_t padded = conv_padded_size(s.in[slot], pad[d], where.c_str());
     TG_CHECK(extent <= padded, op, ": kernel larger than the padded input in dim ", dim_name(dims, d),
              ": dilated kernel extent ", extent, " > padded input size ", padded, " (input ", x_shape,
              ", weight ", w_shape, ", padding ", pad[d], ", dilation ", dil[d], ")");
     s.out[slot] = conv_output_size(s.in[slot], s.kernel[slot], stride[d], pad[d], dil[d]);
   }
+  checked_extent(s.y_shape().dims(), op);  // N * K * out... must be countable as well
   return s;
 }
 

@@ -49,8 +49,21 @@ struct ConvShape {
 };
 
 // THE output-size formula, used everywhere: the dilated kernel spans d*(k-1)+1 inputs.
+// Every step is checked (core/checked.h): padding, dilation or kernel sizes near INT64_MAX
+// are a tg::Error naming `op`, not signed overflow. A stride below 1 is an error too.
+inline int64_t conv_kernel_extent(int64_t kernel, int64_t dilation, const char* op = "conv_output_size") {
+  return checked_add(checked_mul(dilation, checked_sub(kernel, 1, op, ": kernel size"), op, ": dilated kernel"),
+                     1, op, ": dilated kernel extent");
+}
+inline int64_t conv_padded_size(int64_t in, int64_t pad, const char* op = "conv_output_size") {
+  return checked_add(in, checked_mul(2, pad, op, ": padding"), op, ": padded input size");
+}
 inline int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
-  return (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1;
+  const char* op = "conv_output_size";
+  TG_CHECK(stride >= 1, op, ": stride must be positive, got ", stride);
+  const int64_t span = checked_sub(conv_padded_size(in, pad, op), conv_kernel_extent(kernel, dilation, op), op,
+                                   ": padded input minus kernel extent");
+  return span / stride + 1;
 }
 
 // Validates a convolution's geometry (ranks, channels, per-dim params, kernel extent) and

@@ -149,6 +149,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 Tensor expand(const Tensor& x, const Shape& shape) {
   check_floating("expand", x);
   if (x.shape() == shape) return x;
+  checked_tensor_bytes("expand", shape, x.dtype());  // negative or overflowing target sizes
   TG_CHECK(broadcast_shape("expand", x.shape(), shape) == shape, "expand: ", describe(x),
            " does not broadcast to ", shape);
   // Broadcasting x against a zero scalar into an output of the target shape is the

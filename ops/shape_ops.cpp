@@ -14,23 +14,27 @@ namespace tg {
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
   std::vector<int64_t> dims = new_shape.dims();
-  int64_t known = 1, infer = -1;
+  // The product of the given dims is checked: a wrapped product would let a 16-byte
+  // buffer be viewed as a shape of 2^64 + 16 elements.
+  int64_t infer = -1;
+  std::vector<int64_t> given;  // the dims other than the -1
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] == -1) {
       TG_CHECK(infer < 0, "reshape: more than one -1 in ", new_shape, " (from ", describe(*this), ")");
       infer = static_cast<int64_t>(i);
     } else {
-      TG_CHECK(dims[i] >= 0, "reshape: negative size in ", new_shape);
-      known *= dims[i];
+      TG_CHECK(dims[i] >= 0, "reshape: negative size in ", new_shape, " (from ", describe(*this), ")");
+      given.push_back(dims[i]);
     }
   }
+  const int64_t known = checked_numel(given, "reshape");
   if (infer >= 0) {
     TG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot infer -1 in ", new_shape,
              " for ", describe(*this));
-    dims[infer] = numel() / known;
+    dims[infer] = numel() / known;  // the target's count is then numel(): no overflow
   }
   Shape target(dims);
-  TG_CHECK(target.rank() <= kMaxDims, "reshape: ", target, " has more than ", kMaxDims, " dims");
+  checked_tensor_bytes("reshape", target, dtype());  // the same bounds as a new tensor
   TG_CHECK(target.numel() == numel(), "reshape: ", describe(*this), " (", numel(),
            " elements) cannot be viewed as ", target);
   auto impl = std::make_shared<TensorImpl>();
@@ -54,7 +58,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   std::vector<int64_t> out_dims(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = dims[i] < 0 ? dims[i] + dim() : dims[i];
-    TG_CHECK(d >= 0 && d < dim() && !seen[d], "permute: invalid permutation for ", describe(*this));
+    TG_CHECK(d >= 0 && d < dim() && !seen[d], "permute: invalid permutation ", Shape(dims), " for ", describe(*this));
     seen[d] = true;
     perm[i] = d;
     out_dims[i] = size(d);
