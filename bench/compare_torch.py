@@ -87,14 +87,24 @@ def own_table(tg):
     return "\n".join(lines)
 
 
+def command_line():
+    """This script's command line, as typed (for the results file)."""
+    return " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+def gpu_line(torch):
+    """'- GPU: <name> (<MiB>), CUDA <version>, one run on <date> UTC': the first line of a results file."""
+    props = torch.cuda.get_device_properties(0)
+    return (f"- GPU: {props.name} ({props.total_memory // 2**20} MiB), CUDA {torch.version.cuda}, one run on "
+            f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M')} UTC\n")
+
+
 def write_results(path, tg, torch, table, probe, repeats):
     c = tg["ceilings"]
-    props = torch.cuda.get_device_properties(0)
-    command = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    command = command_line()
     with open(path, "w") as f:
         f.write("# tapegrad vs PyTorch: latest results\n\n")
-        f.write(f"- GPU: {props.name} ({props.total_memory // 2**20} MiB), CUDA {torch.version.cuda}, one run on "
-                f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M')} UTC\n")
+        f.write(gpu_line(torch))
         f.write(f"- command (on the GPU machine, from a Release build): `{command}` (`scripts/gpu-check --bench` runs "
                 f"the same)\n")
         f.write(f"- PyTorch {torch.__version__} eager, `cudnn.benchmark` on, TF32 flags set per row; median of "

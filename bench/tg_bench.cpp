@@ -20,11 +20,14 @@
 #include "common/args.h"
 #include "common/example.h"
 #include "gpu_timer.h"
+#include "json_out.h"
 #include "workloads.h"
 
 namespace {
 
 using bench::Pass;
+using bench::json_number;
+using bench::json_string;
 
 struct Row {
   std::string workload, layout, pass, precision, description;
@@ -147,21 +150,6 @@ bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats, 
   }, idle_ms);
   w.parameters_changed();
   return t;
-}
-
-// JSON has no inf or nan: a check that met a non-finite value reports null.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream os;
-  os.precision(6);
-  os << v;
-  return os.str();
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return out + "\"";
 }
 
 }  // namespace
