@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "common/args.h"
+#include "ops/cuda/policy.h"
 #include "common/example.h"
 #include "gpu_timer.h"
 #include "json_out.h"
@@ -157,10 +158,16 @@ int main(int argc, char** argv) {
     const std::string prefix =
         args.get("model-files", (std::filesystem::temp_directory_path() / "tg_zoo_resnet18gn").string());
     const tg::Device device = tg::parse_device(args.get("device", "cuda"));
+    // auto: the dispatchers' own order; engine: the implicit-GEMM engine wherever it serves
+    // (measures it on shapes a specialised kernel would take).
+    const std::string policy = args.get("policy", "auto");
+    TG_CHECK(policy == "auto" || policy == "engine", "--policy: auto or engine; got ", policy);
+    if (policy == "engine")
+      tg::cuda::set_kernel_policy({.conv = tg::cuda::KernelPath::Engine, .gemm = tg::cuda::KernelPath::Engine});
     args.finish("[--rows REGEX] [--precision fp32,tf32] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
                 "[--list] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
-                "[--device cuda[:N]]");
+                "[--device cuda[:N]] [--policy auto|engine]");
     for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
     const std::string model_name = "resnet18gn_64x64_b" + std::to_string(model_batch);
 

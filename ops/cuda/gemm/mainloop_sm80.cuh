@@ -173,13 +173,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, 
     cp_async_commit();  // empty groups keep the count uniform
   }
 
+  // The tensor cores' FP32 accumulation does not round to nearest, so its error grows with
+  // the reduction's length. FP32 mode therefore sums each stage's products in `part` and adds
+  // them to `acc` with ordinary (rounded) adds: the error then grows like a plain FP32 sum.
   float acc[Cfg::kMI][Cfg::kNI][4];
+  float part[Cfg::kMI][Cfg::kNI][4];
 #pragma unroll
   for (int i = 0; i < Cfg::kMI; ++i)
 #pragma unroll
     for (int j = 0; j < Cfg::kNI; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = part[i][j][r] = 0.f;
+  float(&mma_acc)[Cfg::kMI][Cfg::kNI][4] = kSplitTf32 ? part : acc;
 
   for (int32_t kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<Cfg::kStages - 2>();
@@ -226,11 +231,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, 
 #pragma unroll
         for (int j = 0; j < Cfg::kNI; ++j) {
           if constexpr (kSplitTf32) {
-            mma_tf32(acc[i][j], af_small[i], bf[j][0], bf[j][1]);
-            mma_tf32(acc[i][j], af[i], bf_small[j][0], bf_small[j][1]);
+            mma_tf32(mma_acc[i][j], af_small[i], bf[j][0], bf[j][1]);
+            mma_tf32(mma_acc[i][j], af[i], bf_small[j][0], bf_small[j][1]);
           }
-          mma_tf32(acc[i][j], af[i], bf[j][0], bf[j][1]);
+          mma_tf32(mma_acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
+    }
+    if constexpr (kSplitTf32) {
+#pragma unroll
+      for (int i = 0; i < Cfg::kMI; ++i)
+#pragma unroll
+        for (int j = 0; j < Cfg::kNI; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[i][j][r] += part[i][j][r];
+            part[i][j][r] = 0.f;
+          }
     }
   }
   cp_async_wait<0>();
