@@ -1,7 +1,7 @@
 // The implicit-GEMM engine (ops/cuda/gemm/) against the f64 CPU reference: every convolution
 // pass and every matrix-product transpose, at shapes that break its tiles (odd sizes, 1 and 3
 // channels, kernels larger than the input, stride > kernel, dilation with padding, N = 1),
-// both tile configurations, split and unsplit reductions, FP32 (three TF32 products) and TF32.
+// every tile configuration, split and unsplit reductions, strided grad-input by phases, FP32 (three TF32 products) and TF32.
 // Outputs are NaN-poisoned before each launch; split reductions must be bit-reproducible.
 #include <string>
 #include <vector>
@@ -36,6 +36,9 @@ std::vector<ConvCase> conv_cases() {
       {"kernel > input, padded", {2, 4, 3, 2}, {5, 4, 5, 5}, {.padding = {2}}},
       {"stride > kernel", {2, 6, 13, 14}, {9, 6, 2, 2}, {.stride = {3}}},
       {"dilated 3x3 d2 p2", {2, 8, 12, 10}, {8, 8, 3, 3}, {.padding = {2}, .dilation = {2}}},
+      {"s2 d2 p2 (stride and dilation share a factor)", {2, 5, 13, 11}, {6, 5, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+      {"s3 d2 p1", {1, 4, 14, 15}, {5, 4, 3, 3}, {.stride = {3}, .padding = {1}, .dilation = {2}}},
+      {"s2 k4 p1, 20 channels", {2, 20, 16, 17}, {24, 20, 4, 4}, {.stride = {2}, .padding = {1}}},
       {"rect kernel, per-dim params", {1, 7, 16, 9}, {5, 7, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 3}}},
       {"1x1 s2", {2, 40, 9, 9}, {130, 40, 1, 1}, {.stride = {2}}},
       {"wide K, N=1", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
@@ -66,6 +69,7 @@ const Variant kVariants[] = {
     {"64x64", {.tile = 64, .splits = 1}},
     {"64x64 split 3", {.tile = 64, .splits = 3}},
     {"128x128 split 2", {.tile = 128, .splits = 2}},
+    {"128x16 where it applies", {.tile = 16, .splits = 1}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
+#include <vector>
 
 #include "core/cuda_context.h"
 #include "ops/cuda/gemm/kernels.h"
@@ -15,6 +17,7 @@ namespace {
 using engine::ConvGeometry;
 using engine::MainloopArgs;
 using engine::OutputMap;
+using engine::PhaseGeometry;
 using engine::Plan;
 
 constexpr int64_t kIndexLimit = std::numeric_limits<int32_t>::max();
@@ -28,14 +31,21 @@ constexpr int kThreads = 256;
 
 int32_t ceil_div32(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
-Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy) {
+// narrow_ok: B's k is contiguous (the narrow tile's loader needs it).
+Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok) {
+  using engine::TileShape;
   const int sms = sm_count(dev);
   Plan plan;
   const int64_t big_tiles = int64_t(ceil_div32(M, 128)) * ceil_div32(N, 128);
-  plan.big_tile = policy.tile ? policy.tile == 128 : big_tiles >= sms;
-  const int tile = plan.big_tile ? 128 : 64;
-  plan.tiles_m = ceil_div32(M, tile);
-  plan.tiles_n = ceil_div32(N, tile);
+  if (policy.tile == 16 && narrow_ok) plan.shape = TileShape::Narrow;
+  else if (policy.tile == 128) plan.shape = TileShape::Big;
+  else if (policy.tile == 64) plan.shape = TileShape::Small;
+  else if (N <= 16 && narrow_ok) plan.shape = TileShape::Narrow;  // few columns: 16 wide, not 64
+  else plan.shape = big_tiles >= sms ? TileShape::Big : TileShape::Small;
+  const int tile_m = plan.shape == TileShape::Small ? 64 : 128;
+  const int tile_n = plan.shape == TileShape::Big ? 128 : plan.shape == TileShape::Small ? 64 : 16;
+  plan.tiles_m = ceil_div32(M, tile_m);
+  plan.tiles_n = ceil_div32(N, tile_n);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
   TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
   const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, engine::kBK));
@@ -95,7 +105,6 @@ ConvGeometry geometry(const ConvShape& s) {
     g.stride[d] = int32_t(s.stride[d]);
     g.pad[d] = int32_t(s.pad[d]);
     g.dil[d] = int32_t(s.dilation[d]);
-    g.div_stride[d] = FastDivmod(uint32_t(s.stride[d]));
   }
   g.in_volume = s.in_volume();
   g.out_volume = s.out_volume();
@@ -113,28 +122,89 @@ ConvGeometry geometry(const ConvShape& s) {
   return g;
 }
 
-// packed[o][t * I + i] = w[o][i][t] (w of shape (O, I, kvol)); or, transposed,
-// packed[i][t * O + o] = w[o][i][t]. The forward reads rows o = k_out, the input gradient rows i = c.
-__global__ void pack_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t O, int64_t I,
-                                    int64_t kvol, bool transposed) {
-  const int64_t total = O * I * kvol;
+// packed[k][t * C + c] = w[k][c][t]: the forward's B, reduction in the order its gather uses.
+__global__ void pack_forward_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
+                                            int64_t C, int64_t kvol) {
+  const int64_t total = K * C * kvol;
   TG_GRID_STRIDE(e, total) {
-    const int64_t t = e % kvol, i = (e / kvol) % I, o = e / (kvol * I);
-    const int64_t dst = transposed ? (i * kvol + t) * O + o : (o * kvol + t) * I + i;
-    packed[dst] = w[e];
+    const int64_t t = e % kvol, c = (e / kvol) % C, k = e / (kvol * C);
+    packed[(k * kvol + t) * C + c] = w[e];
   }
 }
 
-Tensor pack_weights(const Tensor& w, const ConvShape& s, bool transposed) {
+Tensor pack_forward_weights(const Tensor& w, const ConvShape& s) {
   const int64_t kvol = s.kernel_volume();
-  if (!transposed && (kvol == 1 || s.C == 1)) return w;  // already (K, kvol*C) in order
-  if (transposed && kvol == 1 && s.K == 1) return w;
+  if (kvol == 1 || s.C == 1) return w;  // already (K, kvol*C) in that order
   Tensor packed = Tensor::empty({w.numel()}, {.dtype = DType::f32, .device = w.device()});
   const int dev = w.device().index;
-  pack_weights_kernel<<<grid_for(w.numel(), kThreads), kThreads, 0, stream(dev)>>>(
-      packed.data<float>(), w.data<float>(), s.K, s.C, kvol, transposed);
+  pack_forward_weights_kernel<<<grid_for(w.numel(), kThreads), kThreads, 0, stream(dev)>>>(
+      packed.data<float>(), w.data<float>(), s.K, s.C, kvol);
   TG_LAUNCH_CHECK();
   return packed;
+}
+
+// One dim of a grad-input stride phase: the input pixels first + stride * j (j < count) and the
+// taps tap0 + idx * tap_step (idx < taps) whose outputs (o = j + base - idx * out_step) reach them.
+struct DimPhase {
+  int32_t first = 0, count = 0, tap0 = 0, taps = 0, tap_step = 1, base = 0, out_step = 0;
+};
+
+DimPhase dim_phase(const ConvShape& s, int d, int32_t first) {
+  const int64_t in = s.in[d], k = s.kernel[d], stride = s.stride[d], pad = s.pad[d], dil = s.dilation[d];
+  DimPhase p;
+  p.first = first;
+  p.count = first < in ? int32_t((in - 1 - first) / stride + 1) : 0;
+  const int64_t gcd = std::gcd(stride, dil);
+  p.tap_step = int32_t(stride / gcd);
+  p.out_step = int32_t(dil / gcd);
+  // Taps t with (first + pad - t * dil) divisible by stride repeat every tap_step.
+  int64_t tap0 = -1;
+  for (int64_t t = 0; t < std::min<int64_t>(k, p.tap_step) && tap0 < 0; ++t)
+    if ((first + pad - t * dil) % stride == 0) tap0 = t;
+  if (tap0 < 0) return p;  // no tap reaches these pixels: their gradient is zero
+  p.tap0 = int32_t(tap0);
+  p.taps = int32_t((k - 1 - tap0) / p.tap_step + 1);
+  p.base = int32_t((first + pad - tap0 * dil) / stride);  // exact
+  return p;
+}
+
+PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
+  PhaseGeometry ph{};
+  for (int d = 0; d < 3; ++d) {
+    ph.first[d] = dims[d].first;
+    ph.count[d] = dims[d].count;
+    ph.taps[d] = dims[d].taps;
+    ph.base[d] = dims[d].base;
+    ph.out_step[d] = dims[d].out_step;
+  }
+  ph.tap_volume = ph.taps[0] * ph.taps[1] * ph.taps[2];
+  // Empty phases are skipped before use; their divisors only need to be valid.
+  ph.div_count_w = FastDivmod(uint32_t(std::max(1, ph.count[2])));
+  ph.div_count_h = FastDivmod(uint32_t(std::max(1, ph.count[1])));
+  ph.div_count_volume = FastDivmod(uint32_t(std::max(1, ph.count[0] * ph.count[1] * ph.count[2])));
+  ph.div_taps_w = FastDivmod(uint32_t(std::max(1, ph.taps[2])));
+  ph.div_taps_h = FastDivmod(uint32_t(std::max(1, ph.taps[1])));
+  return ph;
+}
+
+struct PhaseTaps {
+  int32_t tap0[3], tap_step[3], taps[3], kernel[3];
+};
+
+// packed[c][idx * K + k] = w[k][c][tap(idx)]: one phase's weights as its GEMM's B.
+__global__ void pack_phase_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
+                                          int64_t C, PhaseTaps pt) {
+  const int64_t tap_volume = int64_t(pt.taps[0]) * pt.taps[1] * pt.taps[2];
+  const int64_t kvol = int64_t(pt.kernel[0]) * pt.kernel[1] * pt.kernel[2];
+  const int64_t total = C * tap_volume * K;
+  TG_GRID_STRIDE(e, total) {
+    const int64_t k = e % K, idx = (e / K) % tap_volume, c = e / (K * tap_volume);
+    const int64_t ix = idx % pt.taps[2], iy = (idx / pt.taps[2]) % pt.taps[1], iz = idx / (int64_t(pt.taps[2]) * pt.taps[1]);
+    const int64_t t = ((pt.tap0[0] + iz * pt.tap_step[0]) * pt.kernel[1] + (pt.tap0[1] + iy * pt.tap_step[1])) *
+                          pt.kernel[2] +
+                      (pt.tap0[2] + ix * pt.tap_step[2]);
+    packed[e] = w[(k * C + c) * kvol + t];
+  }
 }
 
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
@@ -176,7 +246,7 @@ void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
   set_device(dev);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.N * s.out_volume(), N = s.K, red = s.C * s.kernel_volume();
-  const Tensor packed = pack_weights(w, s, /*transposed=*/false);
+  const Tensor packed = pack_forward_weights(w, s);
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(N);
@@ -186,7 +256,7 @@ void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
     args.out.mode = OutputMap::kChannelsFirst;
     args.out.div = FastDivmod(uint32_t(s.out_volume()));
   }
-  const Plan plan = make_plan(M, N, red, dev, policy);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/true);
   run(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_fprop(g, s.channels_last(), x.data<float>(), packed.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -199,23 +269,59 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
            s.w_shape(), " (", dtype_name(dx.dtype()), ") is outside the engine's limits");
   const int dev = dx.device().index;
   set_device(dev);
+  cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
-  const int64_t M = s.N * s.in_volume(), N = s.C, red = s.K * s.kernel_volume();
-  const Tensor packed = pack_weights(w, s, /*transposed=*/true);
-  MainloopArgs args{};
-  args.M = int32_t(M);
-  args.N = int32_t(N);
-  args.red = int32_t(red);
-  args.out = output_map(dx.data<float>(), nullptr, M, N);
-  if (!s.channels_last()) {
-    args.out.mode = OutputMap::kChannelsFirst;
-    args.out.div = FastDivmod(uint32_t(s.in_volume()));
-  }
-  const Plan plan = make_plan(M, N, red, dev, policy);
-  run(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t st) {
-    engine::launch_conv_dgrad(g, s.channels_last(), dy.data<float>(), packed.data<float>(), plan, a,
-                              precision == Precision::FP32, st);
-  });
+  const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
+  // Every tap belongs to exactly one phase per dim: the phases' packed weights fill w's size.
+  const Tensor packed = Tensor::empty({w.numel()}, {.dtype = DType::f32, .device = w.device()});
+  int64_t packed_offset = 0;
+  for (int32_t fz = 0; fz < s.stride[0]; ++fz)
+    for (int32_t fy = 0; fy < s.stride[1]; ++fy)
+      for (int32_t fx = 0; fx < s.stride[2]; ++fx) {
+        const DimPhase dims[3] = {dim_phase(s, 0, fz), dim_phase(s, 1, fy), dim_phase(s, 2, fx)};
+        const PhaseGeometry ph = phase_geometry(dims);
+        const int64_t rows = s.N * int64_t(ph.count[0]) * ph.count[1] * ph.count[2];
+        if (rows == 0) continue;
+        const int64_t red = int64_t(ph.tap_volume) * s.K;  // 0: these pixels get no gradient
+        float* phase_w = packed.data<float>() + packed_offset;
+        if (red > 0) {
+          const PhaseTaps pt{{dims[0].tap0, dims[1].tap0, dims[2].tap0},
+                             {dims[0].tap_step, dims[1].tap_step, dims[2].tap_step},
+                             {dims[0].taps, dims[1].taps, dims[2].taps},
+                             {g.kernel[0], g.kernel[1], g.kernel[2]}};
+          pack_phase_weights_kernel<<<grid_for(s.C * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
+                                                                                         s.C, pt);
+          TG_LAUNCH_CHECK();
+          packed_offset += s.C * red;
+        }
+        MainloopArgs args{};
+        args.M = int32_t(rows);
+        args.N = int32_t(s.C);
+        args.red = int32_t(red);
+        args.out = output_map(dx.data<float>(), nullptr, rows, s.C);
+        if (!unit_stride) {
+          args.out.mode = OutputMap::kPhase;
+          auto& po = args.out.phase;
+          po.div_count_volume = ph.div_count_volume;
+          po.div_count_w = ph.div_count_w;
+          po.div_count_h = ph.div_count_h;
+          for (int d = 0; d < 3; ++d) {
+            po.first[d] = ph.first[d];
+            po.stride[d] = g.stride[d];
+            po.in[d] = g.in[d];
+          }
+          po.in_volume = s.in_volume();
+          po.channels_last = s.channels_last();
+        } else if (!s.channels_last()) {
+          args.out.mode = OutputMap::kChannelsFirst;
+          args.out.div = FastDivmod(uint32_t(s.in_volume()));
+        }
+        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true);
+        run(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
+          engine::launch_conv_dgrad(g, ph, s.channels_last(), dy.data<float>(), phase_w, plan, a,
+                                    precision == Precision::FP32, stm);
+        });
+      }
 }
 
 void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
@@ -236,7 +342,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
     args.out.div = FastDivmod(uint32_t(s.C));
     args.out.kvol = int32_t(s.kernel_volume());
   }
-  const Plan plan = make_plan(M, N, red, dev, policy);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/false);
   run(plan, args, dw.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_wgrad(g, s.channels_last(), dy.data<float>(), x.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -257,7 +363,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
   const bool a_k = !p.transA, b_k = p.transB;
   const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
-  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy);
+  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k);
   run(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
     engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
                           precision == Precision::FP32, st);

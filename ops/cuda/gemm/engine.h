@@ -15,7 +15,7 @@ namespace tg::cuda {
 
 // Overrides of the engine's own choices, for tests and the benchmark.
 struct EnginePolicy {
-  int tile = 0;    // 0: by problem size; 128: 128x128 tiles; 64: 64x64 tiles
+  int tile = 0;    // 0: by problem size; 128: 128x128; 64: 64x64; 16: 128x16 where B's k is contiguous
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
 };
 

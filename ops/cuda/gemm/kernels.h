@@ -11,8 +11,10 @@
 namespace tg::cuda::engine {
 
 // Tiles and reduction split of one launch.
+enum class TileShape { Big, Small, Narrow };  // BigTile, SmallTile, NarrowTile
+
 struct Plan {
-  bool big_tile = true;  // BigTile (128x128) or SmallTile (64x64)
+  TileShape shape = TileShape::Big;
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
 };
@@ -20,9 +22,10 @@ struct Plan {
 // y = conv(x, packed weights (K, kvol*C)); x NCDHW or NDHWC.
 void launch_conv_fprop(const ConvGeometry& g, bool channels_last, const float* x, const float* packed_w,
                        const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
-// dx = conv_transpose(dy, packed weights (C, kvol*K)).
-void launch_conv_dgrad(const ConvGeometry& g, bool channels_last, const float* dy, const float* packed_w,
-                       const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+// One stride phase of dx = conv_transpose(dy, that phase's packed weights (C, taps*K)).
+void launch_conv_dgrad(const ConvGeometry& g, const PhaseGeometry& phase, bool channels_last, const float* dy,
+                       const float* packed_w, const Plan& plan, const MainloopArgs& args, bool split_tf32,
+                       cudaStream_t stream);
 // dw (K, C*kvol) = dy x^T over batch and output pixels.
 void launch_conv_wgrad(const ConvGeometry& g, bool channels_last, const float* dy, const float* x,
                        const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);

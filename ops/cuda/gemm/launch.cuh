@@ -20,12 +20,20 @@ void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopA
 template <class OpA, class OpB>
 void launch(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, bool split_tf32,
             cudaStream_t stream) {
-  if (plan.big_tile) {
+  if (plan.shape == TileShape::Big) {
     if (split_tf32) launch_config<BigTile, OpA, OpB, true>(a, b, plan, args, stream);
     else launch_config<BigTile, OpA, OpB, false>(a, b, plan, args, stream);
-  } else {
+  } else if (plan.shape == TileShape::Small) {
     if (split_tf32) launch_config<SmallTile, OpA, OpB, true>(a, b, plan, args, stream);
     else launch_config<SmallTile, OpA, OpB, false>(a, b, plan, args, stream);
+  } else {
+    // The narrow tile's B loader needs B's k contiguous; make_plan only picks it then.
+    if constexpr (OpB::kContiguousK) {
+      if (split_tf32) launch_config<NarrowTile, OpA, OpB, true>(a, b, plan, args, stream);
+      else launch_config<NarrowTile, OpA, OpB, false>(a, b, plan, args, stream);
+    } else {
+      TG_CHECK(false, "implicit-GEMM engine: the narrow tile needs a k-contiguous B operand");
+    }
   }
 }
 

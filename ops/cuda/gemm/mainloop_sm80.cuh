@@ -24,8 +24,9 @@ struct TileConfig {
   static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;  // mma tiles per warp
   static_assert(kWarpM % 16 == 0 && kWarpN % 8 == 0, "warp tile must be whole mma tiles");
 };
-using BigTile = TileConfig<128, 128, 2, 4, 3>;   // 256 threads, 64x32 per warp
+using BigTile = TileConfig<128, 128, 2, 4, 4>;   // 256 threads, 64x32 per warp
 using SmallTile = TileConfig<64, 64, 2, 2, 4>;   // 128 threads, 32x32 per warp
+using NarrowTile = TileConfig<128, 16, 4, 1, 4>;  // 128 threads, 32x16 per warp: N <= 16
 
 // Floats of one operand's tile in shared memory. Rows of BK+4 (k adjacent) or BK rows of
 // ROWS+8 (rows adjacent): both paddings make the fragment reads of a warp hit 32 banks.
@@ -44,6 +45,14 @@ struct OutputMap {
     kPlain,                // out[m * N + n]
     kChannelsFirst,        // m = (img, p): out[(img * N + n) * P + p]   (NCDHW outputs)
     kWeightsChannelsLast,  // n = t * C + c: out[m * N + c * kvol + t]   (wgrad of NHWC)
+    kPhase,                // m = (img, j) of a dgrad stride phase: input pixel first + stride * j
+  };
+  // kPhase: the phase's pixel grid and the input it scatters into.
+  struct Phase {
+    FastDivmod div_count_volume, div_count_w, div_count_h;
+    int32_t first[3], stride[3], in[3];
+    int64_t in_volume;
+    bool channels_last;
   };
   float* data;
   const float* bias;  // (N) or null
@@ -51,10 +60,22 @@ struct OutputMap {
   Mode mode;
   FastDivmod div;  // P (kChannelsFirst) or C (kWeightsChannelsLast)
   int32_t kvol;
+  Phase phase;
 
   __device__ __forceinline__ int64_t offset(int32_t m, int32_t n) const {
     if (mode == kPlain) return int64_t(m) * N + n;
     uint32_t q, r;
+    if (mode == kPhase) {
+      uint32_t img, jz, jy, jx;
+      phase.div_count_volume.divmod(uint32_t(m), img, q);
+      phase.div_count_w.divmod(q, q, jx);
+      phase.div_count_h.divmod(q, jz, jy);
+      const int64_t pixel = (int64_t(phase.first[0] + phase.stride[0] * int32_t(jz)) * phase.in[1] +
+                             (phase.first[1] + phase.stride[1] * int32_t(jy))) * phase.in[2] +
+                            (phase.first[2] + phase.stride[2] * int32_t(jx));
+      return phase.channels_last ? (int64_t(img) * phase.in_volume + pixel) * N + n
+                                 : (int64_t(img) * N + n) * phase.in_volume + pixel;
+    }
     if (mode == kChannelsFirst) {
       div.divmod(uint32_t(m), q, r);
       return (int64_t(q) * N + n) * div.divisor + r;

@@ -10,9 +10,11 @@
 // Convolutions are implicit GEMMs (DESIGN.md, ops): no im2col buffer is ever written.
 //   fprop  y[n,k,p]   = sum_{t,c} x[n,c,p*s-pad+t*dil] w[k,c,t]   M = N*P,    N = K,    red = kvol*C
 //   dgrad  dx[n,c,q]  = sum_{t,k} dy[n,k,(q+pad-t*dil)/s] w[k,c,t] M = N*Vin,  N = C,    red = kvol*K
+//          (posed per stride phase: each phase's pixels read a fixed subset of the taps)
 //   wgrad  dw[k,c,t]  = sum_{n,p} dy[n,k,p] x[n,c,p*s-pad+t*dil]  M = K,      N = C*kvol, red = N*P
 // The weights of fprop and dgrad are packed first (engine.cu) into plain row-major matrices
-// whose reduction index is t*C + c (fprop) or t*K + k (dgrad), the order the gathers use.
+// whose reduction index is t*C + c (fprop) or, per phase, idx*K + k (dgrad): the order the
+// gathers use.
 // Indices below 2^31 (rows, reduction); offsets are 64-bit.
 #pragma once
 #include <cstdint>
@@ -51,7 +53,6 @@ struct ConvGeometry {
   FastDivmod div_in_w, div_in_h, div_in_volume;     // q -> (z, y, x) of the input
   FastDivmod div_kernel_w, div_kernel_h;            // tap -> (td, th, tw)
   FastDivmod div_kernel_volume;                     // wgrad column c*kvol + t -> (c, t)
-  FastDivmod div_stride[3];                         // dgrad: which output reads input q
   FastDivmod div_C, div_K;
 
   __device__ __forceinline__ void unravel_out(uint32_t p, int32_t& z, int32_t& y, int32_t& x) const {
@@ -128,15 +129,36 @@ struct ImageOperand {
   }
 };
 
-// dgrad's A: dy gathered as [m = (n, q)][k = t*K + k_out]: input pixel q receives from output
-// o = (q + pad - t*dil) / stride where that division is exact and o is inside the output.
+// dgrad, one stride phase: the input pixels i = first + stride * j of each dim (j < count)
+// receive only from the taps t = tap0 + idx * tap_step (idx < taps), through output
+// o = j + base - idx * out_step, with no division and no zero products. A stride-1 problem is
+// one phase holding every pixel and tap. engine.cu enumerates the phases.
+struct PhaseGeometry {
+  int32_t first[3], stride[3], count[3];   // the phase's input pixels per dim
+  int32_t taps[3], base[3], out_step[3];   // its taps per dim, and the output they read
+  int32_t tap_volume;                      // taps[0] * taps[1] * taps[2]
+  FastDivmod div_count_w, div_count_h, div_count_volume;
+  FastDivmod div_taps_w, div_taps_h;
+
+  __device__ __forceinline__ void unravel_rows(uint32_t r, int32_t& z, int32_t& y, int32_t& x) const {
+    uint32_t q, rem;
+    div_count_w.divmod(r, q, rem);
+    x = int32_t(rem);
+    div_count_h.divmod(q, q, rem);
+    y = int32_t(rem);
+    z = int32_t(q);
+  }
+};
+
+// dgrad's A for one phase: dy gathered as [m = (n, j)][k = idx * K + k_out].
 template <bool kChannelsLast>
-struct GradOutputOperand {
+struct PhaseGradOutputOperand {
   static constexpr bool kContiguousK = kChannelsLast;
   const float* data;
   ConvGeometry g;
-  int32_t rows;  // N * in_volume
-  int32_t red;   // kvol * K
+  PhaseGeometry ph;
+  int32_t rows;  // N * count volume
+  int32_t red;   // tap_volume * K
   struct Row { int64_t base; int32_t z, y, x; bool valid; };
   struct Col { int64_t channel; int32_t dz, dy, dx; bool valid; };
   __device__ __forceinline__ Row row(int32_t m) const {
@@ -144,11 +166,11 @@ struct GradOutputOperand {
     r.valid = m < rows;
     if (!r.valid) return r;
     uint32_t n, q;
-    g.div_in_volume.divmod(uint32_t(m), n, q);
-    g.unravel_in(q, r.z, r.y, r.x);
-    r.z += g.pad[0];
-    r.y += g.pad[1];
-    r.x += g.pad[2];
+    ph.div_count_volume.divmod(uint32_t(m), n, q);
+    ph.unravel_rows(q, r.z, r.y, r.x);
+    r.z += ph.base[0];
+    r.y += ph.base[1];
+    r.x += ph.base[2];
     r.base = int64_t(n) * g.K * g.out_volume;
     return r;
   }
@@ -156,23 +178,21 @@ struct GradOutputOperand {
     Col c{};
     c.valid = k < red;
     if (!c.valid) return c;
-    uint32_t t, ch;
-    g.div_K.divmod(uint32_t(k), t, ch);
-    g.tap_offsets(t, c.dz, c.dy, c.dx);
+    uint32_t idx, ch, q, rem;
+    g.div_K.divmod(uint32_t(k), idx, ch);
+    ph.div_taps_w.divmod(idx, q, rem);
+    c.dx = int32_t(rem) * ph.out_step[2];
+    ph.div_taps_h.divmod(q, q, rem);
+    c.dy = int32_t(rem) * ph.out_step[1];
+    c.dz = int32_t(q) * ph.out_step[0];
     c.channel = kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume;
     return c;
   }
-  // The output coordinate that reads `scaled` (= q + pad - t*dil) in one dim, or -1.
-  __device__ __forceinline__ int32_t source(int32_t scaled, int d) const {
-    if (scaled < 0) return -1;
-    uint32_t o, rem;
-    g.div_stride[d].divmod(uint32_t(scaled), o, rem);
-    return (rem == 0 && int32_t(o) < g.out[d]) ? int32_t(o) : -1;
-  }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
-    if (!(r.valid && c.valid)) return -1;
-    const int32_t oz = source(r.z - c.dz, 0), oy = source(r.y - c.dy, 1), ox = source(r.x - c.dx, 2);
-    if ((oz | oy | ox) < 0) return -1;
+    const int32_t oz = r.z - c.dz, oy = r.y - c.dy, ox = r.x - c.dx;
+    if (!(r.valid && c.valid && uint32_t(oz) < uint32_t(g.out[0]) && uint32_t(oy) < uint32_t(g.out[1]) &&
+          uint32_t(ox) < uint32_t(g.out[2])))
+      return -1;
     const int64_t pixel = (int64_t(oz) * g.out[1] + oy) * g.out[2] + ox;
     return r.base + c.channel + (kChannelsLast ? pixel * g.K : pixel);
   }
