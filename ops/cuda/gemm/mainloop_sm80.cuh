@@ -9,8 +9,8 @@
 
 #include "ops/cuda/arch/cp_async.cuh"
 #include "ops/cuda/arch/fast_divmod.h"
-#include "ops/cuda/mma_sync.cuh"
-#include "ops/cuda/tf32.cuh"
+#include "ops/cuda/arch/mma_sync.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 
 namespace tg::cuda::engine {
 

@@ -83,9 +83,6 @@ struct ConvGeometry {
   __device__ __forceinline__ bool inside_input(int32_t z, int32_t y, int32_t x) const {
     return uint32_t(z) < uint32_t(in[0]) && uint32_t(y) < uint32_t(in[1]) && uint32_t(x) < uint32_t(in[2]);
   }
-  __device__ __forceinline__ int64_t input_pixel(int32_t z, int32_t y, int32_t x) const {
-    return (int64_t(z) * in[1] + y) * in[2] + x;
-  }
 };
 
 // fprop's A: the input x gathered as im2col[m = (n, p)][k = t*C + c], never materialised.
@@ -96,8 +93,14 @@ struct ImageOperand {
   ConvGeometry g;
   int32_t rows;  // N * out_volume
   int32_t red;   // kvol * C
-  struct Row { int64_t base; int32_t z, y, x; bool valid; };
-  struct Col { int64_t channel; int32_t dz, dy, dx; bool valid; };
+  // The offset is linear in (channel, z, y, x): row and column each carry their part, and an
+  // element costs one add plus the bounds check of its input coordinate.
+  struct Row { int64_t linear; int32_t z, y, x; bool valid; };
+  struct Col { int64_t linear; int32_t dz, dy, dx; bool valid; };
+  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
+    const int64_t pixel = (int64_t(z) * g.in[1] + y) * g.in[2] + x;
+    return kChannelsLast ? pixel * g.C : pixel;
+  }
   __device__ __forceinline__ Row row(int32_t m) const {
     Row r{};
     r.valid = m < rows;
@@ -108,7 +111,7 @@ struct ImageOperand {
     r.z = r.z * g.stride[0] - g.pad[0];
     r.y = r.y * g.stride[1] - g.pad[1];
     r.x = r.x * g.stride[2] - g.pad[2];
-    r.base = int64_t(n) * g.C * g.in_volume;
+    r.linear = int64_t(n) * g.C * g.in_volume + pixel_part(r.z, r.y, r.x);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t k) const {
@@ -118,14 +121,13 @@ struct ImageOperand {
     uint32_t t, ch;
     g.div_C.divmod(uint32_t(k), t, ch);
     g.tap_offsets(t, c.dz, c.dy, c.dx);
-    c.channel = kChannelsLast ? int64_t(ch) : int64_t(ch) * g.in_volume;
+    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.in_volume) + pixel_part(c.dz, c.dy, c.dx);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
     const int32_t z = r.z + c.dz, y = r.y + c.dy, x = r.x + c.dx;
     if (!(r.valid && c.valid && g.inside_input(z, y, x))) return -1;
-    const int64_t pixel = g.input_pixel(z, y, x);
-    return r.base + c.channel + (kChannelsLast ? pixel * g.C : pixel);
+    return r.linear + c.linear;
   }
 };
 
@@ -159,8 +161,13 @@ struct PhaseGradOutputOperand {
   PhaseGeometry ph;
   int32_t rows;  // N * count volume
   int32_t red;   // tap_volume * K
-  struct Row { int64_t base; int32_t z, y, x; bool valid; };
-  struct Col { int64_t channel; int32_t dz, dy, dx; bool valid; };
+  // Linear in (channel, z, y, x) like ImageOperand: rows add, columns subtract their part.
+  struct Row { int64_t linear; int32_t z, y, x; bool valid; };
+  struct Col { int64_t linear; int32_t dz, dy, dx; bool valid; };
+  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
+    const int64_t pixel = (int64_t(z) * g.out[1] + y) * g.out[2] + x;
+    return kChannelsLast ? pixel * g.K : pixel;
+  }
   __device__ __forceinline__ Row row(int32_t m) const {
     Row r{};
     r.valid = m < rows;
@@ -171,7 +178,7 @@ struct PhaseGradOutputOperand {
     r.z += ph.base[0];
     r.y += ph.base[1];
     r.x += ph.base[2];
-    r.base = int64_t(n) * g.K * g.out_volume;
+    r.linear = int64_t(n) * g.K * g.out_volume + pixel_part(r.z, r.y, r.x);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t k) const {
@@ -185,7 +192,7 @@ struct PhaseGradOutputOperand {
     ph.div_taps_h.divmod(q, q, rem);
     c.dy = int32_t(rem) * ph.out_step[1];
     c.dz = int32_t(q) * ph.out_step[0];
-    c.channel = kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume;
+    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume) - pixel_part(c.dz, c.dy, c.dx);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
@@ -193,8 +200,7 @@ struct PhaseGradOutputOperand {
     if (!(r.valid && c.valid && uint32_t(oz) < uint32_t(g.out[0]) && uint32_t(oy) < uint32_t(g.out[1]) &&
           uint32_t(ox) < uint32_t(g.out[2])))
       return -1;
-    const int64_t pixel = (int64_t(oz) * g.out[1] + oy) * g.out[2] + ox;
-    return r.base + c.channel + (kChannelsLast ? pixel * g.K : pixel);
+    return r.linear + c.linear;
   }
 };
 
@@ -233,8 +239,13 @@ struct ImageColumnsOperand {
   ConvGeometry g;
   int32_t rows;  // C * kvol
   int32_t red;   // N * out_volume
-  struct Row { int64_t channel; int32_t dz, dy, dx; bool valid; };
-  struct Col { int64_t base; int32_t z, y, x; bool valid; };
+  // Linear in (channel, z, y, x) like ImageOperand.
+  struct Row { int64_t linear; int32_t dz, dy, dx; bool valid; };
+  struct Col { int64_t linear; int32_t z, y, x; bool valid; };
+  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
+    const int64_t pixel = (int64_t(z) * g.in[1] + y) * g.in[2] + x;
+    return kChannelsLast ? pixel * g.C : pixel;
+  }
   __device__ __forceinline__ Row row(int32_t j) const {
     Row r{};
     r.valid = j < rows;
@@ -246,7 +257,7 @@ struct ImageColumnsOperand {
     r.dz -= g.pad[0];
     r.dy -= g.pad[1];
     r.dx -= g.pad[2];
-    r.channel = kChannelsLast ? int64_t(c) : int64_t(c) * g.in_volume;
+    r.linear = (kChannelsLast ? int64_t(c) : int64_t(c) * g.in_volume) + pixel_part(r.dz, r.dy, r.dx);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t j) const {
@@ -259,14 +270,13 @@ struct ImageColumnsOperand {
     c.z *= g.stride[0];
     c.y *= g.stride[1];
     c.x *= g.stride[2];
-    c.base = int64_t(n) * g.C * g.in_volume;
+    c.linear = int64_t(n) * g.C * g.in_volume + pixel_part(c.z, c.y, c.x);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
     const int32_t z = c.z + r.dz, y = c.y + r.dy, x = c.x + r.dx;
     if (!(r.valid && c.valid && g.inside_input(z, y, x))) return -1;
-    const int64_t pixel = g.input_pixel(z, y, x);
-    return c.base + r.channel + (kChannelsLast ? pixel * g.C : pixel);
+    return r.linear + c.linear;
   }
 };
 
