@@ -1,6 +1,8 @@
 // Host side of one engine launch: picks the tile configuration and precision instantiation of
 // igemm_sm80_kernel for a plan made by engine.cu. Included by the per-role .cu files only.
 #pragma once
+#include <type_traits>
+
 #include "core/cuda_context.h"
 #include "ops/cuda/gemm/kernels.h"
 #include "ops/cuda/gemm/mainloop_sm80.cuh"
@@ -17,12 +19,18 @@ void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopA
   TG_LAUNCH_CHECK();
 }
 
+template <class Op>
+struct is_matrix : std::false_type {};
+template <bool kK>
+struct is_matrix<MatrixOperand<kK>> : std::true_type {};
+
 template <class OpA, class OpB>
 void launch(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, bool split_tf32,
             cudaStream_t stream) {
   if (plan.shape == TileShape::Big) {
-    if (split_tf32) launch_config<BigTile, OpA, OpB, true>(a, b, plan, args, stream);
-    else launch_config<BigTile, OpA, OpB, false>(a, b, plan, args, stream);
+    using Big = std::conditional_t<is_matrix<OpA>::value && is_matrix<OpB>::value, BigTile, BigTileDeep>;
+    if (split_tf32) launch_config<Big, OpA, OpB, true>(a, b, plan, args, stream);
+    else launch_config<Big, OpA, OpB, false>(a, b, plan, args, stream);
   } else if (plan.shape == TileShape::Small) {
     if (split_tf32) launch_config<SmallTile, OpA, OpB, true>(a, b, plan, args, stream);
     else launch_config<SmallTile, OpA, OpB, false>(a, b, plan, args, stream);

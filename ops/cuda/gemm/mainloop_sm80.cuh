@@ -24,7 +24,11 @@ struct TileConfig {
   static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;  // mma tiles per warp
   static_assert(kWarpM % 16 == 0 && kWarpN % 8 == 0, "warp tile must be whole mma tiles");
 };
-using BigTile = TileConfig<128, 128, 2, 4, 4>;   // 256 threads, 64x32 per warp
+// BigTile: 256 threads, 64x32 per warp. Three stages let two blocks share an SM when the
+// kernel fits 128 registers (plain matrices at TF32); the gathers need more registers, run one
+// block per SM, and hide their longer address work behind a fourth stage.
+using BigTile = TileConfig<128, 128, 2, 4, 3>;
+using BigTileDeep = TileConfig<128, 128, 2, 4, 4>;
 using SmallTile = TileConfig<64, 64, 2, 2, 4>;   // 128 threads, 32x32 per warp
 using NarrowTile = TileConfig<128, 16, 4, 1, 4>;  // 128 threads, 32x16 per warp: N <= 16
 
