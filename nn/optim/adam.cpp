@@ -33,7 +33,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
            true, "AdamW") {}
 
 void Adam::set_lr(double lr) {
-  check_lr(name_, lr);
+  validate_lr(lr);
   options_.lr = lr;
 }
 

@@ -28,6 +28,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions options = {});
 
   const AdamOptions& options() const { return options_; }
+  const char* name() const override { return name_; }
   double lr() const override { return options_.lr; }
   void set_lr(double lr) override;
 
@@ -35,6 +36,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay, const char* name);
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   bool has_step_state() const override { return true; }
+  bool buffer_non_negative(size_t b) const override { return b == 1; }  // exp_avg_sq
   void update(size_t i, const Tensor& g, ParamState& s) override;
 
  private:

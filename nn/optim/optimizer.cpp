@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <map>
 
 #include "autograd/tape.h"
 
@@ -85,51 +86,105 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   return out;
 }
 
+void Optimizer::set_step_count(int64_t steps) {
+  check_step_count("Optimizer::set_step_count", steps);
+  steps_ = steps;
+}
+
+void Optimizer::check_step_count(const std::string& what, double steps) {
+  TG_CHECK(std::isfinite(steps) && steps >= 0 && steps <= static_cast<double>(kMaxStepCount) &&
+               steps == std::floor(steps),
+           what, ": step count ", steps, " is not an integer in [0, 2^53]");
+}
+
+void Optimizer::check_step_count(const std::string& what, int64_t steps) {
+  TG_CHECK(steps >= 0 && steps <= kMaxStepCount, what, ": step count ", steps, " is not an integer in [0, 2^53]");
+}
+
+namespace {
+
+// The first element of p[0, n) that is not finite, or with `non_negative` is below 0:
+// its index (-1 if none) and value.
+template <class T>
+std::pair<int64_t, double> first_bad(const T* p, int64_t n, bool non_negative) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]) || (non_negative && p[i] < 0)) return {i, static_cast<double>(p[i])};
+  return {-1, 0.0};
+}
+
+}  // namespace
+
 void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
-  std::vector<std::string> names = buffer_names();
-  struct Item { size_t param; int buffer; Tensor value; };  // buffer -1: the step count
-  std::vector<Item> items;
-  // Check everything first, so that a bad checkpoint leaves the optimizer unchanged.
+  const char* op = "Optimizer::load_state";
+  const std::vector<std::string> names = buffer_names();
+  // Phase 1 builds the new state of every parameter named, beside the live one: any check,
+  // conversion or allocation that fails leaves the optimizer as it was.
+  std::map<size_t, ParamState> next;
+  std::map<size_t, std::vector<bool>> present;  // per parameter: [step, buffer 0, buffer 1, ...]
   for (const auto& [key, value] : state) {
     size_t dot = key.find('.');
     size_t index = 0;
     auto [end, ec] = std::from_chars(key.data(), key.data() + (dot == std::string::npos ? 0 : dot), index);
-    TG_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot,
-             "Optimizer::load_state: key '", key, "' is not '<parameter index>.<name>'");
-    TG_CHECK(index < params_.size(), "Optimizer::load_state: key '", key, "' names parameter ", index,
-             " but the optimizer has ", params_.size());
-    TG_CHECK(value.defined(), "Optimizer::load_state: '", key, "' is an undefined tensor");
-    std::string field = key.substr(dot + 1);
-    if (field == "step" && has_step_state()) {
-      TG_CHECK(value.numel() == 1, "Optimizer::load_state: '", key, "' should hold one value, got ", describe(value));
-      items.push_back({index, -1, value});
-      continue;
-    }
-    int buffer = -1;
+    TG_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot, op, ": key '", key,
+             "' is not '<parameter index>.<name>'");
+    TG_CHECK(index < params_.size(), op, ": key '", key, "' names parameter ", index, " but the optimizer has ",
+             params_.size());
+    TG_CHECK(value.defined(), op, ": '", key, "' is an undefined tensor");
+    const std::string field = key.substr(dot + 1);
+    int slot = -2;  // -1: the step count, b >= 0: buffer b
+    if (field == "step" && has_step_state()) slot = -1;
     for (size_t b = 0; b < names.size(); ++b)
-      if (names[b] == field) buffer = static_cast<int>(b);
-    TG_CHECK(buffer >= 0, "Optimizer::load_state: unknown state '", key, "' for this optimizer");
-    TG_CHECK(value.shape() == params_[index].shape(), "Optimizer::load_state: '", key, "' ", describe(value),
-             " does not match parameter ", index, " ", describe(params_[index]));
-    items.push_back({index, buffer, value});
-  }
-  NoGradGuard no_grad;
-  for (Item& it : items) {
-    ParamState& s = state_[it.param];
-    if (it.buffer < 0) {
-      s.steps = static_cast<int64_t>(it.value.item());
+      if (names[b] == field) slot = static_cast<int>(b);
+    TG_CHECK(slot >= -1, op, ": unknown state '", key, "' for this ", name());
+    std::vector<bool>& seen = present.try_emplace(index, names.size() + 1, false).first->second;
+    TG_CHECK(!seen[slot + 1], op, ": '", key, "' is given twice");
+    seen[slot + 1] = true;
+    ParamState& s = next.try_emplace(index, state_[index]).first->second;
+    s.buffers.resize(names.size());
+    NoGradGuard no_grad;
+    if (slot == -1) {
+      TG_CHECK(value.numel() == 1, op, ": '", key, "' should hold one value, got ", describe(value));
+      const std::string what = std::string(op) + ": '" + key + "'";
+      if (value.dtype() == DType::i64) {
+        const int64_t steps = value.to_vector<int64_t>()[0];  // exact: no trip through double
+        check_step_count(what, steps);
+        s.steps = steps;
+      } else {
+        const double steps = value.item();
+        check_step_count(what, steps);
+        s.steps = static_cast<int64_t>(steps);
+      }
       continue;
     }
-    const Tensor& p = params_[it.param];
-    s.buffers.resize(names.size());
-    Tensor v = it.value.detach();
+    const Tensor& p = params_[index];
+    TG_CHECK(value.shape() == p.shape(), op, ": '", key, "' ", describe(value), " does not match parameter ", index,
+             " ", describe(p));
+    // Checked in the parameter's dtype: an f64 value past f32's range becomes inf there.
+    Tensor v = value.detach();
     if (v.dtype() != p.dtype()) v = v.to(p.dtype());
+    const Tensor host = v.device().is_cpu() ? v : v.cpu();
+    const bool non_negative = buffer_non_negative(static_cast<size_t>(slot));
+    const auto [bad, bad_value] = host.dtype() == DType::f32
+                                      ? first_bad(host.data<float>(), host.numel(), non_negative)
+                                      : first_bad(host.data<double>(), host.numel(), non_negative);
+    TG_CHECK(bad < 0, op, ": '", key, "' holds ", bad_value, " at element ", bad, " in ", dtype_name(p.dtype()), " (",
+             field, non_negative ? " must be finite and >= 0)" : " must be finite)");
     if (v.device() != p.device()) v = v.to(p.device());
     // Always a private copy: the optimizer updates its buffers in place.
-    s.buffers[it.buffer] = v.impl()->storage == it.value.impl()->storage ? v.clone() : v;
+    s.buffers[slot] = v.impl()->storage == value.impl()->storage ? v.clone() : v;
     // A parameter with buffers but no step state has still been updated (SGD with momentum).
     if (!has_step_state() && s.steps == 0) s.steps = 1;
   }
+  for (const auto& [index, seen] : present) {
+    for (size_t k = 0; k < seen.size(); ++k) {
+      if (k == 0 && !has_step_state()) continue;
+      TG_CHECK(seen[k], op, ": the state of parameter ", index, " lacks '", index, ".",
+               k == 0 ? std::string("step") : names[k - 1], "' (", name(),
+               " needs the step count and every buffer of a parameter, or none)");
+    }
+  }
+  // Phase 2: commit (moves only, which cannot fail).
+  for (auto& [index, s] : next) state_[index] = std::move(s);
 }
 
 }  // namespace tg::nn

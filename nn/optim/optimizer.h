@@ -31,9 +31,15 @@ class Optimizer {
   // Number of updates parameter i received (it only counts steps where it had a grad).
   int64_t step_count(size_t param_index) const;
 
+  // The optimizer's name in messages and checkpoints ("SGD", "Adam", "AdamW").
+  virtual const char* name() const { return "Optimizer"; }
+
   virtual double lr() const = 0;
   // Throws tg::Error unless lr is positive and finite (as at construction).
   virtual void set_lr(double lr) = 0;
+  // The rule of the constructors and set_lr, for callers that must check an lr before
+  // changing anything (tg::load): throws tg::Error naming the optimizer, changes nothing.
+  void validate_lr(double lr) const { check_lr(name(), lr); }
 
   // Per-parameter state for checkpoints, keyed by the parameter's index as in PyTorch's
   // optimizer state_dict: "3.momentum_buffer", "3.exp_avg", "3.exp_avg_sq", and for
@@ -41,10 +47,23 @@ class Optimizer {
   // that were updated have state. The tensors are the live buffers, not copies.
   std::vector<std::pair<std::string, Tensor>> state() const;
   // Restores what state() returned (copies the values onto each parameter's device and
-  // dtype). Every name must be one this optimizer knows; shapes must match.
+  // dtype). All or nothing: everything is checked before any state changes, and a bad
+  // entry throws tg::Error naming it. Every name must be one this optimizer knows, once;
+  // shapes must match; a step is a valid step count (check_step_count, any dtype); buffer
+  // values must be finite after conversion to the parameter's dtype, and those that are
+  // sums of squares (Adam's exp_avg_sq) >= 0; a parameter with state has all of it (step
+  // and every buffer: a partial state would restart bias correction silently).
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state);
-  // Sets step_count() (e.g. after loading a checkpoint).
-  void set_step_count(int64_t steps) { steps_ = steps; }
+  // Sets step_count() (e.g. after loading a checkpoint); checked by check_step_count.
+  void set_step_count(int64_t steps);
+
+  // A step count must be an integer in [0, 2^53]: past 2^53 a double (bias correction,
+  // checkpoints) no longer counts by ones, and a NaN, negative or fractional count would
+  // turn every weight into NaN at the next step (and its cast to int64 is undefined).
+  // Throws tg::Error naming `what` otherwise.
+  static constexpr int64_t kMaxStepCount = int64_t{1} << 53;
+  static void check_step_count(const std::string& what, double steps);
+  static void check_step_count(const std::string& what, int64_t steps);
 
  protected:
   // Option checks shared by the optimizers: each throws tg::Error naming the optimizer and
@@ -63,6 +82,8 @@ class Optimizer {
   virtual std::vector<std::string> buffer_names() const = 0;
   // Whether "i.step" is part of the state (Adam's bias correction needs it; SGD's doesn't).
   virtual bool has_step_state() const = 0;
+  // Whether buffer b holds values that cannot be negative (a running mean of squares).
+  virtual bool buffer_non_negative(size_t /*b*/) const { return false; }
   // Updates params_[i] in place with its grad `g` (same shape, dtype, device; checked).
   // `s.steps` already counts this update.
   virtual void update(size_t i, const Tensor& g, ParamState& s) = 0;

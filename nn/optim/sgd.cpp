@@ -28,7 +28,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
 }
 
 void SGD::set_lr(double lr) {
-  check_lr("SGD", lr);
+  validate_lr(lr);
   options_.lr = lr;
 }
 

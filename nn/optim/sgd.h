@@ -22,6 +22,7 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, SGDOptions options);
 
   const SGDOptions& options() const { return options_; }
+  const char* name() const override { return "SGD"; }
   double lr() const override { return options_.lr; }
   void set_lr(double lr) override;
 

@@ -346,3 +346,116 @@ TEST(Optimizer, MismatchedGradIsRejectedBeforeAnyUpdate) {
   b.set_grad(random({3}, f32));
   TG_EXPECT_ERROR(opt.step(), "parameter 1", "f32");
 }
+
+// Loaded state values: a NaN, negative, fractional or huge step, a negative exp_avg_sq or a
+// non-finite buffer would turn every weight into NaN at the next step (and a step's cast to
+// int64 could be undefined). Each is refused, naming the key, and the state is unchanged.
+TEST(Optimizer, LoadedStateValuesAreChecked) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor p = random({3}, f32).requires_grad_();
+  nn::Adam opt({p}, {.lr = 0.1});
+  p.set_grad(random({3}, f32));
+  opt.step();
+  const auto before = opt.state();
+  auto expect_unchanged = [&] {
+    auto now = opt.state();
+    ASSERT_EQ(now.size(), before.size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      EXPECT_EQ(now[i].first, before[i].first);
+      EXPECT_EQ(now[i].second.to_vector<double>(), before[i].second.to_vector<double>()) << now[i].first;
+    }
+    EXPECT_EQ(opt.step_count(0), 1);
+  };
+  auto state = [&](Tensor step, Tensor avg, Tensor sq) {
+    return std::vector<std::pair<std::string, Tensor>>{{"0.step", step}, {"0.exp_avg", avg}, {"0.exp_avg_sq", sq}};
+  };
+  const Tensor ok = full({3}, 0.5), one = full({}, 1.0, {.dtype = f64});
+  for (double s : {nan, inf, -inf, -1.0, 0.5, 9007199254740994.0, 1e300}) {
+    TG_EXPECT_ERROR(opt.load_state(state(full({}, s, {.dtype = f64}), ok, ok)), "'0.step'", "step count",
+                    "[0, 2^53]");
+    expect_unchanged();
+  }
+  // i64 steps are checked exactly: 2^53 + 1 is not rounded down to 2^53 first.
+  TG_EXPECT_ERROR(opt.load_state(state(from_vector(std::vector<int64_t>{(int64_t{1} << 53) + 1}, {}), ok, ok)),
+                  "9007199254740993");
+  TG_EXPECT_ERROR(opt.load_state(state(from_vector(std::vector<int64_t>{-5}, {}), ok, ok)), "-5");
+  expect_unchanged();
+  TG_EXPECT_ERROR(opt.load_state(state(one, ok, from_vector(std::vector<float>{1, -2, 3}, {3}))), "'0.exp_avg_sq'",
+                  "-2", "element 1", ">= 0");
+  TG_EXPECT_ERROR(opt.load_state(state(one, from_vector(std::vector<float>{1, 2, nan}, {3}), ok)), "'0.exp_avg'",
+                  "nan", "element 2", "must be finite");
+  TG_EXPECT_ERROR(opt.load_state(state(one, ok, full({3}, inf))), "'0.exp_avg_sq'", "inf");
+  // Checked in the parameter's dtype: 1e300 is finite in f64 but inf once in an f32 buffer.
+  TG_EXPECT_ERROR(opt.load_state(state(one, full({3}, 1e300, {.dtype = f64}), ok)), "'0.exp_avg'", "inf", "f32");
+  expect_unchanged();
+  // Incomplete or repeated state, and an error after valid entries, change nothing either.
+  TG_EXPECT_ERROR(opt.load_state({{"0.exp_avg", ok}, {"0.exp_avg_sq", ok}}), "lacks '0.step'");
+  TG_EXPECT_ERROR(opt.load_state({{"0.step", one}}), "lacks '0.exp_avg'");
+  TG_EXPECT_ERROR(opt.load_state({{"0.step", one}, {"0.step", one}, {"0.exp_avg", ok}, {"0.exp_avg_sq", ok}}),
+                  "'0.step' is given twice");
+  expect_unchanged();
+  // Valid values, the edges included, are taken.
+  opt.load_state(state(from_vector(std::vector<int64_t>{int64_t{1} << 53}, {}), full({3}, -7.0), full({3}, 0.0)));
+  EXPECT_EQ(opt.step_count(0), int64_t{1} << 53);
+  opt.load_state(state(full({}, 3.0, {.dtype = f32}), ok, ok));
+  EXPECT_EQ(opt.step_count(0), 3);
+
+  // SGD's momentum buffer: finite (it may be negative).
+  Tensor q = random({2}).requires_grad_();
+  nn::SGD sgd({q}, {.lr = 0.1, .momentum = 0.9});
+  TG_EXPECT_ERROR(sgd.load_state({{"0.momentum_buffer", full({2}, nan)}}), "'0.momentum_buffer'", "must be finite");
+  TG_EXPECT_ERROR(sgd.load_state({{"0.step", one}}), "unknown state '0.step'", "SGD");
+  EXPECT_TRUE(sgd.state().empty());
+  sgd.load_state({{"0.momentum_buffer", full({2}, -1.0)}});
+  EXPECT_EQ(sgd.step_count(0), 1);
+}
+
+TEST(Optimizer, StepCountIsChecked) {
+  Tensor p = random({3}).requires_grad_();
+  nn::SGD opt({p}, {.lr = 0.1});
+  TG_EXPECT_ERROR(opt.set_step_count(-1), "set_step_count", "-1", "[0, 2^53]");
+  TG_EXPECT_ERROR(opt.set_step_count((int64_t{1} << 53) + 1), "[0, 2^53]");
+  EXPECT_EQ(opt.step_count(), 0);
+  opt.set_step_count(int64_t{1} << 53);
+  EXPECT_EQ(opt.step_count(), int64_t{1} << 53);
+}
+
+// One rule for the lr: constructors, set_lr and validate_lr (what tg::load checks a file's
+// lr with) accept and refuse the same values, naming the optimizer.
+TEST(Optimizer, ValidateLrIsTheRuleOfConstructorsAndSetLr) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor p = random({3}).requires_grad_();
+  nn::SGD sgd({p}, {.lr = 0.1});
+  nn::Adam adam({p}, {.lr = 0.1});
+  nn::AdamW adamw({p}, {.lr = 0.1});
+  std::vector<nn::Optimizer*> all = {&sgd, &adam, &adamw};
+  EXPECT_STREQ(sgd.name(), "SGD");
+  EXPECT_STREQ(adam.name(), "Adam");
+  EXPECT_STREQ(adamw.name(), "AdamW");
+  for (double lr : {0.0, -1e-3, inf, -inf, nan, 1e-300, 1e300}) {
+    bool constructs = true;
+    try {
+      nn::SGD s({p}, {.lr = lr});
+      nn::Adam a({p}, {.lr = lr});
+    } catch (const Error&) {
+      constructs = false;
+    }
+    for (nn::Optimizer* o : all) {
+      bool validates = true, sets = true;
+      try {
+        o->validate_lr(lr);
+      } catch (const Error& e) {
+        validates = false;
+        EXPECT_NE(std::string(e.what()).find(o->name()), std::string::npos) << e.what();
+      }
+      try {
+        o->set_lr(lr);
+      } catch (const Error&) {
+        sets = false;
+      }
+      EXPECT_EQ(validates, constructs) << o->name() << " lr " << lr;
+      EXPECT_EQ(sets, constructs) << o->name() << " lr " << lr;
+      o->set_lr(0.1);
+    }
+  }
+}
