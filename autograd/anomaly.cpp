@@ -46,7 +46,17 @@ int64_t first_non_finite(const Tensor& t) {
   return scan(host.data(), t.numel());
 }
 
-void check_forward_anomaly(const std::string& op, const std::vector<Tensor>& outputs) {
+void check_forward_anomaly(const std::string& op, const std::vector<Tensor>& inputs,
+                           const std::vector<Tensor>& outputs, uint64_t tape_id) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    if (!in.defined() || (!in.is_leaf() && in.producer_tape() == tape_id)) continue;
+    int64_t bad = first_non_finite(in);
+    TG_CHECK(bad < 0, "anomaly: ", in.is_leaf() ? "leaf input " : "input ", i, " of '", op, "' ", describe(in),
+             " already held NaN/Inf", offender(in, bad), "; it is an input, not the output of an op on this tape (",
+             in.is_leaf() ? "data, a parameter or a result computed outside the tape" : "it was recorded on another tape",
+             "): the NaN/Inf came from outside, not from '", op, "'");
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     int64_t bad = first_non_finite(outputs[i]);
     TG_CHECK(bad < 0, "anomaly: forward of '", op, "' produced NaN/Inf in output ", i, " ", describe(outputs[i]),

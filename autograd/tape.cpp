@@ -1,28 +1,84 @@
 #include "autograd/tape.h"
 
+#include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "autograd/anomaly.h"  // [anomaly hooks]
 #include "ops/elementwise.h"
 
 namespace tg {
+
+struct Tape::Slot {
+  // Held while an entry is recorded into the tape and while its destructor marks it dead,
+  // so that a destruction on another thread cannot free the entries under a recording.
+  // Recursive: an on_record hook may run ops that record on the same tape.
+  std::recursive_mutex mutex;
+  std::atomic<Tape*> tape;  // nullptr once the tape's destruction has begun
+  explicit Slot(Tape* t) : tape(t) {}
+};
+
 namespace {
-thread_local Tape* t_active = nullptr;
+
+std::atomic<uint64_t> g_next_tape_id{1};  // 0 means "recorded on no tape"
+
+// The calling thread's active tapes, outermost first. It holds slots, not tapes: a slot
+// whose tape was destroyed on another thread says so instead of dangling.
+struct TapeStack {
+  std::vector<std::shared_ptr<Tape::Slot>> slots;
+  ~TapeStack();
+};
+// Trivially destructible, so readable even while the thread's (or the process's) objects
+// are being destroyed: a Tape outliving its thread's stack then leaves it alone.
+thread_local bool t_stack_gone = false;
+TapeStack::~TapeStack() { t_stack_gone = true; }
+thread_local TapeStack t_stack;
 thread_local bool t_recording_paused = false;
+
+// The innermost live slot of this thread, after dropping the dead ones; null if none.
+// `dropped` tells whether a dead one was dropped (a tape destroyed on another thread).
+std::shared_ptr<Tape::Slot> innermost_slot(bool* dropped = nullptr) {
+  if (t_stack_gone) return nullptr;
+  auto& slots = t_stack.slots;
+  size_t n = std::erase_if(slots, [](const std::shared_ptr<Tape::Slot>& s) { return s->tape.load() == nullptr; });
+  if (dropped) *dropped = n > 0;
+  return slots.empty() ? nullptr : slots.back();
+}
+
 }  // namespace
 
-Tape::Tape() : previous_(t_active) { t_active = this; }
-Tape::~Tape() { t_active = previous_; }
-Tape* Tape::active() { return t_active; }
+Tape::Tape() : slot_(std::make_shared<Slot>(this)), id_(g_next_tape_id.fetch_add(1)) {
+  if (!t_stack_gone) t_stack.slots.push_back(slot_);
+}
+
+Tape::~Tape() {
+  {
+    std::lock_guard<std::recursive_mutex> lock(slot_->mutex);  // waits for a recording in flight
+    slot_->tape.store(nullptr);
+  }
+  // On the creator thread the slot is removed wherever it sits; on any other thread it is
+  // not found (the creator thread drops it, dead, when it next looks).
+  if (t_stack_gone) return;
+  auto& slots = t_stack.slots;
+  auto it = std::find(slots.rbegin(), slots.rend(), slot_);
+  if (it != slots.rend()) slots.erase(std::next(it).base());
+}
+
+Tape* Tape::active() {
+  std::shared_ptr<Slot> slot = innermost_slot();
+  return slot ? slot->tape.load() : nullptr;
+}
 
 NoGradGuard::NoGradGuard() : previous_(t_recording_paused) { t_recording_paused = true; }
 NoGradGuard::~NoGradGuard() { t_recording_paused = previous_; }
 
 bool should_record(const std::vector<Tensor>& inputs) {
-  if (!t_active || t_recording_paused) return false;
-  for (const Tensor& t : inputs)
-    if (t.defined() && t.requires_grad()) return true;
-  return false;
+  if (t_recording_paused) return false;
+  bool wanted = false;
+  for (const Tensor& t : inputs) wanted = wanted || (t.defined() && t.requires_grad());
+  return wanted && Tape::active() != nullptr;
 }
 
 void Tape::append(TapeEntry entry) {
@@ -32,11 +88,6 @@ void Tape::append(TapeEntry entry) {
 
 void record(std::string op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
             std::vector<Tensor> saved, BackwardFn backward) {
-  TG_CHECK(t_active != nullptr, "record(", op, "): no active tape");
-  for (Tensor& out : outputs) {
-    out.impl()->requires_grad = true;
-    out.impl()->is_leaf = false;
-  }
   TapeEntry e;
   e.op = std::move(op);
   e.inputs = std::move(inputs);
@@ -44,9 +95,26 @@ void record(std::string op, std::vector<Tensor> inputs, std::vector<Tensor> outp
   for (const Tensor& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
   e.saved = std::move(saved);
   e.backward = std::move(backward);
-  // [anomaly hook] Scans the outputs at record time (only ops on a tape) when anomaly mode is on.
-  if (detect_anomaly()) check_forward_anomaly(e.op, e.outputs);
-  t_active->append(std::move(e));
+  for (;;) {
+    bool dropped = false;
+    std::shared_ptr<Tape::Slot> slot = innermost_slot(&dropped);
+    // The last tape was destroyed on another thread since should_record: record nothing.
+    if (slot == nullptr && dropped) return;
+    TG_CHECK(slot != nullptr, "record(", e.op, "): no active tape");
+    std::lock_guard<std::recursive_mutex> lock(slot->mutex);
+    Tape* tape = slot->tape.load();
+    if (tape == nullptr) continue;  // destroyed on another thread just now: the next one records
+    for (Tensor& out : e.outputs) {
+      out.impl()->requires_grad = true;
+      out.impl()->is_leaf = false;
+      out.impl()->producer_tape = tape->id();
+    }
+    // [anomaly hook] Scans the outputs (and inputs from outside the tape) at record time
+    // (only ops on a tape) when anomaly mode is on.
+    if (detect_anomaly()) check_forward_anomaly(e.op, e.inputs, e.outputs, tape->id());
+    tape->append(std::move(e));
+    return;
+  }
 }
 
 void Tape::backward(const Tensor& loss, const Tensor& seed) {
@@ -111,6 +179,12 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
              " gradients for ", e.inputs.size(), " inputs");
     for (size_t i = 0; i < e.inputs.size(); ++i) {
       if (!needs[i] || !gin[i].defined()) continue;
+      // Its producer's entry is on another tape, which this walk never reaches: the
+      // gradient would silently stop here.
+      TG_CHECK(e.inputs[i].is_leaf() || e.inputs[i].producer_tape() == id_, "Tape::backward: the gradient of '",
+               e.op, "' input ", i, " ", describe(e.inputs[i]), " cannot flow back: that tensor was recorded on "
+               "another tape (one that has ended, or an enclosing one), and gradients do not cross tapes; record "
+               "its computation on this tape, or detach() it to stop its gradient on purpose");
       TG_CHECK(gin[i].shape() == e.inputs[i].shape(), "Tape::backward: gradient ", describe(gin[i]),
                " of '", e.op, "' input ", i, " does not match the input ", describe(e.inputs[i]));
       // [anomaly hook] Scans every gradient before it is accumulated when anomaly mode is on.
@@ -124,13 +198,24 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
   }
 
   // Leaves accumulate (+=) into grad(); PyTorch semantics across several backward calls.
+  // A gradient handed over as is may share storage with another leaf's (add passes one
+  // gradient to both inputs, reshape's is a view), with the caller's seed, or with a leaf's
+  // data; only such a one is copied, so that in-place edits of one grad touch nothing else.
+  std::unordered_set<const Storage*> taken;
+  if (seed.defined()) taken.insert(seed.impl()->storage.get());
+  for (const TapeEntry& e : entries_)
+    for (const Tensor& in : e.inputs)
+      if (in.defined() && in.is_leaf()) taken.insert(in.impl()->storage.get());
   for (TapeEntry& e : entries_) {
     for (const Tensor& in : e.inputs) {
       if (!in.defined() || !in.is_leaf() || !in.requires_grad()) continue;
       auto g = grads.find(in.impl());
       if (g == grads.end()) continue;
       Tensor old = in.grad();
-      in.set_grad(old.defined() ? add(old, g->second) : g->second);
+      Tensor next = old.defined() ? add(old, g->second) : g->second;
+      if (!taken.insert(next.impl()->storage.get()).second) next = next.clone();
+      taken.insert(next.impl()->storage.get());
+      in.set_grad(next);
       grads.erase(g);
     }
   }

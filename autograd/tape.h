@@ -5,8 +5,35 @@
 //   tg::Tape tape;
 //   tg::Tensor loss = tg::mse_loss(model.forward(x), target);
 //   tape.backward(loss);   // every parameter's grad() is filled
+//
+// Which tape records. Each thread keeps its own stack of active tapes: a Tape pushes itself
+// on the stack of the thread that constructs it, and the innermost live tape of the calling
+// thread records. A tape leaves the stack when it is destroyed, wherever it sits:
+// - Destroyed out of creation order on its own thread (an outer tape before an inner one):
+//   it is removed from the middle of the stack; the others keep their order and the
+//   innermost remaining one goes on recording. Nothing dangles and nothing is reported: the
+//   remaining nesting is unambiguous.
+// - Destroyed on another thread than the one that created it: it never touches the creator
+//   thread's stack (that is the creator's alone). It marks its slot there dead, under a
+//   per-tape mutex; the creator thread drops dead slots when it next looks for its active
+//   tape, so its ops record on the next live tape below, or on none. A recording racing
+//   with that destruction either completes before it (the entry is freed with the tape) or
+//   sees the tape dead; it never writes into freed memory.
+// Destructors never throw or abort. A Tape must not be used (backward, append, entries)
+// after its destruction has begun, as for any object; Tape::active() is valid only while
+// the tape it returns is alive.
+//
+// Tape boundaries. Every recorded output remembers the id() of its tape. A gradient cannot
+// cross from one tape to another: backward raises tg::Error when a gradient would flow into
+// a non-leaf tensor recorded on another tape (one that has ended, or an enclosing one),
+// instead of silently stopping there. detach() such a tensor to stop gradients on purpose.
+//
+// Leaf gradients never share storage with each other or with the caller's seed: backward
+// copies a gradient only where it would otherwise be shared.
 #pragma once
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,7 +61,7 @@ struct TapeEntry {
 class Tape {
  public:
   Tape();   // becomes the thread's active tape (tapes nest; the innermost records)
-  ~Tape();  // frees everything it saved
+  ~Tape();  // leaves its creator thread's stack (see above) and frees everything it saved
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
 
@@ -44,18 +71,25 @@ class Tape {
   void backward(const Tensor& loss, const Tensor& seed = Tensor());
 
   const std::vector<TapeEntry>& entries() const { return entries_; }
+  // The calling thread's innermost live tape, or nullptr.
   static Tape* active();
+  // Unique in the process (never reused, unlike an address); tensors record it.
+  uint64_t id() const { return id_; }
 
   // For teaching and debugging: called after each entry is recorded, and after each
   // gradient backward produces (op, input index, gradient).
   std::function<void(const TapeEntry&)> on_record;
   std::function<void(const TapeEntry&, size_t, const Tensor&)> on_gradient;
 
+  // Adds an entry as is (record() is the usual way in). The caller keeps the tape alive.
   void append(TapeEntry entry);
+
+  struct Slot;  // this tape's place on its creator thread's stack (tape.cpp)
 
  private:
   std::vector<TapeEntry> entries_;
-  Tape* previous_ = nullptr;
+  std::shared_ptr<Slot> slot_;
+  uint64_t id_;
   bool used_ = false;
 };
 

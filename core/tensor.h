@@ -26,6 +26,7 @@ struct TensorImpl {
   DType dtype = DType::f32;
   bool requires_grad = false;
   bool is_leaf = true;                // false for outputs of ops recorded on a tape
+  uint64_t producer_tape = 0;         // Tape::id() of the tape that recorded its op (0: none)
   std::shared_ptr<TensorImpl> grad;   // accumulated by Tape::backward (leaves only)
 };
 
@@ -80,6 +81,8 @@ class Tensor {
   bool requires_grad() const { return impl()->requires_grad; }
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const { return impl()->is_leaf; }
+  // An id, not a pointer: it stays meaningful (and harmless) after that tape is gone.
+  uint64_t producer_tape() const { return impl()->producer_tape; }
   Tensor grad() const { return Tensor(impl()->grad); }
   void set_grad(const Tensor& g) const { impl()->grad = g.impl_; }
   void zero_grad() const { impl()->grad.reset(); }

@@ -1,5 +1,6 @@
 // Anomaly mode: the first op on a tape whose output holds NaN/Inf, and the first gradient
-// with NaN/Inf in backward, raise tg::Error naming the op; off, nothing is checked.
+// with NaN/Inf in backward, raise tg::Error naming the op; a NaN/Inf already in an input
+// from outside the tape is reported as that input's; off, nothing is checked.
 #include <limits>
 
 #include "autograd/anomaly.h"
@@ -57,6 +58,50 @@ TEST(Anomaly, ForwardNaNIsReportedAsNaN) {
   Tensor a = from_vector(std::vector<double>{0, 1}, {2}).requires_grad_();
   Tape tape;
   TG_EXPECT_ERROR(div(a, a), "forward of 'div'", "output 0 f64[2] on cpu", "element 0 is nan");
+}
+
+// A NaN already in a leaf is the leaf's, not the first op's that passed it on.
+TEST(Anomaly, NonFiniteLeafIsReportedAsAnInput) {
+  DetectAnomalyGuard on;
+  Tensor a = from_vector(std::vector<float>{1, float(kNaN), 3}, {3}).requires_grad_();
+  Tensor b = from_vector(std::vector<float>{1, 2, 3}, {3}).requires_grad_();
+  Tape tape;
+  TG_EXPECT_ERROR(mul(b, a), "anomaly: leaf input 1 of 'mul' f32[3] on cpu already held NaN/Inf",
+                  "element 1 is nan", "not the output of an op");
+  EXPECT_TRUE(tape.entries().empty());
+}
+
+// Data that needs no gradient is an input too.
+TEST(Anomaly, NonFiniteDataIsReportedAsAnInput) {
+  DetectAnomalyGuard on;
+  Tensor x = from_vector(std::vector<double>{kInf, 1}, {1, 2});
+  Tensor w = from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}).requires_grad_();
+  Tape tape;
+  TG_EXPECT_ERROR(matmul(x, w), "leaf input 0 of 'matmul' f64[1, 2] on cpu", "element 0 is inf",
+                  "not the output of an op");
+}
+
+// A tensor of an ended tape (recorded while anomaly mode was off) is an input here.
+TEST(Anomaly, NonFiniteTensorOfAnotherTapeIsReportedAsAnInput) {
+  Tensor a = from_vector(std::vector<double>{-1, 4}, {2}).requires_grad_();
+  Tensor h;
+  {
+    Tape first;
+    h = div(a, zeros({2}, {.dtype = f64}));
+  }
+  DetectAnomalyGuard on;
+  Tape second;
+  TG_EXPECT_ERROR(mul(h, 2.0), "anomaly: input 0 of 'affine' f64[2] on cpu already held NaN/Inf",
+                  "element 0 is -inf", "recorded on another tape");
+}
+
+// Inputs recorded on this tape were scanned as outputs: the op that made the NaN is blamed.
+TEST(Anomaly, NaNMadeOnTheTapeBlamesItsOp) {
+  Tensor a = from_vector(std::vector<double>{0, 1}, {2}).requires_grad_();
+  Tape tape;
+  Tensor h = div(a, a);  // 0/0, recorded with anomaly mode off
+  DetectAnomalyGuard on;
+  TG_EXPECT_ERROR(mul(h, 2.0), "forward of 'affine' produced NaN/Inf in output 0");
 }
 
 TEST(Anomaly, OnlyOpsOnATapeAreScanned) {
