@@ -43,7 +43,8 @@ engine::TileShape big_or_small(int64_t M, int64_t N, int sms) {
 }
 
 // narrow_ok: B's k is contiguous (the narrow tile's loader needs it).
-Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok) {
+Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
+               Precision precision) {
   using engine::TileShape;
   const int sms = sm_count(dev);
   Plan plan;
@@ -54,6 +55,8 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   else plan.shape = big_or_small(M, N, sms);
   const int tile_m = plan.shape == TileShape::Small ? 64 : 128;
   const int tile_n = plan.shape == TileShape::Big ? 128 : plan.shape == TileShape::Small ? 64 : 16;
+  plan.sm90 = plan.shape == TileShape::Big && precision == Precision::TF32 && policy.arch != 80 &&
+              device_runs_wgmma(dev);
   plan.tiles_m = ceil_div32(M, tile_m);
   plan.tiles_n = ceil_div32(N, tile_n);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
@@ -266,7 +269,7 @@ void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
     args.out.mode = OutputMap::kChannelsFirst;
     args.out.div = FastDivmod(uint32_t(s.out_volume()));
   }
-  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/true);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/true, precision);
   run(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_fprop(g, s.channels_last(), x.data<float>(), packed.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -326,7 +329,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
           args.out.mode = OutputMap::kChannelsFirst;
           args.out.div = FastDivmod(uint32_t(s.in_volume()));
         }
-        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true);
+        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true, precision);
         run(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
           engine::launch_conv_dgrad(g, ph, s.channels_last(), dy.data<float>(), phase_w, plan, a,
                                     precision == Precision::FP32, stm);
@@ -352,7 +355,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
     args.out.div = FastDivmod(uint32_t(s.C));
     args.out.kvol = int32_t(s.kernel_volume());
   }
-  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/false);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/false, precision);
   run(plan, args, dw.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_wgrad(g, s.channels_last(), dy.data<float>(), x.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -373,7 +376,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
   const bool a_k = !p.transA, b_k = p.transB;
   const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
-  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k);
+  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision);
   run(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
     engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
                           precision == Precision::FP32, st);

@@ -1,4 +1,5 @@
-// The implicit-GEMM engine: one tensor-core kernel family (mma.sync TF32, sm_80 and later)
+// The implicit-GEMM engine: one tensor-core kernel family (mma.sync TF32 on sm_80 and later,
+// wgmma for TF32 128x128 tiles on Hopper)
 // for every f32 convolution pass (2-D and 3-D, any kernel, stride, padding, dilation, NCHW
 // and NHWC; forward, input gradient, weight gradient) and every matrix product. The conv
 // and linear dispatchers call it for what no specialised kernel claims.
@@ -17,6 +18,7 @@ namespace tg::cuda {
 struct EnginePolicy {
   int tile = 0;    // 0: by problem size; 128: 128x128; 64: 64x64; 16: 128x16 where B's k is contiguous
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
+  int arch = 0;    // 0: the best kernels for the GPU; 80: the mma.sync (sm_80) kernels only
 };
 
 // Whether the engine serves this problem: f32 data and every row, column and reduction

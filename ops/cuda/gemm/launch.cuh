@@ -1,11 +1,12 @@
-// Host side of one engine launch: picks the tile configuration and precision instantiation of
-// igemm_sm80_kernel for a plan made by engine.cu. Included by the per-role .cu files only.
+// Host side of one engine launch: picks the kernel (sm90 wgmma, or the sm80 tile
+// configuration and precision instantiation) for a plan made by engine.cu. Included by the per-role .cu files only.
 #pragma once
 #include <type_traits>
 
 #include "core/cuda_context.h"
 #include "ops/cuda/gemm/kernels.h"
 #include "ops/cuda/gemm/mainloop_sm80.cuh"
+#include "ops/cuda/gemm/mainloop_sm90.cuh"
 
 namespace tg::cuda::engine {
 
@@ -19,6 +20,16 @@ void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopA
   TG_LAUNCH_CHECK();
 }
 
+template <class OpA, class OpB>
+void launch_sm90(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  const auto kernel = igemm_sm90_kernel<OpA, OpB>;
+  constexpr int kBytes = sm90_smem_bytes<OpA, OpB>();
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, Sm90Tile::kThreads, kBytes, stream>>>(a, b, args);
+  TG_LAUNCH_CHECK();
+}
+
 template <class Op>
 struct is_matrix : std::false_type {};
 template <bool kK>
@@ -27,6 +38,10 @@ struct is_matrix<MatrixOperand<kK>> : std::true_type {};
 template <class OpA, class OpB>
 void launch(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, bool split_tf32,
             cudaStream_t stream) {
+  if (plan.sm90) {
+    launch_sm90(a, b, plan, args, stream);
+    return;
+  }
   if (plan.shape == TileShape::Big) {
     using Big = std::conditional_t<is_matrix<OpA>::value && is_matrix<OpB>::value, BigTile, BigTileDeep>;
     if (split_tf32) launch_config<Big, OpA, OpB, true>(a, b, plan, args, stream);

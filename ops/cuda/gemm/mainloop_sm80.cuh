@@ -170,7 +170,7 @@ template <class Cfg, class OpA, class OpB, bool kSplitTf32>
 __global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, const OpB b, const MainloopArgs args) {
   constexpr bool kAK = OpA::kContiguousK, kBKc = OpB::kContiguousK;
   constexpr int kTileA = tile_floats<Cfg::kBM, kAK>(), kTileB = tile_floats<Cfg::kBN, kBKc>();
-  extern __shared__ __align__(16) float smem[];  // kStages x (A tile, B tile)
+  extern __shared__ __align__(128) float smem[];  // kStages x (A tile, B tile)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
