@@ -1,8 +1,8 @@
 // The implicit-GEMM engine (ops/cuda/gemm/) against the f64 CPU reference: every convolution
 // pass and every matrix-product transpose, at shapes that break its tiles (odd sizes, 1 and 3
 // channels, kernels larger than the input, stride > kernel, dilation with padding, N = 1),
-// every tile configuration (on Hopper TF32 128x128 tiles run the wgmma kernel; arch 80 forces
-// the mma.sync one), split and unsplit reductions, strided grad-input by phases, FP32 (three TF32 products) and TF32.
+// every tile configuration (on Hopper, arch 90 runs TF32 128x128 tiles on the wgmma kernel,
+// arch 80 on mma.sync), split and unsplit reductions, strided grad-input by phases, FP32 (three TF32 products) and TF32.
 // Outputs are NaN-poisoned before each launch; split reductions must be bit-reproducible.
 #include <string>
 #include <vector>
@@ -72,6 +72,8 @@ const Variant kVariants[] = {
     {"128x128 split 2", {.tile = 128, .splits = 2}},
     {"128x16 where it applies", {.tile = 16, .splits = 1}},
     {"128x128 mma.sync only", {.tile = 128, .splits = 1, .arch = 80}},
+    {"128x128 wgmma where it applies", {.tile = 128, .splits = 1, .arch = 90}},
+    {"128x128 wgmma split 3", {.tile = 128, .splits = 3, .arch = 90}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }

@@ -43,8 +43,9 @@ engine::TileShape big_or_small(int64_t M, int64_t N, int sms) {
 }
 
 // narrow_ok: B's k is contiguous (the narrow tile's loader needs it).
+// gather: a convolution (an operand is gathered), not a plain matrix product.
 Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
-               Precision precision) {
+               Precision precision, bool gather) {
   using engine::TileShape;
   const int sms = sm_count(dev);
   Plan plan;
@@ -55,8 +56,11 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   else plan.shape = big_or_small(M, N, sms);
   const int tile_m = plan.shape == TileShape::Small ? 64 : 128;
   const int tile_n = plan.shape == TileShape::Big ? 128 : plan.shape == TileShape::Small ? 64 : 16;
-  plan.sm90 = plan.shape == TileShape::Big && precision == Precision::TF32 && policy.arch != 80 &&
-              device_runs_wgmma(dev);
+  // The wgmma kernel measured level with or slightly ahead of mma.sync on the convolution
+  // gathers and behind it on plain matrices (where mma.sync fits two blocks per SM): it serves
+  // the former unless forced (policy.arch = 90).
+  plan.sm90 = plan.shape == TileShape::Big && precision == Precision::TF32 && device_runs_wgmma(dev) &&
+              (policy.arch == 90 || (policy.arch == 0 && gather));
   plan.tiles_m = ceil_div32(M, tile_m);
   plan.tiles_n = ceil_div32(N, tile_n);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
@@ -269,7 +273,7 @@ void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
     args.out.mode = OutputMap::kChannelsFirst;
     args.out.div = FastDivmod(uint32_t(s.out_volume()));
   }
-  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/true, precision);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/true, precision, /*gather=*/true);
   run(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_fprop(g, s.channels_last(), x.data<float>(), packed.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -329,7 +333,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
           args.out.mode = OutputMap::kChannelsFirst;
           args.out.div = FastDivmod(uint32_t(s.in_volume()));
         }
-        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true, precision);
+        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true, precision, /*gather=*/true);
         run(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
           engine::launch_conv_dgrad(g, ph, s.channels_last(), dy.data<float>(), phase_w, plan, a,
                                     precision == Precision::FP32, stm);
@@ -355,7 +359,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
     args.out.div = FastDivmod(uint32_t(s.C));
     args.out.kvol = int32_t(s.kernel_volume());
   }
-  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/false, precision);
+  const Plan plan = make_plan(M, N, red, dev, policy, /*narrow_ok=*/false, precision, /*gather=*/true);
   run(plan, args, dw.device(), [&](const MainloopArgs& a, cudaStream_t st) {
     engine::launch_conv_wgrad(g, s.channels_last(), dy.data<float>(), x.data<float>(), plan, a,
                               precision == Precision::FP32, st);
@@ -376,7 +380,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
   const bool a_k = !p.transA, b_k = p.transB;
   const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
-  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision);
+  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision, /*gather=*/false);
   run(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
     engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
                           precision == Precision::FP32, st);

@@ -18,7 +18,7 @@ namespace tg::cuda {
 struct EnginePolicy {
   int tile = 0;    // 0: by problem size; 128: 128x128; 64: 64x64; 16: 128x16 where B's k is contiguous
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
-  int arch = 0;    // 0: the best kernels for the GPU; 80: the mma.sync (sm_80) kernels only
+  int arch = 0;    // 0: the engine's choice; 80: mma.sync kernels only; 90: wgmma wherever it applies
 };
 
 // Whether the engine serves this problem: f32 data and every row, column and reduction
