@@ -1,6 +1,7 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <unordered_set>
 
 #include "core/json.h"
 
@@ -22,8 +24,12 @@ namespace {
 
 // The reference implementation refuses headers above 100 MB; so do we, before allocating.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Dims of one header entry: far more than any tensor has (tapegrad holds kMaxDims), few
+// enough that a hostile "shape": [0, 0, 0, ...] cannot make the parser allocate gigabytes.
+constexpr size_t kMaxHeaderDims = 64;
 
 std::atomic<int64_t> g_fail_after{-1};
+std::atomic<bool> g_use_tmpfile{true};
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -32,6 +38,15 @@ class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
   ~Fd() { close(); }
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      close();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
@@ -47,10 +62,30 @@ class Fd {
   int fd_;
 };
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Only regular files: opening a FIFO for reading blocks until a writer comes (forever), a
+// device may have side effects. stat() refuses them without opening; the open itself is
+// non-blocking and fstat() checks the file actually opened, in case the path was replaced
+// in between.
 Fd open_for_reading(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TG_CHECK(fd >= 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
-  return Fd(fd);
+  struct stat st {};
+  TG_CHECK(::stat(path.c_str(), &st) == 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
+  TG_CHECK(S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
+           ", not a regular file");
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  TG_CHECK(fd.get() >= 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
+  TG_CHECK(::fstat(fd.get(), &st) == 0, "safetensors: cannot stat '", path, "': ", errno_text());
+  TG_CHECK(S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
+           ", not a regular file");
+  return fd;
 }
 
 // Reads exactly `n` bytes at `offset`; a short read means the file changed or is truncated.
@@ -79,36 +114,11 @@ uint64_t element_size(const std::string& code) {
   return 0;
 }
 
-// One header entry: {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}, nothing else.
-TensorInfo parse_entry(const std::string& name, const json::Value& v, uint64_t base) {
-  TensorInfo info;
-  info.name = name;
-  info.header_offset = base + v.offset;
-  auto where = [&](const json::Value& at) { return base + at.offset; };
-  TG_CHECK(v.is_object(), "safetensors: the entry of tensor '", name, "' at byte ", where(v),
-           " must be an object, found ", json::kind_name(v.kind));
-  const json::Value *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
-  for (const auto& [key, member] : v.members) {
-    if (key == "dtype") dtype = &member;
-    else if (key == "shape") shape = &member;
-    else if (key == "data_offsets") offsets = &member;
-    else TG_FAIL("safetensors: tensor '", name, "' has an unknown field \"", key, "\" at byte ", where(member));
-  }
-  TG_CHECK(dtype && shape && offsets, "safetensors: tensor '", name, "' at byte ", where(v), " lacks ",
-           !dtype ? "\"dtype\"" : !shape ? "\"shape\"" : "\"data_offsets\"");
-  TG_CHECK(dtype->is_string(), "safetensors: tensor '", name, "': dtype at byte ", where(*dtype),
-           " must be a string");
-  info.dtype = dtype->text;
-  const uint64_t esize = element_size(info.dtype);
-  TG_CHECK(esize > 0, "safetensors: tensor '", name, "' has unknown dtype \"", info.dtype, "\" at byte ",
-           where(*dtype));
-  TG_CHECK(shape->is_array(), "safetensors: tensor '", name, "': shape at byte ", where(*shape),
-           " must be an array");
-  const std::string shape_what = "shape of tensor '" + name + "'";
-  for (const json::Value& d : shape->items) info.shape.push_back(d.as_size(shape_what.c_str(), base));
-  // The bounds of a tensor of this shape (core/checked.h): the non-zero dims, times the
-  // element size, must fit in int64 whatever their order, so that [0, 2^62, 2^62] fails as
-  // [2^62, 2^62, 0] does rather than passing as an empty tensor with overflowing strides.
+// The byte count of an entry's tensor, checked: the non-zero dims, times the element size,
+// must fit in int64 whatever their order, so that [0, 2^62, 2^62] fails as [2^62, 2^62, 0]
+// does rather than passing as an empty tensor with overflowing strides (core/checked.h).
+void check_entry(const TensorInfo& info, uint64_t esize, uint64_t shape_at, uint64_t offsets_at) {
+  const std::string& name = info.name;
   uint64_t extent_bytes = esize;
   bool zero = false, overflow = false;
   for (int64_t n : info.shape) {
@@ -116,29 +126,167 @@ TensorInfo parse_entry(const std::string& name, const json::Value& v, uint64_t b
     else overflow = overflow || __builtin_mul_overflow(extent_bytes, static_cast<uint64_t>(n), &extent_bytes);
   }
   const uint64_t kMaxBytes = static_cast<uint64_t>(INT64_MAX);
-  TG_CHECK(!overflow && extent_bytes <= kMaxBytes, "safetensors: tensor '", name, "' ", info.dtype,
-           Shape(info.shape), " at byte ", where(*shape), " is too large: its non-zero dims need ",
+  TG_CHECK(!overflow && extent_bytes <= kMaxBytes, "tensor '", name, "' ", info.dtype, Shape(info.shape),
+           " at byte ", shape_at, " is too large: its non-zero dims need ",
            overflow ? std::string("more than 2^64") : std::to_string(extent_bytes), " bytes, over INT64_MAX");
-  TG_CHECK(offsets->is_array() && offsets->items.size() == 2, "safetensors: tensor '", name,
-           "': data_offsets at byte ", where(*offsets), " must be an array [begin, end]");
-  std::string what = "data_offsets of tensor '" + name + "'";
-  info.begin = static_cast<uint64_t>(offsets->items[0].as_size(what.c_str(), base));
-  info.end = static_cast<uint64_t>(offsets->items[1].as_size(what.c_str(), base));
-  TG_CHECK(info.begin <= info.end, "safetensors: tensor '", name, "' has data_offsets [", info.begin, ", ",
-           info.end, "] with begin > end at byte ", where(*offsets));
+  TG_CHECK(info.begin <= info.end, "tensor '", name, "' has data_offsets [", info.begin, ", ", info.end,
+           "] with begin > end at byte ", offsets_at);
   const uint64_t bytes = zero ? 0 : extent_bytes;
-  TG_CHECK(bytes == info.end - info.begin, "safetensors: tensor '", name, "' ", info.dtype, Shape(info.shape),
-           " needs ", bytes, " bytes but its data_offsets [", info.begin, ", ", info.end, "] at byte ",
-           where(*offsets), " hold ", info.end - info.begin);
-  return info;
+  TG_CHECK(bytes == info.end - info.begin, "tensor '", name, "' ", info.dtype, Shape(info.shape), " needs ", bytes,
+           " bytes but its data_offsets [", info.begin, ", ", info.end, "] at byte ", offsets_at, " hold ",
+           info.end - info.begin);
 }
+
+// Builds a Header from the parse's events, checking the format's schema as they come:
+// {"__metadata__": {"key": "value", ...}, "name": {"dtype": ..., "shape": [...],
+// "data_offsets": [begin, end]}, ...}, nothing else. Nothing but the entries is kept, so
+// memory is proportional to what the header describes, not to a document tree. Errors
+// are tg::Error "tensor 'x' ... at byte N" (N a file offset).
+class HeaderBuilder : public json::Handler {
+ public:
+  explicit HeaderBuilder(Header& h) : h_(h) {}
+
+  void begin_object(std::size_t at) override {
+    switch (state_) {
+      case State::start: state_ = State::root; return;
+      case State::root:
+        if (key_ == "__metadata__") {
+          state_ = State::metadata;
+          return;
+        }
+        entry_ = TensorInfo{};
+        entry_.name = key_;
+        entry_.header_offset = at;
+        seen_dtype_ = seen_shape_ = seen_offsets_ = false;
+        state_ = State::entry;
+        return;
+      default: wrong(json::Value::Kind::object, at);
+    }
+  }
+  void begin_array(std::size_t at) override {
+    if (state_ == State::entry && field_ == Field::shape) {
+      state_ = State::shape;
+      shape_at_ = at;
+    } else if (state_ == State::entry && field_ == Field::offsets) {
+      state_ = State::offsets;
+      offsets_at_ = at;
+      n_offsets_ = 0;
+    } else {
+      wrong(json::Value::Kind::array, at);
+    }
+  }
+  void key(std::string&& name, std::size_t at) override {
+    if (state_ == State::root || state_ == State::metadata) {
+      key_ = std::move(name);
+      return;
+    }
+    // state_ == entry: the only other place keys occur (deeper objects are refused).
+    if (name == "dtype") field_ = Field::dtype, seen_dtype_ = true;
+    else if (name == "shape") field_ = Field::shape, seen_shape_ = true;
+    else if (name == "data_offsets") field_ = Field::offsets, seen_offsets_ = true;
+    else TG_FAIL("tensor '", entry_.name, "' has an unknown field \"", json::printable(name), "\" at byte ", at);
+  }
+  void scalar(json::Value&& v) override {
+    if (state_ == State::metadata && v.is_string()) {
+      h_.metadata.emplace_back(std::move(key_), std::move(v.text));
+    } else if (state_ == State::entry && field_ == Field::dtype && v.is_string()) {
+      entry_.dtype = std::move(v.text);
+      esize_ = element_size(entry_.dtype);
+      TG_CHECK(esize_ > 0, "tensor '", entry_.name, "' has unknown dtype \"", json::printable(entry_.dtype),
+               "\" at byte ", v.offset);
+    } else if (state_ == State::shape) {
+      TG_CHECK(entry_.shape.size() < kMaxHeaderDims, "tensor '", entry_.name, "' has more than ", kMaxHeaderDims,
+               " dims at byte ", shape_at_);
+      entry_.shape.push_back(size_of(v, "shape"));
+    } else if (state_ == State::offsets) {
+      TG_CHECK(n_offsets_ < 2, "tensor '", entry_.name, "': data_offsets at byte ", offsets_at_,
+               " must be an array [begin, end]");
+      const auto o = static_cast<uint64_t>(size_of(v, "data_offsets"));
+      (n_offsets_++ == 0 ? entry_.begin : entry_.end) = o;
+    } else {
+      wrong(v.kind, v.offset);
+    }
+  }
+  void end_array() override {
+    if (state_ == State::offsets)
+      TG_CHECK(n_offsets_ == 2, "tensor '", entry_.name, "': data_offsets at byte ", offsets_at_,
+               " must be an array [begin, end]");
+    state_ = State::entry;  // arrays are only accepted inside entries
+  }
+  void end_object() override {
+    if (state_ == State::entry) {
+      TG_CHECK(seen_dtype_ && seen_shape_ && seen_offsets_, "tensor '", entry_.name, "' at byte ",
+               entry_.header_offset, " lacks ",
+               !seen_dtype_ ? "\"dtype\"" : !seen_shape_ ? "\"shape\"" : "\"data_offsets\"");
+      check_entry(entry_, esize_, shape_at_, offsets_at_);
+      h_.tensors.push_back(std::move(entry_));
+    }
+    state_ = state_ == State::root ? State::done : State::root;
+  }
+
+ private:
+  enum class State { start, root, metadata, entry, shape, offsets, done };
+  enum class Field { dtype, shape, offsets };
+
+  // A value of the wrong kind where it stands; says what was expected there.
+  [[noreturn]] void wrong(json::Value::Kind kind, std::size_t at) const {
+    const char* found = json::kind_name(kind);
+    switch (state_) {
+      case State::start: TG_FAIL("the header at byte ", at, " must be an object, found ", found);
+      case State::root:
+        if (key_ == "__metadata__")
+          TG_FAIL("__metadata__ at byte ", at, " must be an object of strings, found ", found);
+        TG_FAIL("the entry of tensor '", json::printable(key_), "' at byte ", at, " must be an object, found ", found);
+      case State::metadata:
+        TG_FAIL("metadata \"", json::printable(key_), "\" at byte ", at, " must be a string, found ", found);
+      case State::entry:
+        if (field_ == Field::dtype)
+          TG_FAIL("tensor '", entry_.name, "': dtype at byte ", at, " must be a string, found ", found);
+        if (field_ == Field::shape)
+          TG_FAIL("tensor '", entry_.name, "': shape at byte ", at, " must be an array, found ", found);
+        TG_FAIL("tensor '", entry_.name, "': data_offsets at byte ", at, " must be an array [begin, end], found ",
+                found);
+      default:
+        TG_FAIL("tensor '", entry_.name, "': ", state_ == State::shape ? "shape" : "data_offsets", " at byte ", at,
+                " must hold numbers, found ", found);
+    }
+  }
+
+  // json::Value::as_size, without building its message for the common valid case.
+  int64_t size_of(const json::Value& v, const char* field) const {
+    if (v.is_number() && !v.text.empty() && v.text.size() <= 18 &&
+        v.text.find_first_not_of("0123456789") == std::string::npos)
+      return std::stoll(v.text);  // at most 18 digits: fits
+    return v.as_size((std::string(field) + " of tensor '" + entry_.name + "'").c_str());
+  }
+
+  Header& h_;
+  State state_ = State::start;
+  Field field_ = Field::dtype;
+  std::string key_;  // the last key of the root or of __metadata__
+  TensorInfo entry_;
+  bool seen_dtype_ = false, seen_shape_ = false, seen_offsets_ = false;
+  uint64_t esize_ = 0, shape_at_ = 0, offsets_at_ = 0;
+  int n_offsets_ = 0;
+};
 
 }  // namespace
 
 const TensorInfo* Header::find(const std::string& name) const {
-  for (const TensorInfo& t : tensors)
-    if (t.name == name) return &t;
-  return nullptr;
+  if (by_name_.empty()) {
+    for (const TensorInfo& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  auto it = by_name_.find(name);
+  if (it == by_name_.end() || it->second >= tensors.size()) return nullptr;
+  return &tensors[it->second];
+}
+
+void Header::reindex() {
+  by_name_.clear();
+  by_name_.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) by_name_.emplace(tensors[i].name, i);
 }
 
 const std::string* Header::find_metadata(const std::string& key) const {
@@ -184,28 +332,13 @@ Header read_header(const std::string& path) {
   h.data_start = 8 + n;
   TG_CHECK(n > 0 && text[0] == '{', "safetensors: '", path, "': the header at byte 8 must start with '{'");
 
-  json::Value root;
+  // Errors of the JSON itself are "corrupt header"; those of the schema name the tensor.
+  HeaderBuilder builder(h);
   try {
-    root = json::parse(text, 8);
+    json::parse(text, builder, 8);
   } catch (const Error& e) {
-    TG_FAIL("safetensors: '", path, "': corrupt header: ", e.what());
-  }
-  for (const auto& [key, v] : root.members) {
-    if (key == "__metadata__") {
-      TG_CHECK(v.is_object(), "safetensors: '", path, "': __metadata__ at byte ", 8 + v.offset,
-               " must be an object of strings");
-      for (const auto& [mk, mv] : v.members) {
-        TG_CHECK(mv.is_string(), "safetensors: '", path, "': metadata \"", mk, "\" at byte ", 8 + mv.offset,
-                 " must be a string, found ", json::kind_name(mv.kind));
-        h.metadata.emplace_back(mk, mv.text);
-      }
-      continue;
-    }
-    try {
-      h.tensors.push_back(parse_entry(key, v, 8));
-    } catch (const Error& e) {
-      TG_FAIL("'", path, "': ", e.what());
-    }
+    const bool json_error = std::string_view(e.what()).starts_with("json:");
+    TG_FAIL("safetensors: '", path, "': ", json_error ? "corrupt header: " : "", e.what());
   }
 
   // The byte ranges must tile the data section: sorted by begin, each starts where the
@@ -231,6 +364,7 @@ Header read_header(const std::string& path) {
   }
   TG_CHECK(expected == data_size, "safetensors: '", path, "': the tensors end at data byte ", expected, " but the file holds ",
            data_size - expected, " more bytes after it (file byte ", h.data_start + expected, ")");
+  h.reindex();
   return h;
 }
 
@@ -302,19 +436,94 @@ class TempWriter {
   uint64_t written_ = 0;
 };
 
+// "<path>.tmp.<pid>.<n>": unique among this process's saves, and says whose it is.
 std::string temp_path_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
+std::filesystem::path directory_of(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  return dir.empty() ? std::filesystem::path(".") : dir;
+}
+
+// The pid of a "<target>.tmp.<pid>.<n>" name, or 0 if `name` is not one.
+pid_t temp_owner(const std::string& name, const std::string& prefix) {
+  if (!name.starts_with(prefix)) return 0;
+  const std::string rest = name.substr(prefix.size());
+  const size_t dot = rest.find('.');
+  auto digits = [](std::string_view v) {
+    return !v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == v.npos;
+  };
+  if (dot == std::string::npos || !digits(std::string_view(rest).substr(0, dot)) ||
+      !digits(std::string_view(rest).substr(dot + 1)))
+    return 0;
+  const long long pid = std::stoll(rest.substr(0, dot));
+  return pid > 0 && pid <= INT32_MAX ? static_cast<pid_t>(pid) : 0;
+}
+
+// Removes the temporaries of saves of `path` by processes that no longer exist (killed
+// mid-save). Best effort and silent: a file that cannot be removed stays.
+void remove_stale_temps(const std::string& path) {
+  const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(directory_of(path), ec), end; !ec && it != end; it.increment(ec)) {
+    const pid_t pid = temp_owner(it->path().filename().string(), prefix);
+    // Our own are other threads' saves in progress; EPERM means alive (another user's).
+    if (pid == 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    ::unlink(it->path().c_str());
+  }
+}
+
+// The temporary a save writes: unnamed (O_TMPFILE) where the file system allows, so that
+// it dies with the process, else created under its name.
+struct TempFile {
+  Fd fd{-1};
+  std::string name;  // named once complete (or from the start without O_TMPFILE)
+  bool unnamed = false;
+};
+
+TempFile create_temp(const std::string& path) {
+  TempFile t;
+  t.name = temp_path_for(path);
+  // Naming an O_TMPFILE file goes through /proc/self/fd: without it, do not start one.
+  if (g_use_tmpfile.load() && ::access("/proc/self/fd", X_OK) == 0) {
+    t.fd = Fd(::open(directory_of(path).c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666));
+    t.unnamed = t.fd.get() >= 0;
+  }
+  if (!t.unnamed) {
+    // Unsupported (EOPNOTSUPP, EISDIR...) or refused: the named file gives the error, if any.
+    t.fd = Fd(::open(t.name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+    TG_CHECK(t.fd.get() >= 0, "safetensors: cannot create '", t.name, "' to save '", path, "': ", errno_text(),
+             " (is the directory writable?)");
+  }
+  return t;
+}
+
+// Gives a complete unnamed temporary its name, ready for the rename.
+void name_temp(TempFile& t, const std::string& path) {
+  if (!t.unnamed) return;
+  const std::string proc = "/proc/self/fd/" + std::to_string(t.fd.get());
+  TG_CHECK(::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, t.name.c_str(), AT_SYMLINK_FOLLOW) == 0,
+           "safetensors: cannot name the temporary file of '", path, "' as '", t.name, "': ", errno_text());
+  t.unnamed = false;
+}
+
 // Makes the rename itself durable; best effort (some filesystems refuse to fsync a directory).
 void sync_directory_of(const std::string& path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
+}
+
+// Names and metadata must be UTF-8: the format says so, and our reader (as Python's)
+// refuses a file that breaks it.
+void check_utf8(const std::string& s, const char* what) {
+  size_t bad = 0;
+  TG_CHECK(json::valid_utf8(s, &bad), "safetensors::save_file: ", what, " '", json::printable(s),
+           "' is not valid UTF-8 (ill-formed sequence at byte ", bad,
+           "); safetensors names and metadata must be UTF-8");
 }
 
 }  // namespace
@@ -322,21 +531,25 @@ void sync_directory_of(const std::string& path) {
 void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata) {
   const int64_t fail_after = g_fail_after.exchange(-1);
   // Everything is checked and the header built before the file system is touched.
+  std::unordered_set<std::string_view> names;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
     TG_CHECK(!name.empty(), "safetensors::save_file: tensor ", i, " has an empty name");
     TG_CHECK(name != "__metadata__", "safetensors::save_file: '__metadata__' is reserved and cannot name a tensor");
+    check_utf8(name, "tensor name");
     TG_CHECK(t.defined(), "safetensors::save_file: tensor '", name, "' is undefined");
-    for (size_t j = 0; j < i; ++j)
-      TG_CHECK(tensors[j].first != name, "safetensors::save_file: two tensors are named '", name, "'");
+    TG_CHECK(names.insert(name).second, "safetensors::save_file: two tensors are named '", name, "'");
+  }
+  std::unordered_set<std::string_view> keys;
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, "metadata key");
+    check_utf8(value, "metadata value");
+    TG_CHECK(keys.insert(key).second, "safetensors::save_file: metadata key '", key, "' given twice");
   }
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
     for (size_t i = 0; i < metadata.size(); ++i) {
-      for (size_t j = 0; j < i; ++j)
-        TG_CHECK(metadata[j].first != metadata[i].first, "safetensors::save_file: metadata key '",
-                 metadata[i].first, "' given twice");
       if (i) header += ',';
       header += json::quote(metadata[i].first);
       header += ':';
@@ -362,13 +575,10 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
 
-  const std::string tmp = temp_path_for(path);
-  int raw_fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  TG_CHECK(raw_fd >= 0, "safetensors: cannot create '", tmp, "' to save '", path, "': ", errno_text(),
-           " (is the directory writable?)");
-  Fd fd(raw_fd);
+  remove_stale_temps(path);
+  TempFile tmp = create_temp(path);
   try {
-    TempWriter out(fd.get(), tmp, fail_after);
+    TempWriter out(tmp.fd.get(), tmp.name, fail_after);
     out.write(len_bytes, 8);
     out.write(header.data(), header.size());
     for (const auto& [name, t] : tensors) {
@@ -376,13 +586,14 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
       Tensor host = t.device().is_cpu() ? t : t.detach().to(Device::cpu());
       out.write(host.raw_data(), host.nbytes());
     }
-    TG_CHECK(::fsync(fd.get()) == 0, "safetensors: fsync of '", tmp, "' failed: ", errno_text());
-    TG_CHECK(fd.close() == 0, "safetensors: closing '", tmp, "' failed: ", errno_text());
-    TG_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp, "' to '", path,
+    TG_CHECK(::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
+    name_temp(tmp, path);
+    TG_CHECK(tmp.fd.close() == 0, "safetensors: closing '", tmp.name, "' failed: ", errno_text());
+    TG_CHECK(::rename(tmp.name.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp.name, "' to '", path,
              "' failed: ", errno_text());
   } catch (...) {
-    fd.close();
-    ::unlink(tmp.c_str());
+    tmp.fd.close();
+    if (!tmp.unnamed) ::unlink(tmp.name.c_str());
     throw;
   }
   sync_directory_of(path);
@@ -390,6 +601,7 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
 
 namespace testing {
 void fail_next_write_after(int64_t bytes) { g_fail_after.store(bytes); }
+void set_use_tmpfile(bool on) { g_use_tmpfile.store(on); }
 }  // namespace testing
 
 }  // namespace tg::safetensors

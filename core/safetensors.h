@@ -1,5 +1,5 @@
 // The safetensors file format (https://github.com/huggingface/safetensors), read and
-// written without any library:
+// written here (the JSON header through core/json.h):
 //
 //   bytes [0, 8)        N, the header length, a little-endian uint64
 //   bytes [8, 8 + N)    a JSON object: {"__metadata__": {"key": "value", ...},
@@ -12,10 +12,17 @@
 // the header parses, every entry has a known dtype, a shape whose size matches its byte
 // range, and the byte ranges tile the data section exactly (no gap, no overlap, nothing
 // past the end of the file). Errors are tg::Error naming the tensor or the byte offset.
+// The header is parsed in one streaming pass, in time linear in its size and memory
+// proportional to its entries (an entry has at most 64 dims): duplicate keys are found by
+// hashing, Header::find is a hash lookup. Only
+// regular files are read: a FIFO, device or directory is refused before it is opened
+// for reading (a FIFO would block the open forever). Names and metadata must be UTF-8, on
+// both sides, as the format (and Python's safetensors) requires.
 // Writing is atomic: a temporary file in the same directory, fsync, rename.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,9 +47,16 @@ struct Header {
   uint64_t data_start = 0;  // file offset of the data section (8 + N)
   uint64_t file_size = 0;
 
+  // The entry named `name`, or nullptr: a hash lookup in the index read_header builds (a
+  // linear scan while there is none, e.g. in a Header built by hand). After renaming,
+  // adding or removing entries of a header read from a file, call reindex().
   const TensorInfo* find(const std::string& name) const;
+  void reindex();
   // The value of a metadata key, or nullptr.
   const std::string* find_metadata(const std::string& key) const;
+
+ private:
+  std::unordered_map<std::string, size_t> by_name_;  // name -> index in `tensors`
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
@@ -61,6 +75,18 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
 // Writes `tensors` (any devices; F32, F64 or I64) and `metadata` atomically: the data goes
 // to a temporary file next to `path`, is fsync'ed, then renamed over `path`, so a failure
 // at any point leaves a previous file at `path` as it was (and no temporary behind).
+// Names, metadata keys and values must be valid UTF-8.
+//
+// A process killed during a save cannot clean up. Where the file system supports it
+// (Linux O_TMPFILE: ext4, xfs, btrfs, tmpfs...) the data is written to an unnamed file,
+// which disappears with the process; it is named "<path>.tmp.<pid>.<n>" only once complete,
+// just before the rename. Elsewhere (NFS, ...) it has that name from the start. Either way
+// each save first removes the "<path>.tmp.<pid>.<n>" files of the same target whose process
+// no longer exists (kill(pid, 0) says ESRCH), so at most one killed save's temporary is
+// ever left, and only until the next save. Those of live processes, including other saves
+// of this one, are left alone. Pids are those of this machine's pid namespace: processes
+// in another container or on another host saving the same path of a shared directory must
+// not rely on this (their pids may look dead from here).
 void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata = {});
 
 // The file's dtype code of a tapegrad dtype ("F32", "F64", "I64"), and back (throws for
@@ -72,6 +98,9 @@ namespace testing {
 // Makes the next save_file fail (throw tg::Error) after writing `bytes` bytes of its
 // temporary file, as a full disk or a crash would; -1 (the default) disables. One-shot.
 void fail_next_write_after(int64_t bytes);
+// Whether saves may use O_TMPFILE (the default, true); false forces the named temporary, so
+// that tests can exercise the clean-up of leftovers on file systems that support O_TMPFILE.
+void set_use_tmpfile(bool on);
 }  // namespace testing
 
 }  // namespace tg::safetensors

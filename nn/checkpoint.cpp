@@ -2,11 +2,12 @@
 
 #include <charconv>
 #include <cmath>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "autograd/tape.h"
+#include "core/json.h"
 #include "core/safetensors.h"
-#include "nn/optim/adam.h"
-#include "nn/optim/sgd.h"
 
 namespace tg {
 namespace {
@@ -18,13 +19,7 @@ const std::string kKindKey = "tapegrad.optimizer";
 const std::string kStepCountKey = "tapegrad.optimizer.step_count";
 const std::string kLrKey = "tapegrad.optimizer.lr";
 
-std::string optimizer_kind(const nn::Optimizer& o) {
-  // AdamW derives from Adam: ask for the most derived first.
-  if (dynamic_cast<const nn::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<const nn::Adam*>(&o)) return "Adam";
-  if (dynamic_cast<const nn::SGD*>(&o)) return "SGD";
-  return "Optimizer";
-}
+std::string optimizer_kind(const nn::Optimizer& o) { return o.name(); }
 
 // The module's name of each optimizer parameter (found by tensor identity).
 std::vector<std::string> optimizer_param_names(const nn::Module& module, const nn::Optimizer& opt, const char* op) {
@@ -56,6 +51,9 @@ const std::string& required_metadata(const st::Header& h, const std::string& key
   return *v;
 }
 
+// Metadata text for an error message (it may be anything a file holds).
+std::string json_text(const std::string& s) { return json::printable(s, 80); }
+
 bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 // The module's slots, each checked against the file's entry: present, same dtype, same shape;
@@ -72,11 +70,12 @@ std::vector<std::pair<std::string, Tensor*>> check_module_entries(nn::Module& mo
     TG_CHECK(Shape(info->shape) == slot->shape(), "tg::load: tensor '", name, "' has shape ", Shape(info->shape),
              " in '", path, "' but the module's parameter is ", describe(*slot));
   }
+  std::unordered_set<std::string> known;
+  for (const auto& [name, slot] : slots) known.insert(name);
   for (const st::TensorInfo& info : h.tensors) {
     if (skip_optimizer && has_prefix(info.name, kOptimPrefix)) continue;
-    bool known = false;
-    for (const auto& [name, slot] : slots) known = known || name == info.name;
-    TG_CHECK(known, "tg::load: '", path, "' holds tensor '", info.name, "' ", info.dtype, Shape(info.shape),
+    TG_CHECK(known.count(info.name), "tg::load: '", path, "' holds tensor '", info.name, "' ", info.dtype,
+             Shape(info.shape),
              " (header byte ", info.header_offset, ") that the module has no parameter for");
   }
   return slots;
@@ -85,9 +84,11 @@ std::vector<std::pair<std::string, Tensor*>> check_module_entries(nn::Module& mo
 // Copies validated host tensors into the parameters, in place (optimizers hold the handles).
 void copy_into_slots(const std::vector<std::pair<std::string, Tensor*>>& slots, const st::NamedTensors& values) {
   NoGradGuard no_grad;
+  std::unordered_map<std::string, const Tensor*> by_name;
+  for (const auto& [vname, v] : values) by_name.emplace(vname, &v);
   for (const auto& [name, slot] : slots) {
-    for (const auto& [vname, v] : values)
-      if (vname == name) slot->copy_(v);
+    auto it = by_name.find(name);
+    if (it != by_name.end()) slot->copy_(*it->second);
   }
 }
 
@@ -139,7 +140,11 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   auto slots = check_module_entries(module, h, path, true);
   std::vector<std::string> names = optimizer_param_names(module, optimizer, "tg::load");
 
+  std::unordered_map<std::string, size_t> index_of;
+  for (size_t i = 0; i < names.size(); ++i) index_of.emplace(names[i], i);
+
   // Optimizer entries: "optim.<parameter name>.<buffer>"; names hold dots, buffers don't.
+  // Their kinds and shapes are checked here, their values by Optimizer::load_state.
   std::vector<std::string> file_names, state_keys;
   for (const st::TensorInfo& info : h.tensors) {
     if (!has_prefix(info.name, kOptimPrefix)) continue;
@@ -148,9 +153,8 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
     TG_CHECK(dot != std::string::npos && dot > 0, "tg::load: tensor '", info.name, "' in '", path,
              "' is not 'optim.<parameter>.<state>'");
     const std::string param = rest.substr(0, dot), field = rest.substr(dot + 1);
-    size_t index = names.size();
-    for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == param) index = i;
+    auto found = index_of.find(param);
+    const size_t index = found == index_of.end() ? names.size() : found->second;
     TG_CHECK(index < names.size(), "tg::load: tensor '", info.name, "' in '", path, "' is optimizer state for '",
              param, "', which is not a parameter of this optimizer");
     const Tensor& p = optimizer.params()[index];
@@ -166,35 +170,48 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
     file_names.push_back(info.name);
     state_keys.push_back(std::to_string(index) + "." + field);
   }
+  const std::unordered_set<std::string> in_file(state_keys.begin(), state_keys.end());
   for (const auto& [key, value] : optimizer.state()) {
-    bool present = false;
-    for (const std::string& k : state_keys) present = present || k == key;
     size_t index = std::stoul(key.substr(0, key.find('.')));
-    TG_CHECK(present, "tg::load: the optimizer already holds state '", key.substr(key.find('.') + 1), "' for '",
-             names[index], "' that '", path, "' lacks; load into a freshly built optimizer");
+    TG_CHECK(in_file.count(key), "tg::load: the optimizer already holds state '", key.substr(key.find('.') + 1),
+             "' for '", names[index], "' that '", path, "' lacks; load into a freshly built optimizer");
   }
+  // The optimizer's step count and lr, checked by the optimizer's own rules (those of its
+  // constructor, set_lr and set_step_count) before anything changes.
   const std::string& steps_text = required_metadata(h, kStepCountKey, path);
   int64_t steps = -1;
   auto [send, sec] = std::from_chars(steps_text.data(), steps_text.data() + steps_text.size(), steps);
-  TG_CHECK(sec == std::errc() && send == steps_text.data() + steps_text.size() && steps >= 0, "tg::load: '", path,
-           "': metadata ", kStepCountKey, " = \"", steps_text, "\" is not a step count");
+  TG_CHECK(sec == std::errc() && send == steps_text.data() + steps_text.size(), "tg::load: '", path, "': metadata ",
+           kStepCountKey, " = \"", json_text(steps_text), "\" is not an integer");
+  nn::Optimizer::check_step_count("tg::load: '" + path + "': metadata " + kStepCountKey, steps);
   const std::string& lr_text = required_metadata(h, kLrKey, path);
-  double lr = -1;
+  double lr = 0;
   auto [lend, lec] = std::from_chars(lr_text.data(), lr_text.data() + lr_text.size(), lr);
-  TG_CHECK(lec == std::errc() && lend == lr_text.data() + lr_text.size() && std::isfinite(lr) && lr >= 0,
-           "tg::load: '", path, "': metadata ", kLrKey, " = \"", lr_text, "\" is not a learning rate");
+  TG_CHECK(lec == std::errc() && lend == lr_text.data() + lr_text.size(), "tg::load: '", path, "': metadata ", kLrKey,
+           " = \"", json_text(lr_text), "\" is not a number");
+  try {
+    optimizer.validate_lr(lr);
+  } catch (const Error& e) {
+    TG_FAIL("tg::load: '", path, "': metadata ", kLrKey, " = \"", json_text(lr_text), "\": ", e.what());
+  }
 
-  // Everything checked: read, then hand the state to the optimizer (which validates it
-  // again and changes nothing if it objects), then commit the parameters.
+  // Everything checked: read, then hand the state to the optimizer, which checks its values
+  // and changes nothing if it objects; then the step count and lr (already checked: these
+  // cannot fail) and the parameters.
   st::NamedTensors values = st::read_tensors(path, h, names_of(slots));
   st::NamedTensors state_values = st::read_tensors(path, h, file_names);
   std::vector<std::pair<std::string, Tensor>> state;
-  for (size_t i = 0; i < state_values.size(); ++i) {
-    Tensor v = state_values[i].second;
-    if (state_keys[i].ends_with(".step") && v.dtype() != DType::f64) v = v.to(DType::f64);
-    state.emplace_back(state_keys[i], v);
+  for (size_t i = 0; i < state_values.size(); ++i) state.emplace_back(state_keys[i], state_values[i].second);
+  try {
+    optimizer.load_state(state);
+  } catch (const Error& e) {
+    // The optimizer names state by parameter index ('3.exp_avg'): add the file's name.
+    const std::string msg = e.what();
+    std::string in_file;
+    for (size_t i = 0; i < state_keys.size() && in_file.empty(); ++i)
+      if (msg.find("'" + state_keys[i] + "'") != std::string::npos) in_file = " (tensor '" + file_names[i] + "')";
+    TG_FAIL("tg::load: '", path, "': ", msg, in_file);
   }
-  optimizer.load_state(state);
   optimizer.set_step_count(steps);
   optimizer.set_lr(lr);
   copy_into_slots(slots, values);

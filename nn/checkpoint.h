@@ -16,10 +16,17 @@
 // "tapegrad.optimizer.lr".
 //
 // Saving is atomic (temporary file, fsync, rename): a failed save leaves the previous file
-// intact. Loading is strict and all-or-nothing: a missing, extra or mis-shaped tensor, a
-// wrong dtype, a truncated or corrupt file raises tg::Error naming the tensor or the byte
-// offset, and then nothing in the module (or optimizer) has changed. Values are copied into
-// the existing parameter tensors, on their devices, so optimizers holding them stay valid.
+// intact. A save killed outright (SIGKILL, power loss) cannot clean up after itself: where
+// the file system supports O_TMPFILE its temporary is unnamed and vanishes with the
+// process; elsewhere it stays as "<path>.tmp.<pid>.<n>" until the next save of the same
+// path, which removes those whose process is gone (core/safetensors.h has the details).
+// Names must be valid UTF-8 (the format requires it; files that break it are refused).
+//
+// Loading is strict and all-or-nothing: a missing, extra or mis-shaped tensor, a wrong
+// dtype, a truncated or corrupt file, or a path that is not a regular file (a FIFO, a
+// device: refused without blocking) raises tg::Error naming the tensor or the byte offset,
+// and then nothing in the module (or optimizer) has changed. Values are copied into the
+// existing parameter tensors, on their devices, so optimizers holding them stay valid.
 #pragma once
 #include <string>
 
@@ -38,7 +45,10 @@ void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::s
 // Restores the parameters, the optimizer's buffers and step counts, and its learning rate
 // (as PyTorch's load_state_dict restores param_groups). The optimizer must be of the saved
 // kind and should be fresh: state it already holds for a parameter the file has no state
-// for is an error rather than silently kept.
+// for is an error rather than silently kept. The file's values are checked as the
+// optimizer's own setters check them, before anything changes: the lr by the rule of its
+// constructor and set_lr (positive, finite), step counts integral in [0, 2^53], buffers
+// finite and Adam's exp_avg_sq >= 0 (nn::Optimizer::load_state).
 void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path);
 
 }  // namespace tg

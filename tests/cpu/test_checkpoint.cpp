@@ -1,13 +1,23 @@
 // Checkpoints: the safetensors reader and writer (layout, JSON header, every kind of corrupt
 // file), tg::save / tg::load of modules and optimizer state (PyTorch names, strict and
 // all-or-nothing loading, atomic saves), and bit-identical resumption of training.
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <thread>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
@@ -97,6 +107,73 @@ std::vector<double> train(nn::Module& model, nn::Optimizer& opt, const Batch& b,
   return losses;
 }
 
+// ---- child processes: kills, blocking opens, dropped privileges ---------------------------
+
+constexpr int kChildTimedOut = -1000;
+
+// Runs `body` in a forked child and returns its exit status (-signal if killed, or
+// kChildTimedOut when it ran past `timeout_s` and was killed). The child never returns into
+// the test framework; gtest assertions there would be lost, so bodies return codes.
+int run_in_child(const std::function<int()>& body, double timeout_s = 30) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 98;
+    try {
+      rc = body();
+    } catch (...) {
+      rc = 99;
+    }
+    ::_exit(rc);
+  }
+  if (pid < 0) return -2000;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return kChildTimedOut;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+// Whether `f` throws tg::Error with every fragment in its message (for child bodies).
+bool throws_error(const std::function<void()>& f, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const char* frag : fragments)
+      if (msg.find(frag) == std::string::npos) return false;
+    return true;
+  }
+  return false;
+}
+
+// Root ignores file permissions: tests of permission failures run their body as `nobody`
+// in a child (a no-op for other users), so that they test the failure rather than skip.
+struct Nobody {
+  uid_t uid = 65534;
+  gid_t gid = 65534;
+  Nobody() {  // looked up before any fork
+    if (const passwd* pw = ::getpwnam("nobody")) uid = pw->pw_uid, gid = pw->pw_gid;
+  }
+  bool become() const {
+    if (::geteuid() != 0) return true;
+    ::setgroups(0, nullptr);  // may be denied in a user namespace; the uid is what matters
+    return ::setgid(gid) == 0 && ::setuid(uid) == 0 && ::geteuid() == uid;
+  }
+};
+
+std::vector<std::string> temporaries(const TempDir& dir) {
+  std::vector<std::string> out;
+  for (const std::string& e : dir.entries())
+    if (e.find(".tmp.") != std::string::npos) out.push_back(e);
+  return out;
+}
+
 }  // namespace
 
 // ---- JSON -------------------------------------------------------------------------------
@@ -120,9 +197,9 @@ TEST(Json, ParsesValuesAndEscapes) {
 TEST(Json, ErrorsNameTheByteOffset) {
   TG_EXPECT_ERROR(json::parse("{\"a\": [1, 2}"), "json", "at byte 11");
   TG_EXPECT_ERROR(json::parse("{\"a\": 1, \"a\": 2}"), "duplicate key \"a\"", "at byte 9");
-  TG_EXPECT_ERROR(json::parse("{\"a\": tru}"), "expected a value", "at byte 6");
-  TG_EXPECT_ERROR(json::parse("{\"a\": \"x"), "unterminated string");
-  TG_EXPECT_ERROR(json::parse("{} x"), "after the end", "at byte 3");
+  TG_EXPECT_ERROR(json::parse("{\"a\": tru}"), "invalid literal", "at byte 9");
+  TG_EXPECT_ERROR(json::parse("{\"a\": \"x"), "missing closing quote");
+  TG_EXPECT_ERROR(json::parse("{} x"), "expected end of input", "at byte 3");
   TG_EXPECT_ERROR(json::parse("[01]"), "at byte 2");
   TG_EXPECT_ERROR(json::parse("\"\\ud800\""), "surrogate");
   TG_EXPECT_ERROR(json::parse("[1,]", 100), "at byte 103");  // offsets of a slice of a file
@@ -139,6 +216,45 @@ TEST(Json, SizesMustBeNonNegativeIntegersIn64Bits) {
   TG_EXPECT_ERROR(json::parse("-1").as_size("n"), "non-negative integer");
   TG_EXPECT_ERROR(json::parse("1.0").as_size("n"), "non-negative integer");
   TG_EXPECT_ERROR(json::parse("\"1\"").as_size("n"), "must be a number");
+}
+
+TEST(Json, DuplicateKeysAreFoundInEveryObject) {
+  TG_EXPECT_ERROR(json::parse(R"({"a": {"b": 1, "c": 2, "b": 3}})"), "duplicate key \"b\"", "at byte 23");
+  // The same key in two objects is no duplicate; an escaped spelling of a key is one.
+  EXPECT_EQ(json::parse(R"({"a": {"b": 1}, "c": {"b": 2}})").members.size(), 2u);
+  TG_EXPECT_ERROR(json::parse(R"({"ab": 1, "\u0061b": 2})"), "duplicate key \"ab\"", "at byte 10");
+}
+
+TEST(Json, StringsMustBeUtf8) {
+  TG_EXPECT_ERROR(json::parse("{\"\xff\": 1}"), "not valid UTF-8", "at byte 2");
+  TG_EXPECT_ERROR(json::parse("[\"ok\", \"\xed\xa0\x80\"]"), "not valid UTF-8");  // an encoded surrogate
+  size_t bad = 99;
+  EXPECT_TRUE(json::valid_utf8("plain \xc3\xa9 \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"));
+  EXPECT_FALSE(json::valid_utf8("ab\xc0\x80", &bad));  // overlong NUL
+  EXPECT_EQ(bad, 2u);
+  EXPECT_FALSE(json::valid_utf8("\xed\xa0\x80"));          // surrogate U+D800
+  EXPECT_FALSE(json::valid_utf8("\xf4\x90\x80\x80"));      // past U+10FFFF
+  EXPECT_FALSE(json::valid_utf8("x\xe2\x82", &bad));       // truncated
+  EXPECT_EQ(bad, 1u);
+  EXPECT_FALSE(json::valid_utf8("\x80"));                  // a lone continuation byte
+}
+
+TEST(Json, NumbersAreExactIntegersOrRefused) {
+  TG_EXPECT_ERROR(json::parse("-0").as_size("n"), "non-negative integer, found -0");
+  TG_EXPECT_ERROR(json::parse("1e3").as_size("n"), "non-negative integer, found 1e3");
+  TG_EXPECT_ERROR(json::parse("18446744073709551616").as_size("n"), "does not fit");  // 2^64
+  TG_EXPECT_ERROR(json::parse(std::string(400, '9')).as_size("n"), "json");           // past a double
+  TG_EXPECT_ERROR(json::parse("[1e400]"), "json", "at byte");
+  // Offsets of values in any position, after escapes and whitespace.
+  json::Value v = json::parse(R"({"k\"\\": [ 12 , "s\\\"" , -0 ], "t": true})", 100);
+  EXPECT_EQ(v.offset, 100u);
+  const json::Value& a = v.members[0].second;
+  ASSERT_EQ(a.items.size(), 3u);
+  EXPECT_EQ(a.items[0].offset, 112u);
+  EXPECT_EQ(a.items[1].offset, 117u);
+  EXPECT_EQ(a.items[2].text, "-0");
+  EXPECT_EQ(a.items[2].offset, 127u);
+  EXPECT_EQ(v.members[1].second.offset, 138u);
 }
 
 // ---- safetensors format -----------------------------------------------------------------
@@ -261,8 +377,27 @@ TEST(Safetensors, CorruptFilesNameTheTensorOrTheOffset) {
   TG_EXPECT_ERROR(st::read_header(p), "tensor 'a'", "more than 2^64");
   write_bytes(p, file_bytes("{\"__metadata__\":{\"k\":1}," + entry("a", "F32", "[3]", 0, 12) + "}", data));
   TG_EXPECT_ERROR(st::read_header(p), "metadata \"k\"", "must be a string");
+  // Nesting is refused where the schema has none (the JSON layer's own limit is tested above).
   write_bytes(p, file_bytes("{\"__metadata__\":" + std::string(5000, '[') + "}", data));
-  TG_EXPECT_ERROR(st::read_header(p), "nesting deeper");
+  TG_EXPECT_ERROR(st::read_header(p), "__metadata__", "must be an object of strings");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":" + std::string(5000, '[') + "}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "tensor 'a'", "shape", "must hold numbers");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12,12]}}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "tensor 'a'", "data_offsets", "[begin, end]");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]},"
+                            "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[12,12]}}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "corrupt header", "duplicate key \"a\"", "at byte 63");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[" + std::string(65, '1') +
+                            "],\"data_offsets\":[0,12]}}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "shape of tensor 'a'", "does not fit in 64 bits");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3.0],\"data_offsets\":[0,12]}}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "shape of tensor 'a'", "non-negative integer, found 3.0");
+  write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,1.2e1]}}", data));
+  TG_EXPECT_ERROR(st::read_header(p), "data_offsets of tensor 'a'", "non-negative integer, found 1.2e1");
+  std::string many_dims = "[1";
+  for (int i = 0; i < 64; ++i) many_dims += ",1";
+  write_bytes(p, file_bytes(object({entry("a", "F32", many_dims + "]", 0, 4)}), data.substr(0, 4)));
+  TG_EXPECT_ERROR(st::read_header(p), "tensor 'a'", "more than 64 dims");
   TG_EXPECT_ERROR(st::read_header(dir.file("missing.safetensors")), "cannot open", "missing.safetensors");
 }
 
@@ -282,6 +417,114 @@ TEST(Safetensors, SaveRejectsBadInput) {
   TG_EXPECT_ERROR(st::save_file({{"__metadata__", ones({1})}}, dir.file("x")), "reserved");
   TG_EXPECT_ERROR(st::save_file({{"u", Tensor()}}, dir.file("x")), "'u' is undefined");
   EXPECT_TRUE(dir.entries().empty()) << "nothing is created when the input is rejected";
+}
+
+TEST(Safetensors, NamesMustBeUtf8) {
+  TempDir dir;
+  const std::string p = dir.file("u.safetensors");
+  TG_EXPECT_ERROR(st::save_file({{"ok", ones({1})}, {"bad\xff", ones({1})}}, p), "tensor name", "not valid UTF-8",
+                  "byte 3");
+  TG_EXPECT_ERROR(st::save_file({{"w\xc0\x80", ones({1})}}, p), "not valid UTF-8");  // overlong
+  TG_EXPECT_ERROR(st::save_file({{"w", ones({1})}}, p, {{"k", "\xed\xa0\x80"}}), "metadata value", "not valid UTF-8");
+  TG_EXPECT_ERROR(st::save_file({{"w", ones({1})}}, p, {{"\xfe", "v"}}), "metadata key", "not valid UTF-8");
+  EXPECT_TRUE(dir.entries().empty()) << "nothing is created when a name is rejected";
+  // Such a file written by another writer is refused on load, naming the problem.
+  write_bytes(p, file_bytes("{\"bad\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                            float_bytes({1})));
+  TG_EXPECT_ERROR(st::read_header(p), "corrupt header", "not valid UTF-8", "at byte 13");
+  auto m = small_cnn(1);
+  TG_EXPECT_ERROR(load(*m, p), "not valid UTF-8");
+  // Any valid UTF-8 goes through, escapes and all.
+  const std::string name = "\xe5\x90\x8d\xe5\x89\x8d/\xf0\x9f\x98\x80 \"q\"\t";
+  st::save_file({{name, ones({2})}}, p, {{"\xc3\xa9", "\xe2\x82\xac"}});
+  st::Metadata meta;
+  EXPECT_EQ(st::load_file(p, &meta)[0].first, name);
+  EXPECT_EQ(meta[0].second, "\xe2\x82\xac");
+}
+
+// This thread's CPU time: what the parse costs, not how many other processes share the
+// machine (ctest -j, parallel builds).
+double thread_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Linear-time header parsing: 100k entries (7.9 MB of header) in well under a second. Hash
+// lookups for duplicates and Header::find; the previous parser's linear scans took over a minute
+// at this size.
+TEST(Safetensors, HundredThousandKeyHeaderIsFast) {
+  TempDir dir;
+  const std::string p = dir.file("many.safetensors");
+  constexpr int kKeys = 100000;
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  for (int i = 0; i < kKeys; ++i)
+    header += ",\"layer." + std::to_string(i) + ".weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+              std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}";
+  const std::string dup = header + ",\"layer.0.weight\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}";
+  header += "}";
+  write_bytes(p, file_bytes(header, std::string(4 * kKeys, '\0')));
+
+  const auto w0 = std::chrono::steady_clock::now();
+  const double t0 = thread_seconds();
+  st::Header h = st::read_header(p);
+  int found = 0;
+  for (int i = 0; i < kKeys; ++i) found += h.find("layer." + std::to_string(i) + ".weight") != nullptr;
+  const double seconds = thread_seconds() - t0;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  EXPECT_EQ(h.tensors.size(), static_cast<size_t>(kKeys));
+  EXPECT_EQ(found, kKeys);
+  EXPECT_EQ(h.find("layer.100000.weight"), nullptr);
+  std::cout << "[ note ] read_header + " << kKeys << " finds of a " << header.size() << "-byte header: " << seconds
+            << " s of CPU (" << wall << " s wall)\n";
+  EXPECT_LT(seconds, 1.0);
+
+  write_bytes(p, file_bytes(dup, std::string(4 * kKeys, '\0')));
+  const double t1 = thread_seconds();
+  TG_EXPECT_ERROR(st::read_header(p), "duplicate key \"layer.0.weight\"");
+  EXPECT_LT(thread_seconds() - t1, 1.0);
+}
+
+TEST(Safetensors, FindFollowsReindex) {
+  TempDir dir;
+  const std::string p = dir.file("a.safetensors");
+  st::save_file({{"a", ones({1})}, {"b", ones({2})}}, p);
+  st::Header h = st::read_header(p);
+  ASSERT_NE(h.find("b"), nullptr);
+  EXPECT_EQ(h.find("b")->end, 12u);
+  h.tensors[1].name = "c";
+  h.reindex();
+  EXPECT_EQ(h.find("b"), nullptr);
+  ASSERT_NE(h.find("c"), nullptr);
+  st::Header by_hand;  // never indexed: found by a scan
+  by_hand.tensors.push_back({.name = "x", .dtype = "F32", .shape = {1}, .begin = 0, .end = 4, .header_offset = 0});
+  EXPECT_NE(by_hand.find("x"), nullptr);
+}
+
+// A FIFO would block open() until a writer comes: refused before opening. Run in a child
+// with a deadline, so that a regression fails instead of hanging the suite.
+TEST(Safetensors, NonRegularFilesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto model = small_cnn(1);
+  const int rc = run_in_child(
+      [&] {
+        bool ok = throws_error([&] { st::read_header(fifo); }, {"pipe.safetensors", "a FIFO", "not a regular file"});
+        ok = ok && throws_error([&] { st::load_file(fifo); }, {"a FIFO"});
+        ok = ok && throws_error([&] { load(*model, fifo); }, {"a FIFO"});
+        return ok ? 0 : 1;
+      },
+      20);
+  EXPECT_NE(rc, kChildTimedOut) << "the loader blocked on a FIFO";
+  EXPECT_EQ(rc, 0) << "the FIFO was not refused with a clear error";
+  TG_EXPECT_ERROR(st::read_header(dir.file("")), "a directory", "not a regular file");
+  if (std::filesystem::exists("/dev/null"))
+    TG_EXPECT_ERROR(st::read_header("/dev/null"), "a character device", "not a regular file");
+  // A symbolic link to a regular file is fine (stat follows it).
+  st::save_file({{"a", ones({1})}}, dir.file("real.safetensors"));
+  std::filesystem::create_symlink(dir.file("real.safetensors"), dir.file("link.safetensors"));
+  EXPECT_EQ(st::load_file(dir.file("link.safetensors")).size(), 1u);
 }
 
 // ---- atomic saves -----------------------------------------------------------------------
@@ -314,22 +557,129 @@ TEST(Checkpoint, SaveIntoAMissingDirectoryFails) {
   TG_EXPECT_ERROR(save(*a, dir.file("no/such/dir/m.safetensors")), "cannot create", "no/such/dir");
 }
 
+// Run as `nobody` when the suite runs as root (root would write anyway) rather than skipped.
 TEST(Checkpoint, SaveIntoAReadOnlyDirectoryFailsAndKeepsTheFile) {
   TempDir dir;
-  auto a = small_cnn(1);
-  const std::string p = dir.file("ro/m.safetensors");
-  std::filesystem::create_directories(dir.file("ro"));
+  const Nobody nobody;
+  auto a = small_cnn(1), b = small_cnn(2);
+  const std::string ro = dir.file("ro"), p = dir.file("ro/m.safetensors");
+  std::filesystem::create_directories(ro);
   save(*a, p);
   const std::string before = read_bytes(p);
-  ::chmod(dir.file("ro").c_str(), 0555);
-  if (::access(dir.file("ro").c_str(), W_OK) == 0) {
-    ::chmod(dir.file("ro").c_str(), 0755);
-    GTEST_SKIP() << "running as root: permissions do not stop writes (the fault hook test covers this)";
-  }
-  auto b = small_cnn(2);
-  TG_EXPECT_ERROR(save(*b, p), "cannot create", "is the directory writable");
-  ::chmod(dir.file("ro").c_str(), 0755);
+  ASSERT_EQ(::chmod(dir.file("").c_str(), 0755), 0);  // `nobody` may enter the test directory
+  ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  const int rc = run_in_child([&] {
+    if (!nobody.become()) return 3;
+    if (::access(ro.c_str(), W_OK) == 0) return 4;  // permissions would not stop the write
+    return throws_error([&] { save(*b, p); }, {"cannot create", "is the directory writable", "Permission denied"})
+               ? 0
+               : 1;
+  });
+  ::chmod(ro.c_str(), 0755);
+  if (rc == 3) GTEST_SKIP() << "root here cannot become nobody (setuid refused): permissions cannot be tested";
+  EXPECT_EQ(rc, 0) << "4: the directory was writable, 1: no error or another one";
   EXPECT_EQ(read_bytes(p), before);
+  EXPECT_TRUE(temporaries(dir).empty());
+}
+
+TEST(Checkpoint, UnreadableFileFailsAndChangesNothing) {
+  TempDir dir;
+  const Nobody nobody;
+  auto a = small_cnn(1), b = small_cnn(2);
+  const std::string p = dir.file("m.safetensors");
+  save(*a, p);
+  ASSERT_EQ(::chmod(dir.file("").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(p.c_str(), 0000), 0);
+  const Snapshot s = snapshot(*b);
+  const int rc = run_in_child([&] {
+    if (!nobody.become()) return 3;
+    bool ok = throws_error([&] { load(*b, p); }, {"cannot open", "m.safetensors", "Permission denied"});
+    // What the parent compares is its own copy: check the child's module here.
+    auto params = b->parameters();
+    for (size_t i = 0; i < params.size(); ++i) ok = ok && bitwise_equal(params[i], s.values[i]);
+    return ok ? 0 : 1;
+  });
+  if (rc == 3) GTEST_SKIP() << "root here cannot become nobody (setuid refused): permissions cannot be tested";
+  EXPECT_EQ(rc, 0) << "1: no error or another one, or the module changed";
+}
+
+bool tmpfile_supported(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+// A real process killed (SIGKILL) in the middle of saves: with O_TMPFILE it leaves nothing;
+// with named temporaries (forced, as on file systems without O_TMPFILE) it leaves one,
+// which the next save of the same file removes. The previous file stays loadable throughout.
+TEST(Checkpoint, KilledSaveLeavesNoTemporaryBehind) {
+  for (const bool use_tmpfile : {false, true}) {
+    SCOPED_TRACE(use_tmpfile ? "O_TMPFILE" : "named temporaries");
+    TempDir dir;
+    if (use_tmpfile && !tmpfile_supported(dir.file(""))) {
+      std::cout << "[ note ] this file system has no O_TMPFILE: only named temporaries tested\n";
+      continue;
+    }
+    const std::string p = dir.file("big.safetensors");
+    const Tensor big = full({4 << 20}, 1.5);  // 16 MB: a save takes a while (write + fsync)
+    st::save_file({{"w", big}}, p);
+    int left = 0, clean = 0;
+    for (int attempt = 0; attempt < 30 && left + clean < 4; ++attempt) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        st::testing::set_use_tmpfile(use_tmpfile);
+        try {
+          for (;;) st::save_file({{"w", big}}, p);
+        } catch (...) {
+        }
+        ::_exit(1);
+      }
+      ASSERT_GT(pid, 0);
+      // Kill it while a save is writing: once its temporary shows (named), or after a while.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      if (use_tmpfile) std::this_thread::sleep_for(std::chrono::milliseconds(30 + 7 * attempt));
+      while (!use_tmpfile && temporaries(dir).empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);  // reaped: its pid is gone
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child stopped saving by itself";
+      (temporaries(dir).empty() ? clean : left) += 1;
+      EXPECT_EQ(st::load_file(p)[0].second.numel(), 4 << 20) << "the checkpoint was damaged";
+      // The next save here removes what the dead process left.
+      st::save_file({{"w", big}}, p);
+      EXPECT_TRUE(temporaries(dir).empty()) << "left behind: " << ::testing::PrintToString(temporaries(dir));
+    }
+    if (use_tmpfile) EXPECT_GT(clean, 0) << "every kill left a named temporary despite O_TMPFILE";
+    else EXPECT_GT(left, 0) << "no kill caught a save mid-write: the clean-up was not exercised";
+    EXPECT_EQ(dir.entries(), std::vector<std::string>({"big.safetensors"}));
+  }
+}
+
+// What the clean-up removes: temporaries of the same file whose process is gone, nothing else.
+TEST(Checkpoint, SaveRemovesOnlyStaleTemporariesOfItsFile) {
+  TempDir dir;
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string d = std::to_string(dead), self = std::to_string(::getpid());
+  const std::vector<std::string> kept = {
+      "m.safetensors.tmp." + self + ".7",   // this process: maybe another thread's save
+      "m.safetensors.tmp.1.0",              // pid 1 is alive
+      "other.safetensors.tmp." + d + ".0",  // another file's
+      "m.safetensors.tmp." + d + ".x",      // not the pattern
+      "m.safetensors.tmp." + d,             // not the pattern
+      "xm.safetensors.tmp." + d + ".0"};    // another file's
+  for (const std::string& name : kept) write_bytes(dir.file(name), "junk");
+  write_bytes(dir.file("m.safetensors.tmp." + d + ".0"), "junk");
+  write_bytes(dir.file("m.safetensors.tmp." + d + ".12"), "junk");
+  st::save_file({{"a", ones({1})}}, dir.file("m.safetensors"));
+  std::vector<std::string> expected = kept;
+  expected.push_back("m.safetensors");
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(dir.entries(), expected);
 }
 
 // ---- module checkpoints -----------------------------------------------------------------
@@ -546,4 +896,125 @@ TEST(Checkpoint, StaleOptimizerStateIsRefused) {
   const Snapshot s = snapshot(*model);
   TG_EXPECT_ERROR(load(*model, opt, dir.file("c.safetensors")), "already holds state", "freshly built");
   expect_unchanged(*model, s);
+}
+
+// A checkpoint whose optimizer values are corrupt (each would turn the weights into NaN at
+// the next step, or is undefined to convert) is refused before anything changes: module,
+// optimizer state, step count and lr.
+TEST(Checkpoint, CorruptOptimizerValuesAreRefusedBeforeAnyChange) {
+  TempDir dir;
+  const std::string good = dir.file("good.safetensors"), p = dir.file("bad.safetensors");
+  auto model = small_cnn(1);
+  nn::Adam adam(model->parameters(), {.lr = 0.01});
+  train(*model, adam, make_batch(1), 2);
+  save(*model, adam, good);
+  st::Metadata meta;
+  const st::NamedTensors all = st::load_file(good, &meta);
+  const double nan = std::nan(""), inf = INFINITY;
+
+  // Rewrites the good checkpoint with tensor `name` replaced, or metadata `key` set.
+  auto with_tensor = [&](const std::string& name, Tensor value) {
+    st::NamedTensors t = all;
+    for (auto& [n, v] : t)
+      if (n == name) v = value;
+    st::save_file(t, p, meta);
+  };
+  auto with_meta = [&](const std::string& key, const std::string& value) {
+    st::Metadata m = meta;
+    for (auto& [k, v] : m)
+      if (k == key) v = value;
+    st::save_file(all, p, m);
+  };
+  auto expect_refused = [&](std::initializer_list<const char*> fragments, const std::string& what) {
+    SCOPED_TRACE(what);
+    auto target = small_cnn(2);
+    const Snapshot s = snapshot(*target);
+    nn::Adam fresh(target->parameters(), {.lr = 0.5});
+    try {
+      load(*target, fresh, p);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+    expect_unchanged(*target, s);
+    EXPECT_TRUE(fresh.state().empty());
+    EXPECT_EQ(fresh.step_count(), 0);
+    EXPECT_EQ(fresh.lr(), 0.5);
+  };
+
+  const std::string step = "optim.0.weight.step";
+  for (double v : {nan, inf, -1.0, 2.5, 9007199254740994.0 /* 2^53 + 2 */}) {
+    with_tensor(step, full({}, v, {.dtype = f64}));
+    expect_refused({step.c_str(), "step count", "[0, 2^53]"}, "step " + std::to_string(v));
+  }
+  with_tensor(step, full({}, -3.0, {.dtype = f32}));
+  expect_refused({step.c_str(), "step count"}, "f32 step");
+  with_tensor(step, from_vector(std::vector<int64_t>{(int64_t{1} << 53) + 1}, {}));
+  expect_refused({step.c_str(), "9007199254740993"}, "i64 step past 2^53");
+
+  Tensor sq;
+  for (const auto& [n, v] : all)
+    if (n == "optim.0.weight.exp_avg_sq") sq = v.clone();
+  Tensor neg = sq.clone();
+  neg.data<float>()[5] = -1e-3f;
+  with_tensor("optim.0.weight.exp_avg_sq", neg);
+  expect_refused({"exp_avg_sq", "-0.001", "element 5", ">= 0"}, "negative exp_avg_sq");
+  Tensor inf_sq = sq.clone();
+  inf_sq.data<float>()[0] = inf;
+  with_tensor("optim.0.weight.exp_avg_sq", inf_sq);
+  expect_refused({"exp_avg_sq", "inf", "element 0"}, "infinite exp_avg_sq");
+  Tensor nan_avg = sq.clone();
+  nan_avg.data<float>()[7] = nan;
+  with_tensor("optim.0.weight.exp_avg", nan_avg);
+  expect_refused({"exp_avg", "nan", "must be finite"}, "NaN exp_avg");
+
+  // The lr follows the optimizer's own rule (that of its constructor and set_lr).
+  for (const char* lr : {"0", "-0.1", "inf", "nan", "-inf"}) {
+    with_meta("tapegrad.optimizer.lr", lr);
+    expect_refused({"tapegrad.optimizer.lr", "Adam", "invalid learning rate"}, std::string("lr ") + lr);
+  }
+  for (const char* lr : {"1e400", "0.1x", ""}) {
+    with_meta("tapegrad.optimizer.lr", lr);
+    expect_refused({"tapegrad.optimizer.lr", "not a number"}, std::string("lr ") + lr);
+  }
+  for (const char* steps : {"-1", "9007199254740993", "1.5", "1e3"}) {
+    with_meta("tapegrad.optimizer.step_count", steps);
+    expect_refused({"tapegrad.optimizer.step_count"}, std::string("step_count ") + steps);
+  }
+
+  // A partial state (a buffer without the step count) would restart bias correction.
+  st::NamedTensors partial;
+  for (const auto& [n, v] : all)
+    if (n != step) partial.emplace_back(n, v);
+  st::save_file(partial, p, meta);
+  expect_refused({"lacks '0.step'"}, "missing step");
+
+  // The good file still loads, and the edges of the ranges are accepted.
+  with_tensor(step, from_vector(std::vector<int64_t>{int64_t{1} << 53}, {}));
+  auto target = small_cnn(2);
+  nn::Adam fresh(target->parameters());
+  load(*target, fresh, p);
+  EXPECT_EQ(fresh.step_count(0), int64_t{1} << 53);
+  EXPECT_EQ(fresh.lr(), 0.01);
+}
+
+// SGD's momentum buffer: finite values only.
+TEST(Checkpoint, NonFiniteMomentumIsRefused) {
+  TempDir dir;
+  const std::string p = dir.file("sgd.safetensors");
+  auto model = small_cnn(1);
+  nn::SGD sgd(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  train(*model, sgd, make_batch(1), 1);
+  save(*model, sgd, p);
+  st::Metadata meta;
+  st::NamedTensors all = st::load_file(p, &meta);
+  for (auto& [n, v] : all)
+    if (n == "optim.4.bias.momentum_buffer") v = full(v.shape(), -INFINITY);
+  st::save_file(all, p, meta);
+  auto target = small_cnn(2);
+  const Snapshot s = snapshot(*target);
+  nn::SGD fresh(target->parameters(), {.lr = 0.1, .momentum = 0.9});
+  TG_EXPECT_ERROR(load(*target, fresh, p), "optim.4.bias.momentum_buffer", "-inf", "must be finite");
+  expect_unchanged(*target, s);
+  EXPECT_TRUE(fresh.state().empty());
 }
