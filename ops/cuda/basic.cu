@@ -6,6 +6,7 @@
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/broadcast.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/kernels.h"
 #include "ops/reduce_index.h"
 
@@ -93,8 +94,6 @@ __global__ void reduce_thread_per_item(Out* out, const In* x, ReduceIndex ix, in
     out[o * splits + s] = static_cast<Out>(acc);
   }
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <class In, class Out>
 void launch_reduce(Out* out, const In* x, const ReduceIndex& ix, int64_t splits, cudaStream_t st) {

@@ -51,18 +51,21 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/cp_async.cuh"
+#include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/arch/mma_sync.cuh"
+#include "ops/cuda/arch/named_barrier.cuh"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 #include "ops/cuda/conv1x1_tma.h"
-#include "ops/cuda/named_barrier.cuh"
+#include "ops/cuda/policy.h"
 #include "ops/cuda/sum_partials.cuh"
-#include "ops/cuda/tf32.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -88,9 +91,6 @@ enum ResidentMode : int {
   kSplitRaw = 2,  // FP32-accurate: raw f32, split at every use (the fused backward: 1x the bytes)
 };
 
-__host__ __device__ constexpr int round_up(int a, int b) { return (a + b - 1) / b * b; }
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Activation tiles in shared memory: NCHW tiles are (channels, 128 pixels), NHWC tiles
 // (128 pixels, channels). Row strides are compile-time multiples of 32 floats (the swizzle needs
 // 32): NCHW 128 pixels; NHWC the most channels the kernel takes. The pointwise kernel's
@@ -102,34 +102,8 @@ __host__ __device__ constexpr int resident_bytes(int channels, int r_pad, int mo
 }
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers
+// PTX wrappers (the primitives themselves are in ops/cuda/arch/)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-// 16 bytes global -> shared, not kept in L1; bytes past src_bytes are zero-filled.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
-               "r"(src_bytes), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 // Waits until at most `pending` groups are in flight (pending <= kMaxStages - 2).
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   if (pending <= 0) cp_async_wait<0>();
@@ -142,18 +116,13 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
 // both keeps them paired.
 constexpr int kDwDoneBarrier = 1;
 
-// Two bf16 values in one register, `first` in the low half (the lower k index): by truncation
-// (one byte permute, used in the hot loops) or rounded (once per kernel, for the weight).
+// Two bf16 values in one register, `first` in the low half (the lower k index), by truncation:
+// one byte permute, used in the hot loops (the weight's, once per kernel, are rounded: bf16_pair).
 __device__ __forceinline__ uint32_t bf16_pair_trunc(uint32_t first, uint32_t second) {
   return __byte_perm(first, second, 0x7632);
 }
 __device__ __forceinline__ uint32_t bf16_pair_trunc(float first, float second) {
   return bf16_pair_trunc(__float_as_uint(first), __float_as_uint(second));
-}
-__device__ __forceinline__ uint32_t bf16_pair_rn(float first, float second) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
-  return r;
 }
 
 // mma m16n8k8 tf32 fragments, g = lane / 4, t = lane % 4 (PTX ISA, "Matrix Fragments for
@@ -224,29 +193,11 @@ __device__ __forceinline__ FragB make_b(float v0, float v1) {
 
 // kZero: the accumulator starts at zero (the first k-step of a tile), so no register has to
 // be cleared: the C operand is the zero register.
-template <bool kZero>
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (kZero)
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f));
-  else
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 template <bool kSplit, bool kZero = false>
 __device__ __forceinline__ void mma(float (&d)[4], const FragA& a, const FragB& b) {
-  mma_tf32<kZero>(d, a.hi, b.hi);
-  if constexpr (kSplit) mma_bf16(d, a.bf, b.bf);
+  if constexpr (kZero) mma_tf32_zero(d, a.hi, b.hi[0], b.hi[1]);
+  else mma_tf32(d, a.hi, b.hi[0], b.hi[1]);
+  if constexpr (kSplit) mma_bf16(d, a.bf, b.bf[0], b.bf[1]);
 }
 // Compile-time flag for the k-step lambdas: "this is the first k-step of the tile".
 using First = std::true_type;
@@ -383,7 +334,7 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
     const int col_bytes = ld.col < s.valid_cols ? 4 * min(4, s.valid_cols - ld.col) : 0;
     const float* g = s.src + ld.row0 * s.row_stride + ld.col;
     const int64_t g_step = ld.row_step * s.row_stride;
-    uint32_t smem = smem_addr(dst.base + ld.smem_off0);
+    uint32_t smem = shared_address(dst.base + ld.smem_off0);
     const uint32_t smem_step = 4u * ld.smem_step;
     if (col_bytes == 16 && s.valid_rows >= s.fill_rows) {  // the usual case: every copy whole
       // The usual counts fully unrolled, every copy at its own address register: a loop that advances
@@ -409,7 +360,7 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
       if (c >= s.fill_cols) continue;
       const bool ok = r < s.valid_rows && c < s.valid_cols;
       const float* g = ok ? s.src + r * s.row_stride + c : any_valid;
-      cp_async_4(smem_addr(dst.base + dst.offset(r & ~7, r & 7, c)), g, ok ? 4 : 0);
+      cp_async_4(shared_address(dst.base + dst.offset(r & ~7, r & 7, c)), g, ok ? 4 : 0);
     }
   }
 }
@@ -503,8 +454,8 @@ __device__ int fill_resident_a(unsigned char* base, int KS, const WeightView& M)
       reinterpret_cast<uint4*>(base)[e] = make_uint4(h0, h1, h2, h3);
       if constexpr (kMode == kSplitPre)
         reinterpret_cast<uint2*>(base + entries * 16)[e] =
-            make_uint2(bf16_pair_rn(v0 - as_float(h0), v2 - as_float(h2)),
-                       bf16_pair_rn(v1 - as_float(h1), v3 - as_float(h3)));
+            make_uint2(bf16_pair(v0 - as_float(h0), v2 - as_float(h2)),
+                       bf16_pair(v1 - as_float(h1), v3 - as_float(h3)));
     }
   }
   return entries;
@@ -525,7 +476,7 @@ __device__ int fill_resident_b(unsigned char* base, int KS, const WeightView& M)
       const uint32_t h0 = tf32_bits(v0), h1 = tf32_bits(v1);
       reinterpret_cast<uint2*>(base)[e] = make_uint2(h0, h1);
       if constexpr (kMode == kSplitPre)
-        reinterpret_cast<uint32_t*>(base + entries * 8)[e] = bf16_pair_rn(v0 - as_float(h0), v1 - as_float(h1));
+        reinterpret_cast<uint32_t*>(base + entries * 8)[e] = bf16_pair(v0 - as_float(h0), v1 - as_float(h1));
     }
   }
   return entries;
@@ -599,14 +550,7 @@ __device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTi
 // float4 stores ptxas split some into 4-byte stores at the 128-register cap, which conflict
 // here (ncu, B's forward: NCHW store bank conflicts 4x with float4; NHWC 8 scalar stores with
 // 1 M excess wavefronts each with float2). The PTX vector stores stay whole (the register moves
-// they need are cheap).
-__device__ __forceinline__ void st_shared_v2(float* p, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_addr(p)), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ void st_shared_v4(float* p, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
+// they need are cheap): st_shared_v2 / st_shared_v4 (ops/cuda/arch/shared_memory.cuh).
 
 // The read-back half of a staged store: one 16-row block of a warp's scratch (rows `stride`
 // floats apart; this lane reads rows rr + 4i, i < 4, from rd) stored as whole rows at dst, which
@@ -835,7 +779,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
   for (int c = threadIdx.x; c < kChannels; c += kThreads)
     bias_s[c] = (p.bias != nullptr && c < p.weight.m_count) ? p.bias[p.weight.m0 + c] : 0.f;
 
-  const uint64_t policy = evict_first_policy();
+  const uint64_t policy = l2_evict_first_policy();
   const int64_t rows = p.images * p.pixels;
   const TileLoader loader(stride, kThreads, kNHWC ? p.r_pad : kTilePixels);
   auto issue = [&](const TileCursor& c, int stage) {
@@ -875,7 +819,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) pointwise_kernel(const P
         // A (pixels x reduction channels) with one ldmatrix.x4 per fragment.
         uint32_t a_off[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) a_off[u] = smem_addr(X) + ldmatrix_offset(stride, row0, u, true, lane);
+        for (int u = 0; u < 4; ++u) a_off[u] = shared_address(X) + ldmatrix_offset(stride, row0, u, true, lane);
         // The warp's A fragments first, then one (resident, cheap) B fragment at a time.
         auto kstep = [&](int ks, int u, int jj, auto first) {
           FragA a[kMT];
@@ -1043,7 +987,7 @@ __device__ __forceinline__ void dx_tile_mma_full(float (&acc)[2][4][4], const Re
   if constexpr (kNHWC) {
     uint32_t a_off[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) a_off[u] = smem_addr(dy) + ldmatrix_offset(S, wm * kMT * 16, u, true, lane);
+    for (int u = 0; u < 4; ++u) a_off[u] = shared_address(dy) + ldmatrix_offset(S, wm * kMT * 16, u, true, lane);
     auto kstep = [&](int ks, int u, int jj, auto first) {
       FragB b[kNT];
 #pragma unroll
@@ -1144,8 +1088,8 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
     uint32_t a_off[4], b_off[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      a_off[u] = smem_addr(dy) + ldmatrix_offset(SA, 32 * wm, u, true, lane);
-      b_off[u] = smem_addr(x) + ldmatrix_offset(SB, 32 * wn, u, false, lane);
+      a_off[u] = shared_address(dy) + ldmatrix_offset(SA, 32 * wm, u, true, lane);
+      b_off[u] = shared_address(x) + ldmatrix_offset(SB, 32 * wn, u, false, lane);
     }
     auto kstep = [&](int u, int jj, auto first) {
       FragB b[kNT];
@@ -1239,7 +1183,7 @@ __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward
   }
   const Resident<kMode, kResTiles> res{smem, entries};
 
-  const uint64_t policy = evict_first_policy();
+  const uint64_t policy = l2_evict_first_policy();
   const int64_t rows = p.images * p.pixels;
   auto issue = [&](const TileCursor& c, int stage) {
     if (c.tile < p.grid.num_tiles) {
@@ -1432,16 +1376,6 @@ void launch_pointwise(PointwiseParams p, const ConvShape& s, int smem, int sms, 
   TG_LAUNCH_CHECK();
 }
 
-// TG_CONV1X1_TMA=0 keeps the forward off the TMA kernel (conv1x1_tma.cu), to measure one
-// against the other.
-bool tma_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV1X1_TMA");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return enabled;
-}
-
 // The warp layouts: 128 output channels with <= 64 reduction channels ("narrow", two blocks
 // per SM), or 64 output channels with <= 128 ("wide", one block per SM); both keep the resident
 // weight at 32 KB (48 KB split).
@@ -1470,7 +1404,8 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
   const int64_t P = s.out_volume();
   const PointwiseTmaProblem tma{out.data<float>(), in.data<float>(), w.data<float>(), w_stride_m, w_stride_r,
                                 bias.defined() ? bias.data<float>() : nullptr, s.N, P, M, R, !nhwc, split};
-  if (tma_enabled() && pointwise_tma_applies(tma, dev)) {
+  // KernelPolicy::conv1x1.tma = false keeps the product on the kernels below (tests, benchmark).
+  if (kernel_policy().conv1x1.tma && pointwise_tma_applies(tma, dev)) {
     pointwise_tma(tma, dev, stream(dev));
     return;
   }

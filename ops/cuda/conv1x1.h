@@ -7,6 +7,8 @@
 //   if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
 // Same contract as those launchers: outputs first, every output fully overwritten, ordered on
 // the framework stream of the outputs' device, no atomics (the same bits on every run).
+// On Hopper the forward and grad-input products run on the TMA kernel (conv1x1_tma.h) where it
+// applies, unless KernelPolicy::conv1x1.tma (ops/cuda/policy.h) is false.
 #pragma once
 #include "core/dtype.h"
 #include "core/tensor.h"

@@ -32,7 +32,7 @@
 //             swizzled boxes of 32 pixels, 128-byte rows, B's forward took 3.71 ms instead of
 //             3.38: the TMA unit writes a box row by row, and short rows cost);
 //   weight    A (128 x 8 kKS) as wgmma's K-major B operand, no swizzle: element (n, k) at float
-//             (k / 4) 512 + n 4 + k % 4 (ops/cuda/wgmma.cuh has the layout rules); FP32 mode
+//             (k / 4) 512 + n 4 + k % 4 (ops/cuda/arch/wgmma.cuh has the layout rules); FP32 mode
 //             keeps a hi and a lo copy; bias (128).
 // Synchronization: full[s] (the producer's expect_tx + the TMA bytes) and empty[s] (one arrival
 // per consumer warp once it has read its fragments: the stage is free long before the tile's
@@ -60,12 +60,14 @@
 
 #include "core/cuda_context.h"
 #include "core/error.h"
-#include "ops/cuda/hopper.h"
-#include "ops/cuda/named_barrier.cuh"
-#include "ops/cuda/tensor_map.h"
-#include "ops/cuda/tf32.cuh"
-#include "ops/cuda/tma.cuh"
-#include "ops/cuda/wgmma.cuh"
+#include "ops/cuda/arch/cp_async.cuh"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/named_barrier.cuh"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/arch/tf32.cuh"
+#include "ops/cuda/arch/tma.cuh"
+#include "ops/cuda/arch/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -129,18 +131,6 @@ __device__ __forceinline__ int channel_of_column(int k) {
   return (k & ~7) + (c < 4 ? 2 * c : 2 * (c - 4) + 1);
 }
 
-__device__ __forceinline__ uint32_t ld_shared(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void st_shared(uint32_t addr, float a) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(a) : "memory");
-}
-__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-
 template <bool kNchw, int kKS, bool kSplit, bool kRows>
 __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -148,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzled boxes need 1024-byte alignment (the swizzle is a function of address bits 7-9).
-  unsigned char* smem = smem_raw + ((1024 - (tma::smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   uint32_t* w_hi = reinterpret_cast<uint32_t*>(smem + L::kWeightOffset);
   uint32_t* w_lo = w_hi + L::kWeightWords;  // FP32 mode only
   float* bias_s = reinterpret_cast<float*>(smem + L::kBiasOffset);
@@ -180,8 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   if (warp == kConsumers / 32) {
     if (lane == 0) {
       tma::prefetch_map(&p.x_map);
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      const uint64_t policy = l2_evict_first_policy();
       int i = 0;
       for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x, ++i) {
         const int s = i % kStages;
@@ -236,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
     for (int e = 0; e < 2; ++e)
 #pragma unroll
       for (int x = 0; x < 2; ++x)
-        st_off[2 * e + x] = tma::smem_u32(staging + (2 * t + e) * kHalfRows + 16 * wi + g + 8 * (x ^ (t >> 1)));
+        st_off[2 * e + x] = shared_address(staging + (2 * t + e) * kHalfRows + 16 * wi + g + 8 * (x ^ (t >> 1)));
   } else {
     // ldmatrix: lane 8 j + r hands row r of matrix j: rows 16 wi + r + 8 (j & 1) of the
     // warpgroup's half, 16-byte chunk 2 (ks % 4) + (j >> 1) of box ks / 4, stored at chunk ^ r.
@@ -260,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
     // the 32 banks once per half-warp. Step j's address: st_off[j % 4] + 32 (j / 4) + 8 h rows.
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      st_off[q] = tma::smem_u32(staging + (16 * wi + g) * kOutChannels + 8 * (q ^ gq) + 2 * t);
+      st_off[q] = shared_address(staging + (16 * wi + g) * kOutChannels + 8 * (q ^ gq) + 2 * t);
   }
   // The bias of the two channels lane (g, t) stores in step j: in registers for TF32; FP32 mode
   // needs those registers (ptxas caps 288 threads at 168) and reads it at the epilogue.
@@ -270,9 +259,9 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 #pragma unroll
     for (int j = 0; j < 16; ++j) bias_r[j] = *reinterpret_cast<const float2*>(bias_s + bias_channel(j));
   }
-  const uint64_t desc_hi = wgmma::kmajor_desc(tma::smem_u32(w_hi), kWeightLbo, kWeightSbo);
-  const uint64_t desc_lo = wgmma::kmajor_desc(tma::smem_u32(w_lo), kWeightLbo, kWeightSbo);
-  const uint32_t stages_base = tma::smem_u32(smem);
+  const uint64_t desc_hi = wgmma::kmajor_desc(shared_address(w_hi), kWeightLbo, kWeightSbo);
+  const uint64_t desc_lo = wgmma::kmajor_desc(shared_address(w_lo), kWeightLbo, kWeightSbo);
+  const uint32_t stages_base = shared_address(smem);
 
   float acc[64];
   int i = 0;

@@ -40,7 +40,10 @@
 #include <algorithm>
 
 #include "core/cuda_context.h"
+#include "core/dtype_dispatch.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv3d_gn_mean_mma.h"
 #include "ops/cuda/fused.h"
@@ -61,8 +64,6 @@ constexpr int kMaxGradSmemBytes = 112 * 1024;  // two blocks per SM (228 KB, 1 K
 // channel count is a multiple of both the chunk and kCG.
 int channel_chunk(int64_t K) { return K % 24 == 0 ? 12 : 8; }
 int64_t padded_channels(int64_t K) { return (K + 7) / 8 * 8; }  // K itself when K % 24 == 0
-
-int round_up(int64_t v, int64_t m) { return static_cast<int>((v + m - 1) / m * m); }
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -705,10 +706,9 @@ unsigned item_blocks(int64_t items, int threads) {
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, int smem_bytes, int device) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return std::max<int64_t>(1, int64_t{per_sm} * sms);
+  return std::max<int64_t>(1, int64_t{per_sm} * sm_count(device));
 }
 
 bool fused_geometry(const ConvShape& s) {
@@ -718,13 +718,6 @@ bool fused_geometry(const ConvShape& s) {
 }
 
 const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
-template <class F>
-void dispatch_floating(const char* op, DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL(op, ": dtype ", dtype_name(t), " is not supported");
-}
 
 template <class T>
 const T* typed_or_null(const Tensor& t) {

@@ -51,27 +51,16 @@
 #include <cstdint>
 
 #include "core/cuda_context.h"
+#include "ops/cuda/arch/cp_async.cuh"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/arch/mma_sync.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 #include "ops/cuda/conv3d_gn_mean_mma.h"
-#include "ops/cuda/mma_sync.cuh"
 
 namespace tg::cuda {
 namespace {
 
-
-// 4 bytes global -> shared (byte address dst) behind the thread's back (cp.async); bytes = 0
-// zero-fills without reading (src must still be a mapped address).
-__device__ __forceinline__ void copy_async_4_at(uint32_t dst, const float* src, uint32_t bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void copy_async_16(float4* dst, const float4* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-}
-// Closes the thread's current group of copies / waits until all of its groups have landed
-// (visible to the other threads after the next barrier).
-__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 
@@ -166,8 +155,6 @@ struct MmaGeom {
   int PS, CS, xs_floats;  // x tile: plane and channel strides, size (rows are kRS apart)
 };
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 inline int stride_with_residue(int64_t at_least, int residue) {
   int64_t s = at_least;
   while (s % 32 != residue) ++s;
@@ -240,9 +227,7 @@ __device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
 }
 
 // Round to nearest TF32 (finite inputs), as a float whose low 13 bits are zero.
-__device__ __forceinline__ float round_tf32(float v) {
-  return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
-}
+__device__ __forceinline__ float round_tf32(float v) { return __uint_as_float(tf32_bits(v)); }
 
 // bf16 bits of v rounded to nearest even (finite inputs); plain integer arithmetic.
 __device__ __forceinline__ uint32_t bf16_bits(float v) {
@@ -360,7 +345,7 @@ __device__ void stage_x_async(float* xs, const float* __restrict__ x, const Tile
   const int dst_row_step = nwarps * kRS, dst_fd_step = g.PS - g.FH * kRS, dst_ci_step = g.CS - g.FD * g.PS;
   int fh = static_cast<int>(threadIdx.x >> 5), fd = 0, ci = 0;  // the carry below normalizes fh
   int64_t src = origin + fh * g.W;
-  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(xs + fh * kRS + lane));
+  uint32_t dst = shared_address(xs + fh * kRS + lane);
   for (;;) {
     while (fh >= g.FH) {
       fh -= g.FH, src += fd_step, dst += 4 * dst_fd_step;
@@ -368,8 +353,8 @@ __device__ void stage_x_async(float* xs, const float* __restrict__ x, const Tile
     }
     if (ci >= C) break;
     if (fd < depths_in && fh < rows_in) {  // warp-uniform
-      copy_async_4_at(dst, x + src, bytes0);
-      if (tail && lane < kFW - 32) copy_async_4_at(dst + 128, x + src + tail_off, bytes1);
+      cp_async_4(dst, x + src, bytes0);
+      if (tail && lane < kFW - 32) cp_async_4(dst + 128, x + src + tail_off, bytes1);
     }
     fh += nwarps, src += row_step, dst += 4 * dst_row_step;
   }
@@ -511,7 +496,7 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
   double* red = reinterpret_cast<double*>(tab + T::kSteps * 4);   // [2][nwarps][2][K] warp sums
   float* xs0 = reinterpret_cast<float*>(red + 2 * nwarps * 2 * K);  // [2][xs_floats] x tiles
 
-  for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) copy_async_16(wf + i, wfrag + i);
+  for (int i = tid; i < T::kSteps * NT * 32; i += nthreads) cp_async_16_full(wf + i, wfrag + i);
   if constexpr (kGroupedTaps<C>) {
     static_assert(TapGroups3::kPerLane * 4 * sizeof(int) <= T::kSteps * 4 * sizeof(int2), "fits the table space");
     stage_group_table(reinterpret_cast<int*>(tab), g);
@@ -522,11 +507,11 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
   __syncthreads();  // zeros before the first copies
   int64_t t = blockIdx.x;
   stage_x_async<C>(xs0, x, tile_at(t, g), g);  // the grid never exceeds the tile count
-  async_commit();
+  cp_async_commit();
 
   int buf = 0;
   for (; t < g.tiles; t += gridDim.x, buf ^= 1) {
-    async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
     if (t != blockIdx.x)
       for (int i = tid; i < 2 * K; i += nthreads) {
@@ -535,7 +520,7 @@ stats_mma_kernel(double* __restrict__ partial, const float* __restrict__ x, cons
         partial[(t - gridDim.x) * 2 * K + i] = sum;
       }
     if (t + gridDim.x < g.tiles) stage_x_async<C>(xs0 + (buf ^ 1) * g.xs_floats, x, tile_at(t + gridDim.x, g), g);
-    async_commit();
+    cp_async_commit();
 
     // The tile's valid output depths, rows and columns (all its own at the interior).
     const TileAt o = tile_at(t, g);
@@ -661,7 +646,7 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
   const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
   const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5, gq = lane >> 2, tq = lane & 3;
 
-  for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) copy_async_16(wf + i, wfrag + i);
+  for (int i = tid; i < T::kSteps * MC * 64; i += nthreads) cp_async_16_full(wf + i, wfrag + i);
   stage_tap_tables<C>(tab_k, tab_m, g);
   for (int i = 0; i < NSLOT; ++i) slots[i * nthreads + tid] = 0.f;
   zero_x_tiles(xs0, g);
@@ -671,7 +656,7 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
   // while this one computes; one barrier per tile.
   const int64_t t_begin = blockIdx.x * g.tiles / gridDim.x, t_end = (blockIdx.x + 1) * g.tiles / gridDim.x;
   if (t_begin < t_end) stage_x_async<C>(xs0, x, tile_at(t_begin, g), g);
-  async_commit();
+  cp_async_commit();
   for (int64_t t = t_begin; t < t_end; ++t) {
     const int buf = static_cast<int>((t - t_begin) & 1);
     const TileAt o = tile_at(t, g);
@@ -689,10 +674,10 @@ grad_w_mma_kernel(float* __restrict__ dw_partial, const float* __restrict__ x, c
           ca[mc][r] = fmaf(bg, bias ? bias[c] : 0.f, A[o.n * g.K + c]);
         }
       }
-    async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // tile t's footprint is visible; every warp is done with tile t - 1's buffer
     if (t + 1 < t_end) stage_x_async<C>(xs0 + (buf ^ 1) * g.xs_floats, x, tile_at(t + 1, g), g);
-    async_commit();
+    cp_async_commit();
     const float* xs = xs0 + buf * g.xs_floats;
 
     float accw[MT][NT][4];  // dW (taps 16 mt + g (+8), channels 8 nt + 2t (+1))
@@ -874,9 +859,9 @@ void allow_shared_memory(Kernel kernel, int smem) {
 // same number of tiles per block (same makespan, fewer weight copies).
 template <class Kernel>
 int64_t persistent_blocks(Kernel kernel, int threads, int smem, int64_t tiles, int dev) {
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count(dev);
   TG_CHECK(per_sm > 0, "conv3d_gn_mean: a ", threads, "-thread block with ", smem, " bytes of shared memory does not fit");
   const int64_t slots = std::clamp<int64_t>(int64_t{per_sm} * sms, 1, tiles);
   return ceil_div(tiles, ceil_div(tiles, slots));
@@ -912,9 +897,9 @@ void launch_grad_weight(const Tensor& dw, const Tensor& x, const Tensor& w, cons
   const int smem = backward_smem_bytes<C, NT>(g, kThreads);
   auto kernel = grad_w_mma_kernel<C, NT, TERMS>;
   allow_shared_memory(kernel, smem);
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count(dev);
   const int64_t blocks = std::clamp<int64_t>(int64_t{per_sm} * sms, 1, g.tiles);
   const int count = g.K * T::kTaps;
   Tensor frags = weight_fragments<C, NT>(w, TERMS, st);

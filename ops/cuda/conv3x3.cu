@@ -31,33 +31,30 @@
 // Shared-memory strides are chosen so that every fragment load of a warp hits 32 distinct banks.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/mma_sync.cuh"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/conv3x3_wgmma_dw.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
-#include "ops/cuda/mma_sync.cuh"
+#include "ops/cuda/policy.h"
 #include "ops/cuda/sum_partials.cuh"
-#include "ops/cuda/tf32.cuh"
 
 namespace tg::cuda {
 namespace {
 
-// ---- PTX primitives: cp.async, tf32_round and store_if in conv3x3_staging.cuh; mma_tf32,
-// mma_bf16 and bf16_pair, with their fragment layouts, in mma_sync.cuh ----------------------
-
-__device__ __forceinline__ float* dynamic_smem() {
-  extern __shared__ __align__(16) float smem_buffer[];
-  return smem_buffer;
-}
+// ---- PTX primitives: cp.async, mma_tf32, mma_bf16, bf16_pair, the TF32 roundings and the
+// dynamic shared memory in ops/cuda/arch/ (with their fragment layouts); store_if in
+// conv3x3_staging.cuh ----
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
@@ -80,7 +77,7 @@ constexpr int stride_for_rows_of_8(int n) {
 // whose k16 interleaves the pairs: element 2k is hi, 2k+1 is lo on the A side and lo', hi'
 // on the B side). bf16 keeps 8 bits of each cross term, itself ~2^-11 of the product, so the
 // error is ~2^-20 per product; lo*lo' (~2^-22) is dropped. Two mma instead of 3xTF32's three.
-// hi = tf32_bits(x), plain TF32 operands tf32_operand(x) (ops/cuda/tf32.cuh).
+// hi = tf32_bits(x), plain TF32 operands tf32_operand(x) (ops/cuda/arch/tf32.cuh).
 
 // Block tile of the forward kernel: kRows x kCols output pixels of one image times kBN
 // output channels; warps laid out kWarpsM (pixels) x kWarpsN (channels), each 64 pixels x
@@ -254,7 +251,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                         const float* __restrict__ wp,   // (chunks * 8, 9, kout_pad)
                         const float* __restrict__ bias, // (Kout) or null
                         GemmParams p) {
-  float* smem = dynamic_smem();
+  float* smem = dynamic_smem<16>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
@@ -497,7 +494,7 @@ __global__ void __launch_bounds__(WgradTileFor<kSplit>::kThreads, 1)
   using T = WgradTileFor<kSplit>;
   constexpr int kM = T::kMTiles;
   constexpr int kSideM = kSplit ? kM : 1;  // fp32 side sums (FP32 mode only)
-  float* smem = dynamic_smem();
+  float* smem = dynamic_smem<16>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int wk = warp % T::kWarpsK, wc = warp / T::kWarpsK;
@@ -648,13 +645,6 @@ WgradParams plan_wgrad(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, in
 
 constexpr int kPrepThreads = 256;
 
-int sm_count(int dev) {
-  static int cached[64] = {};
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) TG_CUDA_CHECK(cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev));
-  return cached[dev];
-}
-
 // Widest copy (floats) that rows of length row_len starting at base allow.
 
 bool takes_3x3(const ConvShape& s, Device) { return conv3x3_applies(s); }
@@ -759,33 +749,18 @@ bool conv3x3_applies(const ConvShape& s) {
          s.in[2] + 2 * s.pad[2] <= (int64_t{1} << 28);
 }
 
-namespace {
-// TF32 on Hopper has two wgmma kernels: both operands from shared memory (conv3x3_wgmma_ss, the
-// default) or activations from registers (conv3x3_wgmma, which also serves FP32 mode).
-// TG_CONV3X3_TF32_KERNEL=rs selects the latter, to measure one against the other.
-bool tf32_ss_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV3X3_TF32_KERNEL");
-    return e == nullptr || std::strcmp(e, "rs") != 0;
-  }();
-  return enabled;
-}
-// TF32 grad-weight on Hopper runs on wgmma (conv3x3_wgmma_dw); TG_CONV3X3_TF32_WGRAD=mma selects
-// the mma.sync kernel (run_wgrad<false>), to measure one against the other.
-bool tf32_wgmma_wgrad_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TG_CONV3X3_TF32_WGRAD");
-    return e == nullptr || std::strcmp(e, "mma") != 0;
-  }();
-  return enabled;
-}
-}  // namespace
-
+// Forward and grad-input: TF32 on Hopper has two wgmma kernels, both operands from shared memory
+// (conv3x3_wgmma_ss, the default) or activations from registers (conv3x3_wgmma, which also serves
+// FP32 mode); the mma.sync kernel (run_gemm) serves other GPUs. KernelPolicy::conv3x3 (tests,
+// benchmark) can pick the register-A or the mma.sync kernel instead.
 void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (b.defined()) check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
-  if (tf32_ss_enabled() && conv3x3_wgmma_ss_applies(s, y.device())) return conv3x3_wgmma_ss_forward(y, x, w, b, s);
-  if (conv3x3_wgmma_applies(s, y.device())) return conv3x3_wgmma_forward(y, x, w, b, s);  // sm_90a, both modes
+  const Conv3x3Policy::Data data = kernel_policy().conv3x3.data;
+  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, y.device()))
+    return conv3x3_wgmma_ss_forward(y, x, w, b, s);
+  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, y.device()))
+    return conv3x3_wgmma_forward(y, x, w, b, s);  // sm_90a, both modes
   run_gemm(y, x, w, b.defined() ? b.data<float>() : nullptr,
            forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
            /*for_grad_input=*/false);
@@ -793,8 +768,11 @@ void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Te
 
 void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
   check_tensors("conv3x3_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
-  if (tf32_ss_enabled() && conv3x3_wgmma_ss_applies(s, dx.device())) return conv3x3_wgmma_ss_grad_input(dx, dy, w, s);
-  if (conv3x3_wgmma_applies(s, dx.device())) return conv3x3_wgmma_grad_input(dx, dy, w, s);  // sm_90a, both modes
+  const Conv3x3Policy::Data data = kernel_policy().conv3x3.data;
+  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, dx.device()))
+    return conv3x3_wgmma_ss_grad_input(dx, dy, w, s);
+  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, dx.device()))
+    return conv3x3_wgmma_grad_input(dx, dy, w, s);  // sm_90a, both modes
   run_gemm(dx, dy, w, nullptr,
            grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
            /*for_grad_input=*/true);
@@ -803,7 +781,8 @@ void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, con
 void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   check_tensors("conv3x3_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
   if (precision() == Precision::FP32) return run_wgrad<true>(dw, dy, x, s);
-  if (tf32_wgmma_wgrad_enabled() && conv3x3_wgmma_dw_applies(s, dw.device())) {
+  // TF32 on Hopper: the wgmma kernel, unless KernelPolicy::conv3x3 asks for the mma.sync one.
+  if (kernel_policy().conv3x3.weight == Conv3x3Policy::Weight::Auto && conv3x3_wgmma_dw_applies(s, dw.device())) {
     return conv3x3_wgmma_grad_weight(dw, dy, x, s);
   }
   run_wgrad<false>(dw, dy, x, s);

@@ -13,6 +13,8 @@
 // The general launchers in ops/cuda/conv.cu call these when conv3x3_applies(s) is true. On an
 // H100 / H200 with sm_90a code they route to the wgmma kernels: forward and input gradient to
 // conv3x3_wgmma_ss (TF32) or conv3x3_wgmma (FP32), the TF32 weight gradient to conv3x3_wgmma_dw.
+// KernelPolicy::conv3x3 (ops/cuda/policy.h) can pick another of these kernels, for tests and
+// the benchmark.
 #pragma once
 #include <initializer_list>
 #include <utility>

@@ -1,24 +1,19 @@
 // What the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu and
-// conv3x3_wgmma_ss.cu on wgmma) share: cp.async wrappers, TF32 rounding, the predicated store,
-// the row-grid loader and the NCHW input-halo stager (the first two kernels), the tile order
-// and the per-stage load cursor, with the small integer helpers they use. One copy of the
-// code, so the kernels walk and stage their tiles alike. Device code only;
-// included inside those files' anonymous namespaces' parent (tg::cuda), each translation unit
-// gets its own copy.
+// conv3x3_wgmma_ss.cu on wgmma) share: the predicated store, the row-grid loader and the NCHW
+// input-halo stager (the first two kernels), the tile order and the per-stage load cursor, with
+// the small integer helpers they use. One copy of the code, so the kernels walk and stage their
+// tiles alike. Device code only; included inside those files' anonymous namespaces' parent
+// (tg::cuda), each translation unit gets its own copy.
 #pragma once
 #include <cstdint>
 
 #include "ops/cuda/arch/cp_async.cuh"
-#include "ops/cuda/named_barrier.cuh"
+#include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/arch/named_barrier.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 
 namespace tg::cuda {
 namespace {
-
-// One arrival on the mbarrier at `bar` once every cp.async this thread issued so far has landed
-// (.noinc: the barrier's expected count includes this arrival).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
 
 // Copies a grid of rows, row (outer, inner) for outer < kOuter, inner < kInner, each kPerRow
 // vectors of kVec floats, from global memory (row start: src_base + outer * src_outer +
@@ -113,13 +108,6 @@ __device__ __forceinline__ void copy_grid(float* dst, const RowGrid& g) {
   }
 }
 
-// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0.
-__device__ __forceinline__ uint32_t tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
 // *ptr = v if pred, as one predicated store: no branch for the compiler to sink address
 // arithmetic into (it would recompute a 64-bit address per store under register pressure).
 __device__ __forceinline__ void store_if(float* ptr, float v, bool pred) {
@@ -137,7 +125,6 @@ __device__ __forceinline__ void store2_if(float* ptr, float v0, float v1, bool p
       : "memory");
 }
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int64_t pos_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 __host__ __device__ constexpr int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t clamp_i64(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : a > hi ? hi : a; }

@@ -93,12 +93,13 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tf32.cuh"
+#include "ops/cuda/arch/wgmma.cuh"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma.h"
-#include "ops/cuda/hopper.h"
-#include "ops/cuda/tf32.cuh"
-#include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -109,12 +110,8 @@ namespace {
 // conv3x3_wgmma_applies says false.
 
 // wgmma building blocks (descriptors, fences, commit / wait, the m64nNk8 TF32 instructions with A
-// in registers): ops/cuda/wgmma.cuh, shared with conv3x3_wgmma_ss.cu.
-
-__device__ __forceinline__ float* dynamic_smem() {
-  extern __shared__ __align__(128) float smem_buffer[];
-  return smem_buffer;
-}
+// in registers): ops/cuda/arch/wgmma.cuh, shared with conv3x3_wgmma_ss.cu; the dynamic shared
+// memory: ops/cuda/arch/shared_memory.cuh.
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
@@ -387,7 +384,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                          const float* __restrict__ bias,  // (Kout) or null
                          WgParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float* smem = dynamic_smem();
+  float* smem = dynamic_smem<128>();
   const uint32_t smem_addr = shared_address(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;

@@ -23,7 +23,7 @@
 //   the same banks: the 4-byte fills would conflict 8-way. 3 x m64n64 instead re-read A per tap:
 //   128 B/clk of operand reads, the whole port.)
 //
-// Shared-memory images (K-major, no swizzle; ops/cuda/wgmma.cuh: element (row, k) at start +
+// Shared-memory images (K-major, no swizzle; ops/cuda/arch/wgmma.cuh: element (row, k) at start +
 // (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4), SBO = 128 B for both, so row n of a
 // 16-byte pixel unit lies at n * 16 bytes:
 //   x row image  [unit (8)][n (192)][4 pixels], LBO = 192 * 16 + 16 = 3088 B (24.1 KB per row)
@@ -97,22 +97,18 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/wgmma.cuh"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma_dw.h"
-#include "ops/cuda/hopper.h"
 #include "ops/cuda/sum_partials.cuh"
-#include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
 
-// ---- primitives (besides ops/cuda/wgmma.cuh and conv3x3_staging.cuh) ----
-
-__device__ __forceinline__ float* dynamic_smem() {
-  extern __shared__ __align__(128) float smem_buffer[];
-  return smem_buffer;
-}
+// ---- primitives: those of ops/cuda/arch/ and conv3x3_staging.cuh ----
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
@@ -292,7 +288,7 @@ __device__ __forceinline__ void issue_row(float (&acc)[T::kAcc], uint32_t x_addr
 __device__ __forceinline__ void run_segment(float (&acc)[T::kAcc], float* smem, const float* __restrict__ dy,
                                             const float* __restrict__ x, const DwParams& p, const Segment& seg,
                                             int64_t k0, int64_t c0, int wg) {
-  const uint32_t smem_addr = wgmma::shared_address(smem);
+  const uint32_t smem_addr = shared_address(smem);
   float* dy_ring = smem + T::kDyBase;
   __syncthreads();  // every warpgroup drained the previous segment (wait_group 0): every slot is free
   for (int v = 0; v < 3; ++v) load_x_image(smem + v * T::kXSlotFloats, x, p, seg, v, c0);
@@ -360,7 +356,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                             const float* __restrict__ x,   // (N, C, H, W)
                             DwParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float* smem = dynamic_smem();
+  float* smem = dynamic_smem<128>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wg = warp / 4, wi = warp % 4;  // warpgroup (= tap row), warp within it
   const int64_t tiles = p.k_tiles * p.c_tiles;

@@ -25,7 +25,7 @@
 // (workload A forward 2.92 / 2.90 ms vs 2.71): m64n128 wgmma read the weights twice as often and
 // the weights stage doubled; see bench/notes_conv3x3.md.
 //
-// Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/wgmma.cuh
+// Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/arch/wgmma.cuh
 // states the layout: element (row, k) at start + (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4):
 //   A = weights: start = weights + tap * 2 KB, rows = output channels m: 16-byte rows
 //       [m][4 channels], SBO = 128 B (next 8 output channels), LBO = 64 * 16 = 1 KB (channels
@@ -94,35 +94,18 @@
 
 #include "core/cuda_context.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tma.cuh"
+#include "ops/cuda/arch/wgmma.cuh"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_staging.cuh"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
-#include "ops/cuda/hopper.h"
-#include "ops/cuda/tma.cuh"
-#include "ops/cuda/wgmma.cuh"
 
 namespace tg::cuda {
 namespace {
 
-// ---- primitives (besides ops/cuda/wgmma.cuh and conv3x3_staging.cuh) ----
-
-// 8 bytes to / from shared memory (8-byte aligned), plain generic-proxy accesses.
-__device__ __forceinline__ void store2_shared(float* dst, float v0, float v1) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(wgmma::shared_address(dst)), "f"(v0), "f"(v1) : "memory");
-}
-__device__ __forceinline__ float2 load2_shared(const float* src) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-               : "=f"(v.x), "=f"(v.y)
-               : "r"(wgmma::shared_address(src))
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ float* dynamic_smem() {
-  extern __shared__ __align__(128) float smem_buffer[];
-  return smem_buffer;
-}
+// ---- primitives: those of ops/cuda/arch/ and conv3x3_staging.cuh ----
 
 // ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
 
@@ -270,7 +253,7 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 #pragma unroll
         for (int jj = 0; jj < kFragCols; ++jj) {
           const int j = kFragCols * round + jj;
-          store2_shared(scratch + g * T::kScratchStride + 8 * jj + 2 * t, acc[4 * j + 2 * h] + b,
+          st_shared_v2(scratch + g * T::kScratchStride + 8 * jj + 2 * t, acc[4 * j + 2 * h] + b,
                         acc[4 * j + 2 * h + 1] + b);
         }
         __syncwarp();
@@ -281,7 +264,7 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
           const bool row_ok = k < p.Kout && oh < p.Hout;
           const int col = T::kScratchCols * round + 2 * lane;
           float* row = out + ((tc.n * p.Kout + k) * p.Hout + oh) * p.Wout + tc.ow0;
-          const float2 v = load2_shared(scratch + r * T::kScratchStride + 2 * lane);
+          const float2 v = ld_shared_v2(scratch + r * T::kScratchStride + 2 * lane);
           store2_if(row + col, v.x, v.y, row_ok && col < cols_left);
         }
         __syncwarp();  // the next round overwrites the scratch
@@ -309,8 +292,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                             const float* __restrict__ bias,  // (Kout) or null
                             SsParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float* smem = dynamic_smem();
-  const uint32_t smem_addr = wgmma::shared_address(smem);
+  float* smem = dynamic_smem<128>();
+  const uint32_t smem_addr = shared_address(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wg = warp / 4, wi = warp % 4;  // warpgroup (= output row of the tile), warp within it
 

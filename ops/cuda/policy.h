@@ -1,8 +1,8 @@
 // Which kernels the CUDA dispatchers may choose. The default (Auto) lets each dispatcher
 // take its ordered table: specialised kernels for the shapes they claim, then the
 // implicit-GEMM engine, then the direct FFMA kernels (f64, and what the engine cannot index).
-// Tests and the benchmark force one path to measure or check it; nothing reads the
-// environment.
+// Tests and the benchmark force one path, or one variant inside a fast path, to measure or
+// check it; nothing reads the environment. Every field is read at each launch.
 #pragma once
 #include "ops/cuda/gemm/engine.h"
 
@@ -14,10 +14,37 @@ enum class KernelPath {
   Direct,   // the general FFMA kernels (reference-style, slow)
 };
 
+// Inside the 3x3 fast path (ops/cuda/conv3x3.h), for the problems conv3x3_applies to.
+struct Conv3x3Policy {
+  // Forward and grad-input.
+  enum class Data {
+    Auto,       // Hopper: the shared-operand wgmma kernel in TF32 (conv3x3_wgmma_ss), the register-A
+                // one in FP32 (conv3x3_wgmma); other GPUs: the mma.sync kernel
+    RegisterA,  // Hopper: the register-A wgmma kernel in TF32 too; other GPUs: mma.sync
+    MmaSync,    // the mma.sync kernel (conv3x3.cu) on every GPU
+  };
+  // Grad-weight.
+  enum class Weight {
+    Auto,     // Hopper in TF32: the wgmma kernel (conv3x3_wgmma_dw); otherwise mma.sync
+    MmaSync,  // the mma.sync kernel on every GPU
+  };
+  Data data = Data::Auto;
+  Weight weight = Weight::Auto;
+};
+
+// Inside the 1x1 fast path (ops/cuda/conv1x1.h, pointwise_matmul_*).
+struct Conv1x1Policy {
+  // The forward and grad-input products on the TMA kernel (conv1x1_tma.cu, Hopper) where it
+  // applies; false: on the cp.async kernels everywhere.
+  bool tma = true;
+};
+
 struct KernelPolicy {
   KernelPath conv = KernelPath::Auto;
   KernelPath gemm = KernelPath::Auto;
   EnginePolicy engine;  // tile and split overrides inside the engine
+  Conv3x3Policy conv3x3;  // only where conv == Auto lets the 3x3 fast path run
+  Conv1x1Policy conv1x1;  // only where conv / gemm == Auto let the 1x1 fast path run
 };
 
 // The policy in force (process-wide, like tg::precision()).

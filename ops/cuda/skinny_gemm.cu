@@ -5,6 +5,7 @@
 // Workload D is row_dot forward (A 2048 x 2^20 times w), col_reduce for the weight
 // gradient (g^T A) and outer for the input gradient (g w^T).
 #include "core/cuda_context.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/skinny_gemm.h"
 #include "ops/elementwise.h"
 
@@ -170,7 +171,6 @@ void with_s(int64_t S, F&& f) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Enough blocks for a few waves on the largest GPU we target (132 SMs x 8 blocks).
 constexpr int64_t kTargetBlocks = 132 * 8;
 

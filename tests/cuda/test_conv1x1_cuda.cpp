@@ -3,14 +3,18 @@
 // 128 channels (reduction groups, output-channel blocks, dw blocks), pixel counts that are odd
 // or not multiples of 128, one image, one pixel. Both layouts (NHWC also against NCHW), both
 // precisions, every pass (forward with and without bias, grad-input, grad-weight, the fused
-// backward); outputs poisoned with NaN; the same bits on every run.
+// backward), every variant this GPU runs (on Hopper the TMA forward and, through
+// KernelPolicy::conv1x1, the cp.async kernels at the same shapes); outputs poisoned with NaN;
+// the same bits on every run.
 #include <vector>
 
 #include "common/test_util.h"
+#include "core/cuda_context.h"
 #include "ops/cpu/conv.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/conv1x1.h"
 #include "ops/cuda/conv1x1_tma.h"
-#include "ops/cuda/hopper.h"
+#include "ops/cuda/policy.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -31,6 +35,24 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
 const char* name(Precision p) { return p == Precision::FP32 ? "FP32" : "TF32"; }
 const char* name(Layout l) { return l == Layout::NHWC ? "NHWC" : "NCHW"; }
+
+// The variants of the 1x1 path this GPU runs, each as the policy that selects it: the default
+// (on Hopper the TMA kernel wherever it applies, conv1x1_tma.cu) and, where that differs, the
+// cp.async kernels for every shape.
+struct Variant {
+  const char* name;
+  cuda::Conv1x1Policy policy;
+};
+std::vector<Variant> variants() {
+  std::vector<Variant> v{{"default kernels", {}}};
+  if (cuda::device_runs_wgmma(0)) v.push_back({"cp.async kernels (TMA off)", {.tma = false}});
+  return v;
+}
+cuda::KernelPolicy policy_for(const Variant& v) {
+  cuda::KernelPolicy p = cuda::kernel_policy();
+  p.conv1x1 = v.policy;
+  return p;
+}
 
 ConvShape shape_of(const Case& c, Layout layout) {
   ConvParams params;
@@ -118,15 +140,19 @@ Results check_all_passes(const Problem& pb, Layout layout, Precision precision) 
 
 void check_case(const Case& c) {
   const Problem pb(c);
-  for (Precision precision : {Precision::FP32, Precision::TF32}) {
-    const Results nchw = check_all_passes(pb, Layout::NCHW, precision);
-    const Results nhwc = check_all_passes(pb, Layout::NHWC, precision);
-    // The two layouts compute the same sums: their results agree far more closely than
-    // either agrees with the f64 reference in TF32.
-    SCOPED_TRACE(::testing::Message() << c << " NHWC vs NCHW " << name(precision));
-    EXPECT_LE(rel_l2(nhwc.y, nchw.y), 1e-5);
-    EXPECT_LE(rel_l2(nhwc.dx, nchw.dx), 1e-5);
-    EXPECT_LE(rel_l2(nhwc.dw, nchw.dw), 1e-5);
+  for (const Variant& variant : variants()) {
+    SCOPED_TRACE(variant.name);
+    cuda::KernelPolicyGuard policy(policy_for(variant));
+    for (Precision precision : {Precision::FP32, Precision::TF32}) {
+      const Results nchw = check_all_passes(pb, Layout::NCHW, precision);
+      const Results nhwc = check_all_passes(pb, Layout::NHWC, precision);
+      // The two layouts compute the same sums: their results agree far more closely than
+      // either agrees with the f64 reference in TF32.
+      SCOPED_TRACE(::testing::Message() << c << " NHWC vs NCHW " << name(precision));
+      EXPECT_LE(rel_l2(nhwc.y, nchw.y), 1e-5);
+      EXPECT_LE(rel_l2(nhwc.dx, nchw.dx), 1e-5);
+      EXPECT_LE(rel_l2(nhwc.dw, nchw.dw), 1e-5);
+    }
   }
 }
 
@@ -206,6 +232,29 @@ TEST(CudaConv1x1, TmaServesTheShapesItShould) {
   EXPECT_THROW(cuda::pointwise_tma(problem(true, 1, 100, 128, 68), 0, nullptr), Error);
 }
 
+// The default policy sends the Hopper forward to the TMA kernel where it applies: the same bits
+// as calling it directly. (check_case runs the cp.async kernels at the same shapes with
+// KernelPolicy::conv1x1.tma = false.)
+TEST(CudaConv1x1, DefaultPolicyRoutesTheForwardToTma) {
+  TG_REQUIRE_GPU();
+  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernel needs sm_90a code on an H100 / H200";
+  const Case c{2, 64, 128, 16, 16, true};
+  const ConvShape s = shape_of(c, Layout::NCHW);
+  const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
+  for (Precision precision : {Precision::FP32, Precision::TF32}) {
+    SCOPED_TRACE(name(precision));
+    PrecisionGuard guard(precision);
+    Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
+    const cuda::PointwiseTmaProblem q{const_cast<float*>(direct.data<float>()), x.data<float>(), w.data<float>(),
+                                      /*w_stride_m=*/c.C, /*w_stride_r=*/1, b.data<float>(), c.N, c.H * c.W,
+                                      /*M=*/c.K, /*R=*/c.C, /*nchw=*/true, precision == Precision::FP32};
+    ASSERT_TRUE(cuda::pointwise_tma_applies(q, 0));
+    cuda::pointwise_tma(q, 0, cuda::stream(0));
+    cuda::conv1x1_forward(routed, x, w, b, s);
+    EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv1x1_forward did not take the TMA kernel";
+  }
+}
+
 TEST(CudaConv1x1, ReductionLengthsOffTheUnrolledPaths) {
   TG_REQUIRE_GPU();
   check_case({1, 40, 64, 12, 11, false});  // 48 reduction channels: NHWC forward without ldmatrix
@@ -238,45 +287,52 @@ TEST(CudaConv1x1, ThreeDimensional) {
   cpu::conv_forward(y64, x.to(f64), w.to(f64), b.to(f64), s);
   cpu::conv_grad_input(dx64, dy.to(f64), w.to(f64), s);
   cpu::conv_grad_weight(dw64, dy.to(f64), x.to(f64), s);
-  for (Precision precision : {Precision::FP32, Precision::TF32}) {
-    SCOPED_TRACE(name(precision));
-    PrecisionGuard guard(precision);
-    Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
-    cuda::conv1x1_forward(y, x.to(kGpu), w.to(kGpu), b.to(kGpu), s);
-    cuda::conv1x1_backward(dx, dw, dy.to(kGpu), x.to(kGpu), w.to(kGpu), s);
-    EXPECT_LE(rel_l2(y, y64), tolerance(precision));
-    EXPECT_LE(rel_l2(dx, dx64), tolerance(precision));
-    EXPECT_LE(rel_l2(dw, dw64), tolerance(precision));
+  for (const Variant& variant : variants()) {
+    cuda::KernelPolicyGuard policy(policy_for(variant));
+    for (Precision precision : {Precision::FP32, Precision::TF32}) {
+      SCOPED_TRACE(::testing::Message() << variant.name << " " << name(precision));
+      PrecisionGuard guard(precision);
+      Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
+      cuda::conv1x1_forward(y, x.to(kGpu), w.to(kGpu), b.to(kGpu), s);
+      cuda::conv1x1_backward(dx, dw, dy.to(kGpu), x.to(kGpu), w.to(kGpu), s);
+      EXPECT_LE(rel_l2(y, y64), tolerance(precision));
+      EXPECT_LE(rel_l2(dx, dx64), tolerance(precision));
+      EXPECT_LE(rel_l2(dw, dw64), tolerance(precision));
+    }
   }
 }
 
 TEST(CudaConv1x1, SameBitsEveryRun) {
   TG_REQUIRE_GPU();
   // Small channel counts (edge stores), and B's channels (staged stores, fused 16-warp backward).
-  for (const Case& c : {Case{2, 16, 24, 160, 240, true}, Case{2, 64, 128, 64, 96, true}}) {
-    for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
-      for (Precision precision : {Precision::FP32, Precision::TF32}) {
-        SCOPED_TRACE(::testing::Message() << c << " " << name(layout) << " " << name(precision));
-        PrecisionGuard guard(precision);
-        const ConvShape s = shape_of(c, layout);
-        const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
-        const Tensor b = random({c.K}, f32, kGpu), dy = random(s.y_shape(), f32, kGpu);
-        std::vector<std::vector<float>> runs[3];
-        for (int run = 0; run < 2; ++run) {
-          Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
-          Tensor dw_alone = poisoned(s.w_shape());
-          cuda::conv1x1_forward(y, x, w, b, s);
-          cuda::conv1x1_backward(dx, dw, dy, x, w, s);
-          cuda::conv1x1_grad_weight(dw_alone, dy, x, s);
-          runs[0].push_back(y.to_vector<float>());
-          runs[1].push_back(dx.to_vector<float>());
-          runs[2].push_back(dw.to_vector<float>());
-          runs[2].push_back(dw_alone.to_vector<float>());
+  for (const Variant& variant : variants()) {
+    cuda::KernelPolicyGuard policy(policy_for(variant));
+    for (const Case& c : {Case{2, 16, 24, 160, 240, true}, Case{2, 64, 128, 64, 96, true}}) {
+      for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+        for (Precision precision : {Precision::FP32, Precision::TF32}) {
+          SCOPED_TRACE(::testing::Message() << variant.name << " " << c << " " << name(layout) << " "
+                                            << name(precision));
+          PrecisionGuard guard(precision);
+          const ConvShape s = shape_of(c, layout);
+          const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu);
+          const Tensor b = random({c.K}, f32, kGpu), dy = random(s.y_shape(), f32, kGpu);
+          std::vector<std::vector<float>> runs[3];
+          for (int run = 0; run < 2; ++run) {
+            Tensor y = poisoned(s.y_shape()), dx = poisoned(s.x_shape()), dw = poisoned(s.w_shape());
+            Tensor dw_alone = poisoned(s.w_shape());
+            cuda::conv1x1_forward(y, x, w, b, s);
+            cuda::conv1x1_backward(dx, dw, dy, x, w, s);
+            cuda::conv1x1_grad_weight(dw_alone, dy, x, s);
+            runs[0].push_back(y.to_vector<float>());
+            runs[1].push_back(dx.to_vector<float>());
+            runs[2].push_back(dw.to_vector<float>());
+            runs[2].push_back(dw_alone.to_vector<float>());
+          }
+          EXPECT_EQ(runs[0][0], runs[0][1]) << "forward not deterministic";
+          EXPECT_EQ(runs[1][0], runs[1][1]) << "dx not deterministic";
+          EXPECT_EQ(runs[2][0], runs[2][2]) << "fused dw not deterministic";
+          EXPECT_EQ(runs[2][1], runs[2][3]) << "grad_weight not deterministic";
         }
-        EXPECT_EQ(runs[0][0], runs[0][1]) << "forward not deterministic";
-        EXPECT_EQ(runs[1][0], runs[1][1]) << "dx not deterministic";
-        EXPECT_EQ(runs[2][0], runs[2][2]) << "fused dw not deterministic";
-        EXPECT_EQ(runs[2][1], runs[2][3]) << "grad_weight not deterministic";
       }
     }
   }

@@ -1,15 +1,19 @@
 // The 3x3 stride-1 NCHW fast path (ops/cuda/conv3x3.h) against the CPU reference in f64:
-// forward (with and without bias), grad-input and grad-weight, in both precisions, at shapes
-// that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H like workload A), pads
-// 0 to 3; outputs poisoned with NaN; the same bits on every run; conv3x3_applies.
+// forward (with and without bias), grad-input and grad-weight, in both precisions, through every
+// kernel this GPU runs (KernelPolicy::conv3x3: on Hopper the wgmma kernels and the mma.sync ones),
+// at shapes that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H like workload A),
+// pads 0 to 3; outputs poisoned with NaN; the same bits on every run; conv3x3_applies.
 #include <array>
 #include <string>
+#include <vector>
 
 #include "common/conv3x3_cases.h"
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/conv3x3.h"
+#include "ops/cuda/policy.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -18,6 +22,35 @@ using namespace tg::test::conv3x3;
 namespace {
 
 double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
+
+// The kernels of the 3x3 path this GPU runs in precision p, each as the policy that selects it.
+// Off Hopper every policy means the mma.sync kernels: only the default is listed there.
+using Data = cuda::Conv3x3Policy::Data;
+using Weight = cuda::Conv3x3Policy::Weight;
+struct Variant {
+  const char* name;
+  cuda::Conv3x3Policy policy;
+};
+// Forward and grad-input: TF32 on Hopper has the shared-operand wgmma kernel (default) and the
+// register-A one (FP32's default), then mma.sync.
+std::vector<Variant> data_variants(Precision p) {
+  std::vector<Variant> v{{"default kernel", {}}};
+  if (!cuda::device_runs_wgmma(0)) return v;
+  if (p == Precision::TF32) v.push_back({"register-A wgmma", {.data = Data::RegisterA}});
+  v.push_back({"mma.sync", {.data = Data::MmaSync}});
+  return v;
+}
+// Grad-weight: TF32 on Hopper has the wgmma kernel (default) and mma.sync; FP32 only mma.sync.
+std::vector<Variant> weight_variants(Precision p) {
+  std::vector<Variant> v{{"default kernel", {}}};
+  if (cuda::device_runs_wgmma(0) && p == Precision::TF32) v.push_back({"mma.sync", {.weight = Weight::MmaSync}});
+  return v;
+}
+cuda::KernelPolicy policy_for(const Variant& v) {
+  cuda::KernelPolicy p = cuda::kernel_policy();
+  p.conv3x3 = v.policy;
+  return p;
+}
 
 // FP32 mode takes at most 128 input and output channels (conv3x3_applies); wider cases run in
 // TF32 only, and FP32 must decline them.
@@ -38,8 +71,12 @@ void check_forward(const Case& c, Precision precision, bool with_bias) {
   Tensor want = Tensor::empty(s.y_shape(), {.dtype = f64});
   cpu::conv_forward(want, x.to(f64), w.to(f64), with_bias ? b.to(f64) : Tensor(), s);
   Tensor gx = x.to(kGpu), gw = w.to(kGpu), gb = with_bias ? b.to(kGpu) : Tensor();
-  Tensor y = run_twice(s.y_shape(), [&](const Tensor& out) { cuda::conv3x3_forward(out, gx, gw, gb, s); });
-  EXPECT_LE(rel_l2(y, want), tolerance(precision)) << "forward";
+  for (const Variant& v : data_variants(precision)) {
+    SCOPED_TRACE(v.name);
+    cuda::KernelPolicyGuard policy(policy_for(v));
+    Tensor y = run_twice(s.y_shape(), [&](const Tensor& out) { cuda::conv3x3_forward(out, gx, gw, gb, s); });
+    EXPECT_LE(rel_l2(y, want), tolerance(precision)) << "forward";
+  }
 }
 
 void check_grad_input(const Case& c, Precision precision) {
@@ -51,8 +88,12 @@ void check_grad_input(const Case& c, Precision precision) {
   Tensor want = Tensor::empty(s.x_shape(), {.dtype = f64});
   cpu::conv_grad_input(want, dy.to(f64), w.to(f64), s);
   Tensor gdy = dy.to(kGpu), gw = w.to(kGpu);
-  Tensor dx = run_twice(s.x_shape(), [&](const Tensor& out) { cuda::conv3x3_grad_input(out, gdy, gw, s); });
-  EXPECT_LE(rel_l2(dx, want), tolerance(precision)) << "grad_input";
+  for (const Variant& v : data_variants(precision)) {
+    SCOPED_TRACE(v.name);
+    cuda::KernelPolicyGuard policy(policy_for(v));
+    Tensor dx = run_twice(s.x_shape(), [&](const Tensor& out) { cuda::conv3x3_grad_input(out, gdy, gw, s); });
+    EXPECT_LE(rel_l2(dx, want), tolerance(precision)) << "grad_input";
+  }
 }
 
 void check_grad_weight(const Case& c, Precision precision) {
@@ -64,8 +105,12 @@ void check_grad_weight(const Case& c, Precision precision) {
   Tensor want = Tensor::empty(s.w_shape(), {.dtype = f64});
   cpu::conv_grad_weight(want, dy.to(f64), x.to(f64), s);
   Tensor gdy = dy.to(kGpu), gx = x.to(kGpu);
-  Tensor dw = run_twice(s.w_shape(), [&](const Tensor& out) { cuda::conv3x3_grad_weight(out, gdy, gx, s); });
-  EXPECT_LE(rel_l2(dw, want), tolerance(precision)) << "grad_weight";
+  for (const Variant& v : weight_variants(precision)) {
+    SCOPED_TRACE(v.name);
+    cuda::KernelPolicyGuard policy(policy_for(v));
+    Tensor dw = run_twice(s.w_shape(), [&](const Tensor& out) { cuda::conv3x3_grad_weight(out, gdy, gx, s); });
+    EXPECT_LE(rel_l2(dw, want), tolerance(precision)) << "grad_weight";
+  }
 }
 
 // Shapes chosen against the tiles: forward/grad-input blocks are 2x128 pixels x 128 channels

@@ -6,7 +6,6 @@
 // the wrong (channel, row, column); the longest FP32 chains (128 channels each way); that the
 // public conv3x3 launchers take this path on an H100 / H200; argument checks. On other GPUs the
 // launchers' tests are skipped.
-#include <cstdlib>
 #include <string>
 
 #include "common/conv3x3_cases.h"
@@ -16,6 +15,7 @@
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma.h"
 #include "ops/cuda/conv3x3_wgmma_ss.h"
+#include "ops/cuda/policy.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -191,26 +191,33 @@ TEST(CudaConv3x3Wgmma, PublicLaunchersTakeTheWgmmaPath) {
   REQUIRE_WGMMA();
   // conv3x3_forward / conv3x3_grad_input route to a wgmma kernel in both modes: the same bits as
   // calling its launchers directly. TF32 takes the shared-memory-operand kernel
-  // (conv3x3_wgmma_ss) unless TG_CONV3X3_TF32_KERNEL=rs selects this one; FP32 always this one.
+  // (conv3x3_wgmma_ss) unless KernelPolicy::conv3x3 asks for the register-A one (this one);
+  // FP32 always this one.
+  using Data = cuda::Conv3x3Policy::Data;
   for (Precision prec : kModes) {
-  SCOPED_TRACE(mode(prec));
-  PrecisionGuard guard(prec);
-  const Case c{1, 13, 7, 21, 70, 1, 1};
-  const ConvShape s = shape_of(c);
-  const bool ss = prec == Precision::TF32 && std::getenv("TG_CONV3X3_TF32_KERNEL") == nullptr;
-  ASSERT_EQ(ss, cuda::conv3x3_wgmma_ss_applies(s, kGpu) && std::getenv("TG_CONV3X3_TF32_KERNEL") == nullptr);
-  Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
-  Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
-  if (ss) cuda::conv3x3_wgmma_ss_forward(direct, x, w, b, s);
-  else cuda::conv3x3_wgmma_forward(direct, x, w, b, s);
-  cuda::conv3x3_forward(routed, x, w, b, s);
-  EXPECT_EQ(direct.to_vector<float>(), routed.to_vector<float>());
-  Tensor dy = random(s.y_shape(), f32, kGpu);
-  Tensor dx_direct = poisoned(s.x_shape()), dx_routed = poisoned(s.x_shape());
-  if (ss) cuda::conv3x3_wgmma_ss_grad_input(dx_direct, dy, w, s);
-  else cuda::conv3x3_wgmma_grad_input(dx_direct, dy, w, s);
-  cuda::conv3x3_grad_input(dx_routed, dy, w, s);
-  EXPECT_EQ(dx_direct.to_vector<float>(), dx_routed.to_vector<float>());
+    for (Data data : {Data::Auto, Data::RegisterA}) {
+      SCOPED_TRACE(::testing::Message() << mode(prec) << (data == Data::Auto ? " default policy" : " register-A"));
+      PrecisionGuard guard(prec);
+      cuda::KernelPolicy kernels = cuda::kernel_policy();
+      kernels.conv3x3.data = data;
+      cuda::KernelPolicyGuard policy(kernels);
+      const Case c{1, 13, 7, 21, 70, 1, 1};
+      const ConvShape s = shape_of(c);
+      ASSERT_EQ(cuda::conv3x3_wgmma_ss_applies(s, kGpu), prec == Precision::TF32);
+      const bool ss = prec == Precision::TF32 && data == Data::Auto;
+      Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
+      Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
+      if (ss) cuda::conv3x3_wgmma_ss_forward(direct, x, w, b, s);
+      else cuda::conv3x3_wgmma_forward(direct, x, w, b, s);
+      cuda::conv3x3_forward(routed, x, w, b, s);
+      EXPECT_EQ(direct.to_vector<float>(), routed.to_vector<float>());
+      Tensor dy = random(s.y_shape(), f32, kGpu);
+      Tensor dx_direct = poisoned(s.x_shape()), dx_routed = poisoned(s.x_shape());
+      if (ss) cuda::conv3x3_wgmma_ss_grad_input(dx_direct, dy, w, s);
+      else cuda::conv3x3_wgmma_grad_input(dx_direct, dy, w, s);
+      cuda::conv3x3_grad_input(dx_routed, dy, w, s);
+      EXPECT_EQ(dx_direct.to_vector<float>(), dx_routed.to_vector<float>());
+    }
   }
 }
 

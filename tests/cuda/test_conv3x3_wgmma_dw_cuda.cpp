@@ -17,6 +17,7 @@
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv3x3.h"
 #include "ops/cuda/conv3x3_wgmma_dw.h"
+#include "ops/cuda/policy.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -148,7 +149,8 @@ TEST(CudaConv3x3WgmmaDw, MatchesReference) {
 }
 
 // conv3x3_grad_weight and the tape's conv2d backward route TF32 grad-weight here: the same bits
-// as the direct call (the mma.sync kernel rounds its operands: different bits).
+// as the direct call (the mma.sync kernel, which KernelPolicy can pick instead, rounds its
+// operands: different bits).
 TEST(CudaConv3x3WgmmaDw, DispatchedOpsUseIt) {
   REQUIRE_WGMMA_DW();
   PrecisionGuard guard(Precision::TF32);
@@ -159,8 +161,16 @@ TEST(CudaConv3x3WgmmaDw, DispatchedOpsUseIt) {
   cuda::conv3x3_wgmma_grad_weight(direct, dy, x, s);
   Tensor routed = poisoned(s.w_shape());
   cuda::conv3x3_grad_weight(routed, dy, x, s);
-  EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv3x3_grad_weight did not route here"
-                                                                   << " (or TG_CONV3X3_TF32_WGRAD=mma is set)";
+  EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv3x3_grad_weight did not route here";
+  {
+    // KernelPolicy::conv3x3.weight = MmaSync takes the mma.sync kernel instead.
+    cuda::KernelPolicy kernels = cuda::kernel_policy();
+    kernels.conv3x3.weight = cuda::Conv3x3Policy::Weight::MmaSync;
+    cuda::KernelPolicyGuard policy(kernels);
+    Tensor mma = poisoned(s.w_shape());
+    cuda::conv3x3_grad_weight(mma, dy, x, s);
+    EXPECT_NE(mma.to_vector<float>(), direct.to_vector<float>()) << "the policy did not take the mma.sync kernel";
+  }
   Tensor wl = w.detach().requires_grad_();
   {
     Tape tape;

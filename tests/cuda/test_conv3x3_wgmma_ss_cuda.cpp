@@ -4,7 +4,8 @@
 // per stage: odd H, W around 128 and 256, C = 1, 3, 13, 64, 70, K = 1, 64, 65, 128, 200; pads 0
 // to 3; W >> H; the staged stores' edges), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose
 // failure message names the wrong (channel, row, column); argument checks; applies only in TF32
-// on an H100 / H200. The launchers are called directly (conv3x3.cu does not route here).
+// on an H100 / H200. The launchers are called directly (the routing from conv3x3.cu, its default
+// in TF32 on Hopper, is checked in test_conv3x3_wgmma_cuda.cpp).
 #include <string>
 
 #include "common/conv3x3_cases.h"

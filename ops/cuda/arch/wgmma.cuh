@@ -34,6 +34,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cuda/arch/cp_async.cuh"  // shared_address
+
 namespace tg::cuda::wgmma {
 
 // ---- BEGIN DESCRIPTOR (plain C++: host emulators include this part unchanged) ----
@@ -53,9 +55,8 @@ __host__ __device__ constexpr uint64_t kmajor_desc(uint32_t smem_addr, uint32_t 
 __host__ __device__ constexpr uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 // ---- END DESCRIPTOR ----
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// wgmma::shared_address: the one in cp_async.cuh.
+using ::tg::cuda::shared_address;
 
 // This thread's completed generic-proxy writes to shared memory (plain stores, cp.async after
 // its wait_group) become visible to the async proxy (wgmma operand reads). A barrier must follow

@@ -1,6 +1,6 @@
 // See hopper.h. Compiled with the library's CUDA flags, like every wgmma kernel: if this file's
 // device image carries sm_90a code, so do theirs.
-#include "ops/cuda/hopper.h"
+#include "ops/cuda/arch/hopper.h"
 
 #include <atomic>
 

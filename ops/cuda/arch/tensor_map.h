@@ -1,4 +1,4 @@
-// Host side of the TMA kernels (ops/cuda/tma.cuh): the descriptor ("tensor map") through which
+// Host side of the TMA kernels (ops/cuda/arch/tma.cuh): the descriptor ("tensor map") through which
 // the TMA unit reads and writes boxes of a row-major f32 matrix.
 #pragma once
 #include <cstdint>

@@ -1,7 +1,6 @@
-// mma.sync tensor-core operations shared by the Ampere-style kernels (conv3x3.cu's mma.sync
-// path, conv3d_gn_mean_mma.cu): the TF32 m16n8k8 and bf16 m16n8k16 products with FP32
-// accumulation, and the bf16 pair packing of the FP32-accurate split products. Device code only;
-// each translation unit gets its own copy.
+// mma.sync tensor-core operations (sm_80+): the TF32 m16n8k8 and bf16 m16n8k16 products with
+// FP32 accumulation, and the bf16 pair packing of the FP32-accurate split products. Device code
+// only; each translation unit gets its own copy.
 #pragma once
 #include <cstdint>
 
@@ -16,6 +15,13 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// D = A B (the first k-step of a tile): the C operand is the zero register, so no accumulator
+// has to be cleared first.
+__device__ __forceinline__ void mma_tf32_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
 // D += A B: one m16n8k16 bf16 tensor op, FP32 accumulation. Fragments (PTX ISA): a0 (g, k 2t,

@@ -1,7 +1,7 @@
 // Hopper's tensor memory accelerator (TMA, sm_90) and the transaction barriers it signals, for
 // kernels whose tiles are plain boxes of a row-major matrix: one thread asks for a whole box
 // (up to 256 rows) global -> shared or shared -> global, and no warp spends load / store
-// instructions on it. Host side: ops/cuda/tensor_map.h describes the matrix.
+// instructions on it. Host side: ops/cuda/arch/tensor_map.h describes the matrix.
 //
 // Everything here follows the PTX ISA ("mbarrier", "cp.async.bulk.tensor", "Tensor copy
 // completion mechanisms"):
@@ -19,15 +19,15 @@
 
 #include <cuda.h>  // CUtensorMap
 
+#include "ops/cuda/arch/cp_async.cuh"  // shared_address
+
 namespace tg::cuda::tma {
 namespace {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // A barrier whose phase completes after `arrivals` arrive() calls (and the announced bytes).
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
 #endif
 }
 // After the inits, before other threads (and the TMA unit) use the barriers; a __syncthreads
@@ -39,13 +39,13 @@ __device__ __forceinline__ void mbar_init_fence() {
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
 #endif
 }
 // One arrival that also announces `bytes` of TMA traffic for the current phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
                : "memory");
 #endif
 }
@@ -58,7 +58,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
         : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
+        : "r"(shared_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
 #endif
@@ -72,8 +72,8 @@ __device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, uint
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "l"(policy)
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar)), "l"(policy)
       : "memory");
 #endif
 }
@@ -83,8 +83,8 @@ __device__ __forceinline__ void load_box_3d(void* dst, const CUtensorMap* map, u
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)), "l"(policy)
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(bar)), "l"(policy)
       : "memory");
 #endif
 }
@@ -93,8 +93,8 @@ __device__ __forceinline__ void load_box_3d(void* dst, const CUtensorMap* map, u
 __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                   shared_address(dst)),
+               "l"(src), "r"(bytes), "r"(shared_address(bar))
                : "memory");
 #endif
 }
@@ -103,7 +103,7 @@ __device__ __forceinline__ void store_box(const CUtensorMap* map, const void* sr
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(smem_u32(src))
+               "r"(c0), "r"(c1), "r"(shared_address(src))
                : "memory");
 #endif
 }
@@ -112,7 +112,7 @@ __device__ __forceinline__ void store_box_3d(const CUtensorMap* map, const void*
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
+               "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(src))
                : "memory");
 #endif
 }

@@ -1,7 +1,6 @@
-// TF32 operands for the tensor cores, shared by the 1x1 kernels (conv1x1.cu's mma.sync, conv1x1_tma.cu's
-// wgmma) and the 3x3 ones (conv3x3.cu's mma.sync, conv3x3_wgmma.cu's register-A wgmma): rounding
-// f32 to TF32 and the ldmatrix load that hands f32 fragments to the lanes.
-// Device code only; each translation unit gets its own copy.
+// TF32 operands for the tensor cores (mma.sync and wgmma): rounding f32 to TF32 (the bits of an
+// FP32-accurate split, a plain operand, or cvt.rna) and the ldmatrix load that hands f32
+// fragments to the lanes. Device code only; each translation unit gets its own copy.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +13,13 @@ __device__ __forceinline__ uint32_t tf32_bits(float x) { return (__float_as_uint
 // x as a plain-TF32 mma operand: the tensor cores read only the top 19 bits of a .tf32 operand,
 // so adding half a TF32 ulp is the whole rounding (what ptxas emits for cvt.rna feeding an mma).
 __device__ __forceinline__ uint32_t tf32_operand(float x) { return __float_as_uint(x) + 0x1000u; }
+// Round to the nearest TF32 (10-bit mantissa), ties away from zero; low 13 bits become 0
+// (cvt.rna itself: infinities stay infinite).
+__device__ __forceinline__ uint32_t tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
 
 // Four 8 x (4 x 32-bit) matrices from shared memory: lane 8j + r gives the 16-byte row r of
 // matrix j; register j of lane 4r + c receives word c of row r of matrix j (PTX ISA, ldmatrix

@@ -1,6 +1,6 @@
 // See tensor_map.h. The encoder is a driver function: fetched through the runtime's entry-point
 // query, so the library needs no link against libcuda.
-#include "ops/cuda/tensor_map.h"
+#include "ops/cuda/arch/tensor_map.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
