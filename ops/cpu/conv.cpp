@@ -85,8 +85,10 @@ void for_each_tap(const ConvShape& s, const ChunkGeometry& g, int64_t len, Visit
           const int64_t x_step = s.stride[2] * xs.position;
           for (int64_t c = 0; c < s.C; ++c) {
             const int64_t col = (c * s.kernel_volume() + kk) * len + r.j0 - r.ow0;
-            int64_t xi = c * xs.channel + ((id * H + ih) * W + iw0) * xs.position;
-            for (int64_t ow = a; ow < b; ++ow, xi += x_step) visit(col + ow, xi);
+            const int64_t xi = c * xs.channel + ((id * H + ih) * W + iw0) * xs.position;
+            // Offsets from the run's first column: no step past the last one (a stride near
+            // INT64_MAX has a single column, and one more step would overflow).
+            for (int64_t ow = a; ow < b; ++ow) visit(col + ow, xi + (ow - a) * x_step);
           }
         }
       }
