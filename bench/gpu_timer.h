@@ -49,7 +49,7 @@ struct Timing {
 // Runs `run` warmup + repeats times; `run` calls start() and stop() around what it times.
 // idle_ms > 0 leaves the GPU idle that long before each timed repeat. Back to back, A's and B's
 // kernels drive this H200 into its software power cap within ~40-70 ms and run 5-13% slower
-// from then on (bench/notes_conv1x1.md, round 6); with idle gaps every repeat runs as the first.
+// from then on (bench/journal/notes_conv1x1.md, round 6); with idle gaps every repeat runs as the first.
 inline Timing measure(cudaStream_t stream, int warmup, int repeats, const std::function<void(EventPair&)>& run,
                       int idle_ms = 0) {
   EventPair events(stream);

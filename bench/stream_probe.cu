@@ -152,7 +152,7 @@ int alloc_compare(int sms, int repeats) {
 }
 
 // Does the memory system slow down under sustained load? tg_bench's back-to-back repeats of B
-// drift up by steps after ~40-70 ms (bench/notes_conv1x1.md, round 5) while ncu, which leaves
+// drift up by steps after ~40-70 ms (bench/journal/notes_conv1x1.md, round 5) while ncu, which leaves
 // gaps between launches, times every launch the same. Here the copy and the NCHW-tile pattern
 // run `repeats` times back to back (one event pair each, synchronized: a ~10 us host gap), then
 // again with `gap_ms` of idle time before each launch; printed: every time in order.

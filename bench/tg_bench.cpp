@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
             }
             log << line << std::flush;
             if (verbose && r.ok && !check_only) {
-              // Repeats drift within one process (bench/notes_conv1x1.md, round 4): show them.
+              // Repeats drift within one process (bench/journal/notes_conv1x1.md, round 4): show them.
               log << "    repeats in order (ms):";
               for (double ms : r.timing.in_order_ms) log << ' ' << ms;
               log << '\n';
