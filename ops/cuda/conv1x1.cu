@@ -13,7 +13,7 @@
 // two tensor ops per product instead of 3xTF32's three. mma.sync runs at ~6 clk per op per SM
 // sub-partition on Hopper (Nsight: 30% tensor pipe for 512 TF32 ops in 10.2k clk), so the FP32
 // forward needs ~3.1k of the ~5.4k clk that one tile's bytes take at 4.2 TB/s: under the
-// memory floor. See bench/notes_conv1x1.md for the budget of every resource.
+// memory floor. See bench/journal/notes_conv1x1.md for the budget of every resource.
 //
 // Structure:
 // - Persistent grids, tiles of 128 pixels; each tile's activations stream into shared memory

@@ -8,7 +8,7 @@
 //   pass is compute-bound and the design goal is to keep the tensor cores fed. On an H200 the
 //   mma.sync m16n8k8 TF32 ceiling is ~320-330 TFLOP/s (ncu: tensor pipe 45% at 146), i.e.
 //   ~1.9 ms TF32 and ~3.8 ms FP32-accurate per pass at best with this instruction
-//   (bench/notes_conv3x3.md). The 8-warp kernels were latency-bound (2 warps per scheduler,
+//   (bench/journal/notes_conv3x3.md). The 8-warp kernels were latency-bound (2 warps per scheduler,
 //   255 registers); the TF32 ones and the FP32 wide forward now run 16 warps of half the
 //   warp tile (<= 128 registers).
 //

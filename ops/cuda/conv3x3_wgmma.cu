@@ -78,7 +78,7 @@
 //     (fence_operand) so no read of them can be scheduled above the wait. The first wgmma of the
 //     next tile does not accumulate (scale-d = 0): no zeroing.
 //
-// Expected rate (bench/notes_conv3x3.md, Rounds 3 and 4): per m64nNk8 a thread issues 4 LDS + 8
+// Expected rate (bench/journal/notes_conv3x3.md, Rounds 3 and 4): per m64nNk8 a thread issues 4 LDS + 8
 // rounding ops + ~2 address ops; an m64n128k8 keeps the tensor cores of an SM busy 64 clocks.
 // Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64 wavefront-clocks at peak, plus the
 // stage fills (~18%): smem caps the kernel near ~85-95% of the wgmma peak. Measured (Round 3,

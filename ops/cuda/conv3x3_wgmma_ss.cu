@@ -23,7 +23,7 @@
 // Tiles of 128 output channels x 2 rows x 128 columns (4 warpgroups: the halo transposed once per
 // 128 channels) and 64 x 4 x 128 (6 halo rows per 4 output rows) were measured slower on an H200
 // (workload A forward 2.92 / 2.90 ms vs 2.71): m64n128 wgmma read the weights twice as often and
-// the weights stage doubled; see bench/notes_conv3x3.md.
+// the weights stage doubled; see bench/journal/notes_conv3x3.md.
 //
 // Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/arch/wgmma.cuh
 // states the layout: element (row, k) at start + (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4):
