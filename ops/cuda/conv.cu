@@ -193,6 +193,14 @@ __global__ void grad_bias_kernel(T* __restrict__ db,        // (K)
   }
 }
 
+// The 1x1 kernels keep a block of weights resident and re-read their output once per 128
+// reduction channels: past 512 channels the engine's tiles are faster (H200, 1024 -> 256
+// channels at 14x14: FP32 forward 0.38 ms against 0.17 on the engine, fwd+bwd 0.88 against 0.63).
+constexpr int64_t kPointwiseMaxChannels = 512;
+bool pointwise_claims(const ConvShape& s, DType dtype) {
+  return conv1x1_applies(s, dtype) && s.C <= kPointwiseMaxChannels && s.K <= kPointwiseMaxChannels;
+}
+
 unsigned reduce_blocks(int64_t count) {
   return static_cast<unsigned>(count < kMaxReduceBlocks ? count : kMaxReduceBlocks);
 }
@@ -204,7 +212,7 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   if (total == 0) return;
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
-    if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
+    if (pointwise_claims(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
     if (y.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_forward(y, x, w, b, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, y.dtype()))
@@ -224,7 +232,7 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   if (total == 0) return;
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
-    if (conv1x1_applies(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
+    if (pointwise_claims(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
     if (dx.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_input(dx, dy, w, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dx.dtype()))
@@ -244,7 +252,7 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
   if (count == 0) return;
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
-    if (conv1x1_applies(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
+    if (pointwise_claims(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
     if (dw.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_weight(dw, dy, x, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dw.dtype()))
@@ -262,7 +270,7 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
 void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const ConvShape& s) {
   // A 1x1 convolution reads dy once for both gradients; other shapes run the two passes.
-  if (kernel_policy().conv == KernelPath::Auto && dx.numel() > 0 && dw.numel() > 0 && conv1x1_applies(s, dx.dtype()))
+  if (kernel_policy().conv == KernelPath::Auto && dx.numel() > 0 && dw.numel() > 0 && pointwise_claims(s, dx.dtype()))
     return conv1x1_backward(dx, dw, dy, x, w, s);
   conv_grad_input(dx, dy, w, s);
   conv_grad_weight(dw, dy, x, s);

@@ -2,13 +2,19 @@
 // shuffle tree, then warps in index order), so results are deterministic run to run.
 //
 // forward : one block per (n, g): sum and sum of squares in one read of the (contiguous)
-//           group, then the normalize pass over the same group, which is still in L2.
+//           group, then the normalize pass over the same group, which is still in L2. With
+//           fewer groups than SMs, each group is cut into ranges: the ranges' sums, then a
+//           block per range adds them (fixed order) and normalizes its range.
 // backward: (1) one block per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
 //           (2) one thread per channel: dgamma = sum_n rstd ds, dbeta = sum_n db
-//           (3) one block per (n, g): the group's two coefficients from (1), then dx.
+//           (3) one block per (n, g), or per range of it when groups are few: the group's two
+//               coefficients from (1), then dx.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp).
+#include <algorithm>
+
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/norm.h"
 
 namespace tg::cuda {
@@ -53,13 +59,45 @@ __device__ void block_sum2(double& a, double& b) {
   __syncthreads();  // the next call may overwrite sa/sb
 }
 
+// y over elements [lo, hi) of group ng (D channels of HW, contiguous): x normalized with
+// (mu, rs), then gamma and beta per channel.
+template <class T>
+__device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, const T* __restrict__ gamma,
+                                const T* __restrict__ beta, int64_t g, int64_t D, int64_t HW, int64_t lo, int64_t hi,
+                                double mu, double rs) {
+  const T mu_t = static_cast<T>(mu);
+  if (HW >= 32) {  // per channel: no division per element
+    for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
+      const int64_t c = g * D + d;
+      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
+      const T shift = beta ? beta[c] : T(0);
+      const int64_t end = min((d + 1) * HW, hi);
+      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x) yg[i] = (xg[i] - mu_t) * scale + shift;
+    }
+  } else {  // tiny spatial extent: walk the range flat
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+      const int64_t c = g * D + i / HW;
+      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
+      yg[i] = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+    }
+  }
+}
+
+// Mean and 1/std of a group from its sum and sum of squares (biased variance; in double, which
+// keeps the cancellation small).
+__device__ __forceinline__ void group_stats(double s, double ss, int64_t M, double eps, double& mu, double& rs) {
+  mu = s / double(M);
+  rs = rsqrt(fmax(ss / double(M) - mu * mu, 0.0) + eps);
+}
+
+// One block per (n, g) when there are enough groups to fill the GPU: the sums in one read of
+// the (contiguous) group, then the normalize pass over the same group, still in L2.
 template <class T>
 __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
                                const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
                                int64_t G, int64_t D, int64_t HW, double eps) {
-  const int64_t ng = blockIdx.x, g = ng % G, M = D * HW;
-  const T* xg = x + ng * M;  // (D, HW): a group is contiguous
-  T* yg = y + ng * M;
+  const int64_t ng = blockIdx.x, M = D * HW;
+  const T* xg = x + ng * M;
   double s = 0, ss = 0;
   for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
     const double v = xg[i];
@@ -67,29 +105,54 @@ __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __res
     ss += v * v;
   }
   block_sum2(s, ss);
-  const double mu = s / double(M);
-  const double var = fmax(ss / double(M) - mu * mu, 0.0);  // biased; double keeps cancellation small
-  const double rs = rsqrt(var + eps);
+  double mu, rs;
+  group_stats(s, ss, M, eps, mu, rs);
   if (threadIdx.x == 0) {
     mean[ng] = static_cast<T>(mu);
     rstd[ng] = static_cast<T>(rs);
   }
-  const T mu_t = static_cast<T>(mu);
-  if (HW >= 32) {  // per channel: no division per element
-    for (int64_t d = 0; d < D; ++d) {
-      const int64_t c = g * D + d;
-      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
-      const T shift = beta ? beta[c] : T(0);
-      for (int64_t i = d * HW + threadIdx.x; i < (d + 1) * HW; i += blockDim.x)
-        yg[i] = (xg[i] - mu_t) * scale + shift;
-    }
-  } else {  // tiny spatial extent: walk the group flat
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-      const int64_t c = g * D + i / HW;
-      const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
-      yg[i] = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
-    }
+  normalize_range(y + ng * M, xg, gamma, beta, ng % G, D, HW, 0, M, mu, rs);
+}
+
+// Few groups (fewer than the SMs): each group is cut into `slices` ranges, one block each.
+// (a) the sums of each range ...
+template <class T>
+__global__ void slice_sums_kernel(double2* __restrict__ partial, const T* __restrict__ x, int64_t M,
+                                  int64_t slice_len) {
+  const int64_t ng = blockIdx.x, slice = blockIdx.y;
+  const T* xg = x + ng * M;
+  const int64_t lo = slice * slice_len, hi = min(M, lo + slice_len);
+  double s = 0, ss = 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const double v = xg[i];
+    s += v;
+    ss += v * v;
   }
+  block_sum2(s, ss);
+  if (threadIdx.x == 0) partial[ng * gridDim.y + slice] = make_double2(s, ss);
+}
+
+// (b) ... then every block adds its group's partial sums in slice order (the same order in
+// every block: one result) and normalizes its range.
+template <class T>
+__global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
+                                       const T* __restrict__ x, const T* __restrict__ gamma,
+                                       const T* __restrict__ beta, const double2* __restrict__ partial,
+                                       int64_t G, int64_t D, int64_t HW, int64_t slice_len, double eps) {
+  const int64_t ng = blockIdx.x, slice = blockIdx.y, M = D * HW;
+  double s = 0, ss = 0;
+  for (unsigned k = 0; k < gridDim.y; ++k) {
+    s += partial[ng * gridDim.y + k].x;
+    ss += partial[ng * gridDim.y + k].y;
+  }
+  double mu, rs;
+  group_stats(s, ss, M, eps, mu, rs);
+  if (slice == 0 && threadIdx.x == 0) {
+    mean[ng] = static_cast<T>(mu);
+    rstd[ng] = static_cast<T>(rs);
+  }
+  const int64_t lo = slice * slice_len, hi = min(M, lo + slice_len);
+  normalize_range(y + ng * M, x + ng * M, gamma, beta, ng % G, D, HW, lo, hi, mu, rs);
 }
 
 // (1) per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
@@ -136,12 +199,15 @@ __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, 
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
 // (3) per (n, g): dx = rstd (g_c dy - A - xhat B), A = sum(g_c dy)/M, B = sum(g_c dy xhat)/M.
+// Block (ng, slice) writes elements [slice * slice_len, ...) of the group (every block of a
+// group computes A and B alike).
 template <class T>
 __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                           const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
                           const double* __restrict__ db, const double* __restrict__ ds,
-                          int64_t C, int64_t G, int64_t D, int64_t HW) {
+                          int64_t C, int64_t G, int64_t D, int64_t HW, int64_t slice_len) {
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, M = D * HW;
+  const int64_t lo = blockIdx.y * slice_len, hi = min(M, lo + slice_len);
   const double mu = mean[ng], rs = rstd[ng];
   double sum_g = 0, sum_gx = 0;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -159,13 +225,14 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   const T* dyg = dy + ng * M;
   T* dxg = dx + ng * M;
   if (HW >= 32) {
-    for (int64_t d = 0; d < D; ++d) {
+    for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
       const T gc = gamma ? gamma[g * D + d] : T(1);
-      for (int64_t i = d * HW + threadIdx.x; i < (d + 1) * HW; i += blockDim.x)
+      const int64_t end = min((d + 1) * HW, hi);
+      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x)
         dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
     }
   } else {
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const T gc = gamma ? gamma[g * D + i / HW] : T(1);
       dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
     }
@@ -176,6 +243,17 @@ template <class T>
 const T* data_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 template <class T>
 T* mutable_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+// Ranges per group so that the blocks fill the GPU: 1 when there are groups enough, else up
+// to one block per SM per group, each range at least kMinSliceElements long.
+constexpr int64_t kMinSliceElements = 4096;
+int64_t slices_for(int64_t groups, int64_t group_size, int dev) {
+  const int64_t sms = sm_count(dev);
+  if (groups >= sms) return 1;
+  const int64_t want = (2 * sms + groups - 1) / groups;
+  const int64_t most = (group_size + kMinSliceElements - 1) / kMinSliceElements;
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, 65535}));
+}
 
 unsigned blocks_checked(int64_t n, const char* what) {
   TG_CHECK(n <= 0x7fffffff, "group_norm (CUDA): ", n, " ", what, " exceed the grid limit");
@@ -191,13 +269,28 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
   const int dev = x.device().index;
   set_device(dev);
   const int64_t G = p.groups, D = p.channels_per_group();
+  const int64_t M = p.group_size(), slices = slices_for(p.N * G, M, dev);
+  const int64_t slice_len = (M + slices - 1) / slices;
+  cudaStream_t s = stream(dev);
   dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
-    forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(p.group_size()), 0, stream(dev)>>>(
+    if (slices == 1) {
+      forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(M), 0, s>>>(
+          y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
+          G, D, p.HW, p.eps);
+      TG_LAUNCH_CHECK();
+      return;
+    }
+    Tensor partial = Tensor::empty({p.N * G * slices * 2}, {.dtype = DType::f64, .device = x.device()});
+    double2* part = reinterpret_cast<double2*>(partial.data<double>());
+    const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
+    slice_sums_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(part, x.data<T>(), M, slice_len);
+    TG_LAUNCH_CHECK();
+    slice_normalize_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(
         y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
-        G, D, p.HW, p.eps);
+        part, G, D, p.HW, slice_len, p.eps);
+    TG_LAUNCH_CHECK();
   });
-  TG_LAUNCH_CHECK();
 }
 
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
@@ -227,9 +320,12 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
       TG_LAUNCH_CHECK();
     }
     if (dx.defined() && p.N > 0) {
-      dx_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(p.group_size()), 0, s>>>(
-          dx.data<T>(), dy.data<T>(), x.data<T>(), data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(),
-          db, ds, p.C, G, D, p.HW);
+      const int64_t M = p.group_size(), slices = slices_for(p.N * G, M, dev);
+      const int64_t slice_len = (M + slices - 1) / slices;
+      const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
+      dx_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(dx.data<T>(), dy.data<T>(), x.data<T>(),
+                                                           data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(),
+                                                           db, ds, p.C, G, D, p.HW, slice_len);
       TG_LAUNCH_CHECK();
     }
   });

@@ -2,7 +2,8 @@
 // pass and every matrix-product transpose, at shapes that break its tiles (odd sizes, 1 and 3
 // channels, kernels larger than the input, stride > kernel, dilation with padding, N = 1),
 // every tile configuration (on Hopper, arch 90 runs TF32 128x128 tiles on the wgmma kernel,
-// arch 80 on mma.sync), split and unsplit reductions, strided grad-input by phases, FP32 (three TF32 products) and TF32.
+// arch 80 on mma.sync), split and unsplit reductions, strided grad-input by phases, FP32
+// (three TF32 products) and TF32.
 // Outputs are NaN-poisoned before each launch; split reductions must be bit-reproducible.
 #include <string>
 #include <vector>
@@ -37,18 +38,23 @@ std::vector<ConvCase> conv_cases() {
       {"kernel > input, padded", {2, 4, 3, 2}, {5, 4, 5, 5}, {.padding = {2}}},
       {"stride > kernel", {2, 6, 13, 14}, {9, 6, 2, 2}, {.stride = {3}}},
       {"dilated 3x3 d2 p2", {2, 8, 12, 10}, {8, 8, 3, 3}, {.padding = {2}, .dilation = {2}}},
-      {"s2 d2 p2 (stride and dilation share a factor)", {2, 5, 13, 11}, {6, 5, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+      {"s2 d2 p2 (stride and dilation share a factor)", {2, 5, 13, 11}, {6, 5, 3, 3},
+       {.stride = {2}, .padding = {2}, .dilation = {2}}},
       {"s3 d2 p1", {1, 4, 14, 15}, {5, 4, 3, 3}, {.stride = {3}, .padding = {1}, .dilation = {2}}},
       {"s2 k4 p1, 20 channels", {2, 20, 16, 17}, {24, 20, 4, 4}, {.stride = {2}, .padding = {1}}},
-      {"rect kernel, per-dim params", {1, 7, 16, 9}, {5, 7, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 3}}},
+      {"rect kernel, per-dim params", {1, 7, 16, 9}, {5, 7, 3, 1},
+       {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 3}}},
       {"1x1 s2", {2, 40, 9, 9}, {130, 40, 1, 1}, {.stride = {2}}},
       {"wide K, N=1", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
       {"NHWC 3x3 s1 p1", {2, 9, 11, 36}, {20, 36, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
-      {"NHWC 3x3 s2 odd C", {3, 13, 10, 5}, {11, 5, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
-      {"NHWC dilated 1 channel", {2, 12, 12, 1}, {4, 1, 3, 3}, {.padding = {2}, .dilation = {2}, .layout = Layout::NHWC}},
+      {"NHWC 3x3 s2 odd C", {3, 13, 10, 5}, {11, 5, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC dilated 1 channel", {2, 12, 12, 1}, {4, 1, 3, 3},
+       {.padding = {2}, .dilation = {2}, .layout = Layout::NHWC}},
       {"3d 3x3x3 p1", {2, 5, 6, 7, 5}, {9, 5, 3, 3, 3}, {.padding = {1}}},
       {"3d s2 C1", {1, 1, 9, 8, 7}, {6, 1, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
-      {"3d anisotropic", {2, 3, 5, 9, 6}, {4, 3, 1, 3, 2}, {.stride = {1, 2, 1}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
+      {"3d anisotropic", {2, 3, 5, 9, 6}, {4, 3, 1, 3, 2},
+       {.stride = {1, 2, 1}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
   };
 }
 
@@ -190,7 +196,8 @@ TEST(GemmEngineMatmul, LinearRoutesLargeShapesToTheEngine) {
   TG_REQUIRE_GPU();
   PrecisionGuard fp32(Precision::FP32);
   // Reduction 300 > the 1x1 kernels' limit: the dispatcher's engine path.
-  Tensor x = random({70, 300}, DType::f32, kGpu).requires_grad_(), w = random({90, 300}, DType::f32, kGpu).requires_grad_();
+  Tensor x = random({70, 300}, DType::f32, kGpu).requires_grad_();
+  Tensor w = random({90, 300}, DType::f32, kGpu).requires_grad_();
   Tensor b = random({90}, DType::f32, kGpu).requires_grad_();
   Tensor xr = ref(x).requires_grad_(), wr = ref(w).requires_grad_(), br = ref(b).requires_grad_();
   Tensor y, yr;

@@ -22,6 +22,9 @@ const std::vector<Case> kCases = {
     {{2, 6, 5}, 3, true},          {{2, 6, 3, 4}, 1, true},          {{2, 6, 2, 3, 2}, 6, true},
     {{1, 1, 1}, 1, true},          {{3, 6, 7}, 2, false},            {{2, 24, 5, 9, 11}, 8, true},
     {{3, 4, 65, 33}, 2, true},     {{2, 8, 1000, 3}, 8, false},      {{5, 12, 1, 1}, 4, true},
+    // Fewer groups than SMs: each group is cut into ranges (one block each), per channel or
+    // flat (HW < 32), a few ranges or many.
+    {{2, 16, 9, 17, 33}, 4, true}, {{1, 4096, 3}, 2, true},           {{1, 64, 130, 70}, 1, false},
 };
 
 GroupNormProblem problem_of(const Tensor& x, int64_t groups) {

@@ -216,7 +216,8 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
   const int64_t total = C * tap_volume * K;
   TG_GRID_STRIDE(e, total) {
     const int64_t k = e % K, idx = (e / K) % tap_volume, c = e / (K * tap_volume);
-    const int64_t ix = idx % pt.taps[2], iy = (idx / pt.taps[2]) % pt.taps[1], iz = idx / (int64_t(pt.taps[2]) * pt.taps[1]);
+    const int64_t ix = idx % pt.taps[2], iy = (idx / pt.taps[2]) % pt.taps[1];
+    const int64_t iz = idx / (int64_t(pt.taps[2]) * pt.taps[1]);
     const int64_t t = ((pt.tap0[0] + iz * pt.tap_step[0]) * pt.kernel[1] + (pt.tap0[1] + iy * pt.tap_step[1])) *
                           pt.kernel[2] +
                       (pt.tap0[2] + ix * pt.tap_step[2]);

@@ -99,6 +99,13 @@ struct MainloopArgs {
   int32_t k_tiles_per_split;
   float* partials;  // [splits][M][N] when the reduction is split, else null
   OutputMap out;
+
+  // C[m][n] of this block's split (blockIdx.y): into the partial sums, or through the map.
+  __device__ __forceinline__ void store(int32_t m, int32_t n, float v) const {
+    if (m >= M || n >= N) return;
+    if (partials) partials[(int64_t(blockIdx.y) * M + m) * N + n] = v;
+    else out.store(m, n, v);
+  }
 };
 
 // One operand's share of a stage: which rows and reduction indices this thread copies.
@@ -282,16 +289,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, 
 #pragma unroll
     for (int j = 0; j < Cfg::kNI; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int32_t m = m0 + warp_m0 + i * 16 + g + 8 * (r / 2);
-        const int32_t n = n0 + warp_n0 + j * 8 + 2 * t + r % 2;
-        if (m >= args.M || n >= args.N) continue;
-        if (args.partials) {
-          args.partials[(int64_t(blockIdx.y) * args.M + m) * args.N + n] = acc[i][j][r];
-        } else {
-          args.out.store(m, n, acc[i][j][r]);
-        }
-      }
+      for (int r = 0; r < 4; ++r)
+        args.store(m0 + warp_m0 + i * 16 + g + 8 * (r / 2), n0 + warp_n0 + j * 8 + 2 * t + r % 2, acc[i][j][r]);
 }
 
 template <class Cfg, class OpA, class OpB>

@@ -147,13 +147,7 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads) igemm_sm90_kernel(const Op
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int32_t m = m0 + row0 + g + 8 * h, n = n0 + 8 * j + 2 * t + e;
-        if (m >= args.M || n >= args.N) continue;
-        const float v = acc[4 * j + 2 * h + e];
-        if (args.partials) args.partials[(int64_t(blockIdx.y) * args.M + m) * args.N + n] = v;
-        else args.out.store(m, n, v);
-      }
+      for (int e = 0; e < 2; ++e) args.store(m0 + row0 + g + 8 * h, n0 + 8 * j + 2 * t + e, acc[4 * j + 2 * h + e]);
 #else
   __trap();  // engine.cu launches this kernel only on devices that run sm_90a code
 #endif

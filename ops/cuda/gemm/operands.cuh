@@ -80,6 +80,18 @@ struct ConvGeometry {
     dy = int32_t(r) * dil[1];
     dz = int32_t(q) * dil[0];
   }
+  // The part of an input (output) offset that a pixel's coordinates contribute: linear in them,
+  // so gathers split it between rows and columns.
+  template <bool kChannelsLast>
+  __device__ __forceinline__ int64_t input_part(int32_t z, int32_t y, int32_t x) const {
+    const int64_t pixel = (int64_t(z) * in[1] + y) * in[2] + x;
+    return kChannelsLast ? pixel * C : pixel;
+  }
+  template <bool kChannelsLast>
+  __device__ __forceinline__ int64_t output_part(int32_t z, int32_t y, int32_t x) const {
+    const int64_t pixel = (int64_t(z) * out[1] + y) * out[2] + x;
+    return kChannelsLast ? pixel * K : pixel;
+  }
   __device__ __forceinline__ bool inside_input(int32_t z, int32_t y, int32_t x) const {
     return uint32_t(z) < uint32_t(in[0]) && uint32_t(y) < uint32_t(in[1]) && uint32_t(x) < uint32_t(in[2]);
   }
@@ -97,10 +109,6 @@ struct ImageOperand {
   // element costs one add plus the bounds check of its input coordinate.
   struct Row { int64_t linear; int32_t z, y, x; bool valid; };
   struct Col { int64_t linear; int32_t dz, dy, dx; bool valid; };
-  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
-    const int64_t pixel = (int64_t(z) * g.in[1] + y) * g.in[2] + x;
-    return kChannelsLast ? pixel * g.C : pixel;
-  }
   __device__ __forceinline__ Row row(int32_t m) const {
     Row r{};
     r.valid = m < rows;
@@ -111,7 +119,7 @@ struct ImageOperand {
     r.z = r.z * g.stride[0] - g.pad[0];
     r.y = r.y * g.stride[1] - g.pad[1];
     r.x = r.x * g.stride[2] - g.pad[2];
-    r.linear = int64_t(n) * g.C * g.in_volume + pixel_part(r.z, r.y, r.x);
+    r.linear = int64_t(n) * g.C * g.in_volume + g.input_part<kChannelsLast>(r.z, r.y, r.x);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t k) const {
@@ -121,7 +129,8 @@ struct ImageOperand {
     uint32_t t, ch;
     g.div_C.divmod(uint32_t(k), t, ch);
     g.tap_offsets(t, c.dz, c.dy, c.dx);
-    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.in_volume) + pixel_part(c.dz, c.dy, c.dx);
+    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.in_volume) +
+               g.input_part<kChannelsLast>(c.dz, c.dy, c.dx);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
@@ -164,10 +173,6 @@ struct PhaseGradOutputOperand {
   // Linear in (channel, z, y, x) like ImageOperand: rows add, columns subtract their part.
   struct Row { int64_t linear; int32_t z, y, x; bool valid; };
   struct Col { int64_t linear; int32_t dz, dy, dx; bool valid; };
-  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
-    const int64_t pixel = (int64_t(z) * g.out[1] + y) * g.out[2] + x;
-    return kChannelsLast ? pixel * g.K : pixel;
-  }
   __device__ __forceinline__ Row row(int32_t m) const {
     Row r{};
     r.valid = m < rows;
@@ -178,7 +183,7 @@ struct PhaseGradOutputOperand {
     r.z += ph.base[0];
     r.y += ph.base[1];
     r.x += ph.base[2];
-    r.linear = int64_t(n) * g.K * g.out_volume + pixel_part(r.z, r.y, r.x);
+    r.linear = int64_t(n) * g.K * g.out_volume + g.output_part<kChannelsLast>(r.z, r.y, r.x);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t k) const {
@@ -192,7 +197,8 @@ struct PhaseGradOutputOperand {
     ph.div_taps_h.divmod(q, q, rem);
     c.dy = int32_t(rem) * ph.out_step[1];
     c.dz = int32_t(q) * ph.out_step[0];
-    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume) - pixel_part(c.dz, c.dy, c.dx);
+    c.linear = (kChannelsLast ? int64_t(ch) : int64_t(ch) * g.out_volume) -
+               g.output_part<kChannelsLast>(c.dz, c.dy, c.dx);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
@@ -242,10 +248,6 @@ struct ImageColumnsOperand {
   // Linear in (channel, z, y, x) like ImageOperand.
   struct Row { int64_t linear; int32_t dz, dy, dx; bool valid; };
   struct Col { int64_t linear; int32_t z, y, x; bool valid; };
-  __device__ __forceinline__ int64_t pixel_part(int32_t z, int32_t y, int32_t x) const {
-    const int64_t pixel = (int64_t(z) * g.in[1] + y) * g.in[2] + x;
-    return kChannelsLast ? pixel * g.C : pixel;
-  }
   __device__ __forceinline__ Row row(int32_t j) const {
     Row r{};
     r.valid = j < rows;
@@ -257,7 +259,7 @@ struct ImageColumnsOperand {
     r.dz -= g.pad[0];
     r.dy -= g.pad[1];
     r.dx -= g.pad[2];
-    r.linear = (kChannelsLast ? int64_t(c) : int64_t(c) * g.in_volume) + pixel_part(r.dz, r.dy, r.dx);
+    r.linear = (kChannelsLast ? int64_t(c) : int64_t(c) * g.in_volume) + g.input_part<kChannelsLast>(r.dz, r.dy, r.dx);
     return r;
   }
   __device__ __forceinline__ Col col(int32_t j) const {
@@ -270,7 +272,7 @@ struct ImageColumnsOperand {
     c.z *= g.stride[0];
     c.y *= g.stride[1];
     c.x *= g.stride[2];
-    c.linear = int64_t(n) * g.C * g.in_volume + pixel_part(c.z, c.y, c.x);
+    c.linear = int64_t(n) * g.C * g.in_volume + g.input_part<kChannelsLast>(c.z, c.y, c.x);
     return c;
   }
   __device__ __forceinline__ int64_t offset(const Row& r, const Col& c) const {
