@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/error.h"
+#include "error.h"
 
 namespace tg::detail {
 [[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, cudaError_t err);

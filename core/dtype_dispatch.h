@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/tensor.h"
+#include "tensor.h"
 
 namespace tg {
 

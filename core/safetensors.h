@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "tensor.h"
 
 namespace tg::safetensors {
 

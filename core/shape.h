@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checked.h"
+#include "checked.h"
 
 namespace tg {
 

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/device.h"
+#include "device.h"
 
 namespace tg {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/shape.h"
-#include "core/storage.h"
+#include "device.h"
+#include "dtype.h"
+#include "error.h"
+#include "shape.h"
+#include "storage.h"
 
 namespace tg {
 
@@ -76,6 +76,14 @@ class Tensor {
   Tensor& copy_(const Tensor& src);  // same shape and dtype; any devices
   uint64_t version() const { return impl()->storage->version(); }
   void bump_version() const { impl()->storage->bump_version(); }
+  // Points this tensor (this TensorImpl: every handle to it) at `src`'s storage and dtype,
+  // as PyTorch's `param.data = src`: Module::to uses it so that optimizers and other holders
+  // of a parameter's handle see the moved or cast data. Shapes must match; requires_grad,
+  // leafness and the grad are kept (the caller moves the grad too: Module::to does). The
+  // version counter ends above its old value, so a tape that saved this tensor before the
+  // move refuses to run backward. Other tensors that shared the old storage (views,
+  // detach()) keep it. Not recorded on any tape.
+  void set_data_(const Tensor& src) const;
 
   // Autograd.
   bool requires_grad() const { return impl()->requires_grad; }

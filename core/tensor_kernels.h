@@ -3,8 +3,8 @@
 #pragma once
 #include <cstddef>
 
-#include "core/random.h"
-#include "core/tensor.h"
+#include "random.h"
+#include "tensor.h"
 
 namespace tg::cuda {
 

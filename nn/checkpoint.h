@@ -5,12 +5,12 @@
 //
 // work both ways for models built with the same structure (same module names).
 //
-//   tg::save(model, "ckpt.safetensors");              // the parameters
+//   tg::save(model, "ckpt.safetensors");              // the parameters and buffers
 //   tg::save(model, optimizer, "ckpt.safetensors");   // + optimizer state: training resumes
 //   tg::load(model, optimizer, "ckpt.safetensors");   //   bit-identically after this
 //
-// File contents: one tensor per parameter ("0.weight", "conv.bias", ...) in the parameter's
-// dtype; with an optimizer also "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg",
+// File contents: one tensor per parameter and buffer (Module::state_dict(): "0.weight",
+// "conv.bias", "bn.running_mean", ...) in its dtype; with an optimizer also "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg",
 // "optim.0.weight.step" for Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata
 // "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count" and
 // "tapegrad.optimizer.lr".
@@ -30,13 +30,13 @@
 #pragma once
 #include <string>
 
-#include "nn/module.h"
-#include "nn/optim/optimizer.h"
+#include "module.h"
+#include "optim/optimizer.h"
 
 namespace tg {
 
 void save(const nn::Module& module, const std::string& path);
-// Loads every parameter of `module`. Optimizer state in the file (a checkpoint written with
+// Loads every parameter and buffer of `module`. Optimizer state in the file (a checkpoint written with
 // an optimizer) is ignored; any other tensor the module lacks is an error.
 void load(nn::Module& module, const std::string& path);
 

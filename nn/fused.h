@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "nn/layers.h"
-#include "nn/module.h"
+#include "layers.h"
+#include "module.h"
 
 namespace tg::nn {
 

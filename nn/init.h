@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace tg::nn::init {
 

@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "nn/module.h"
-#include "ops/conv.h"
+#include "module.h"
+#include "../ops/conv.h"
 
 namespace tg::nn {
 

@@ -1,7 +1,7 @@
 // Loss functors, PyTorch-style (nn::MSELoss()(pred, target)); both reduce by the mean.
 #pragma once
-#include "core/tensor.h"
-#include "ops/loss.h"
+#include "../core/tensor.h"
+#include "../ops/loss.h"
 
 namespace tg::nn {
 

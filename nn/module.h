@@ -1,14 +1,17 @@
 // Module: the base of every layer. A module owns parameter tensors (members registered by
-// pointer, so that to() and checkpoint loading can replace them in place) and submodules,
-// and names them the way PyTorch does ("0.weight", "features.0.bias"), so that state dicts
-// map one to one onto PyTorch's.
+// pointer, so that checkpoint loading can fill them in place), buffers (state that is saved
+// and moved but not trained, such as running statistics) and submodules, and names them the
+// way PyTorch does ("0.weight", "features.0.bias"), so that state dicts map one to one onto
+// PyTorch's.
 #pragma once
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace tg::nn {
 
@@ -33,6 +36,23 @@ class Module {
   std::vector<std::pair<std::string, Tensor*>> named_parameter_slots();
   // Direct children, in registration order.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // This module and every submodule below it, depth first, this one first; a submodule
+  // registered twice appears once. Names as PyTorch's named_modules(): "" for this module,
+  // then "0", "0.conv", ... The pointers are valid while this module lives.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  std::vector<Module*> modules();
+  // Calls fn on every submodule (recursively, each child's subtree first) and then on this
+  // module, as PyTorch's Module.apply. Returns *this.
+  Module& apply(const std::function<void(Module&)>& fn);
+
+  // Buffers: tensors saved in checkpoints and moved by to() but not returned by
+  // parameters() (so no optimizer trains them). Recursive, in registration order.
+  std::vector<Tensor> buffers() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  // What a checkpoint holds, in PyTorch's state_dict order: per module its parameters, then
+  // its buffers, then each child's. The handles are the live tensors, not copies.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  std::vector<std::pair<std::string, Tensor*>> named_state_slots();
 
   void train(bool on = true);
   void eval() { train(false); }
@@ -41,9 +61,10 @@ class Module {
   // Drops every parameter's grad (PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
 
-  // Moves (or casts) every parameter: each slot gets a new leaf tensor with the same
-  // requires_grad, its grad moved along. Optimizers hold parameter handles, so build them
-  // after moving the model.
+  // Moves (or casts) every parameter and buffer in place: each keeps its tensor (the same
+  // TensorImpl, via Tensor::set_data_), so handles held elsewhere (an optimizer built
+  // before the move, tied weights) see the new data; grads move along. to(DType) casts the
+  // parameters and the floating-point buffers only (integer buffers such as counters stay).
   void to(Device d);
   void to(DType t);
 
@@ -52,12 +73,22 @@ class Module {
   // Defined parameters become leaves that require grad.
   void register_parameter(std::string name, Tensor* slot);
   void register_module(std::string name, std::shared_ptr<Module> m);
+  // A buffer held by a member (`slot` must outlive the module), or, in libtorch's form, a
+  // tensor the module keeps itself; that form returns the handle, which stays valid after
+  // to() (the data moves inside the same tensor). Any dtype; not made to require grad.
+  void register_buffer(std::string name, Tensor* slot);
+  Tensor register_buffer(std::string name, Tensor value);
 
  private:
-  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
+  // What collect() gathers: parameters, buffers or both (the state dict's order).
+  enum class Slots { parameters, buffers, state };
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out,
+               Slots which = Slots::parameters) const;
   void check_new_name(const std::string& name) const;
 
   std::vector<std::pair<std::string, Tensor*>> params_;
+  std::vector<std::pair<std::string, Tensor*>> buffers_;
+  std::deque<Tensor> owned_buffers_;  // register_buffer(name, value); a deque keeps addresses
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };

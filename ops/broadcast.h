@@ -3,8 +3,8 @@
 #pragma once
 #include <cstdint>
 
-#include "core/random.h"  // TG_HOST_DEVICE
-#include "core/shape.h"
+#include "../core/random.h"  // TG_HOST_DEVICE
+#include "../core/shape.h"
 
 namespace tg {
 

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/random.h"  // TG_HOST_DEVICE
-#include "core/tensor.h"
+#include "../core/random.h"  // TG_HOST_DEVICE
+#include "../core/tensor.h"
 
 namespace tg {
 

@@ -1,7 +1,7 @@
 // Device dispatch: every op calls the kernel of the same name in tg::cpu or tg::cuda.
 // In a build without CUDA a GPU tensor cannot exist, but the message stays clear anyway.
 #pragma once
-#include "core/error.h"
+#include "../core/error.h"
 
 #if TG_CUDA
 #define TG_DISPATCH(device, call)   \

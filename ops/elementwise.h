@@ -1,7 +1,7 @@
 // Elementwise ops: tensor-tensor with NumPy broadcasting (a bias of shape [C, 1, 1] adds to
 // [N, C, H, W]), tensor-scalar, and relu. Both operands on one device, one dtype.
 #pragma once
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace tg {
 

@@ -19,8 +19,8 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../core/tensor.h"
+#include "conv.h"
 
 namespace tg {
 

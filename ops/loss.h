@@ -1,6 +1,6 @@
 // Losses, both reduced by the mean to a scalar of shape [].
 #pragma once
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace tg {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <vector>
 
-#include "core/tensor.h"
+#include "../core/tensor.h"
 
 namespace tg {
 

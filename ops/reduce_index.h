@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/random.h"  // TG_HOST_DEVICE
-#include "core/shape.h"
+#include "../core/random.h"  // TG_HOST_DEVICE
+#include "../core/shape.h"
 
 namespace tg {
 

@@ -1,4 +1,7 @@
 // The umbrella header: everything a program using tapegrad needs.
+// Installed as <tapegrad/tapegrad.h> beside the core/ ops/ autograd/ nn/ folders, so its
+// includes name those folders from here (an include is looked up beside the including file
+// first); in the source tree they resolve through the project root.
 #pragma once
 #include "autograd/anomaly.h"
 #include "autograd/gradcheck.h"
@@ -11,6 +14,7 @@
 #include "core/safetensors.h"
 #include "core/shape.h"
 #include "core/tensor.h"
+#include "core/timer.h"
 #include "ops/elementwise.h"
 #include "ops/fused.h"
 #include "ops/linear.h"

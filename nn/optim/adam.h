@@ -1,7 +1,7 @@
 // Adam (L2 weight decay added to the grad) and AdamW (decoupled decay p *= 1 - lr * wd before
 // the Adam update), with bias correction, as PyTorch's single-tensor implementation.
 #pragma once
-#include "nn/optim/optimizer.h"
+#include "optimizer.h"
 
 namespace tg::nn {
 

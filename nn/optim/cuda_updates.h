@@ -5,8 +5,8 @@
 #pragma once
 #include <cmath>
 
-#include "core/random.h"  // TG_HOST_DEVICE
-#include "core/tensor.h"
+#include "../../core/random.h"  // TG_HOST_DEVICE
+#include "../../core/tensor.h"
 
 namespace tg::nn {
 

@@ -2,15 +2,16 @@
 // place (one fused kernel per parameter on the GPU) and bumps their version counters, so a
 // tape that saved a parameter before the step refuses to run backward with stale values.
 //
-// Optimizers hold the parameters' handles: build them after Module::to(), which replaces
-// each parameter with a moved copy.
+// Optimizers hold the parameters' handles. Module::to() moves the data inside those same
+// tensors, so an optimizer may be built before or after it; state buffers made before a
+// move follow their parameter's device and dtype at the next step().
 #pragma once
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "../../core/tensor.h"
 
 namespace tg::nn {
 

@@ -2,7 +2,7 @@
 // momentum whose buffer starts as the first grad itself (no dampening on that step),
 // optional dampening and Nesterov momentum.
 #pragma once
-#include "nn/optim/optimizer.h"
+#include "optimizer.h"
 
 namespace tg::nn {
 

@@ -3,8 +3,8 @@
 // argument validated by the caller (ops/conv.cpp). The CUDA launchers in ops/cuda/conv.h
 // have the same names and signatures, so TG_DISPATCH picks either.
 #pragma once
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cpu {
 

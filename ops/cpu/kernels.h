@@ -1,8 +1,8 @@
 // The CPU reference kernels' entry points, one signature style for all: outputs first,
 // then inputs, then params. Outputs are allocated and validated by the caller (ops/*.cpp).
 #pragma once
-#include "core/tensor.h"
-#include "ops/elementwise.h"
+#include "../../core/tensor.h"
+#include "../elementwise.h"
 
 namespace tg {
 struct ReduceIndex;

@@ -4,8 +4,8 @@
 // variant (today the general direct kernels; fast paths for shape classes plug in there).
 // Every output is fully overwritten; no launcher reads its output first.
 #pragma once
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

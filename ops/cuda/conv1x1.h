@@ -10,9 +10,9 @@
 // On Hopper the forward and grad-input products run on the TMA kernel (conv1x1_tma.h) where it
 // applies, unless KernelPolicy::conv1x1.tma (ops/cuda/policy.h) is false.
 #pragma once
-#include "core/dtype.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/dtype.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

@@ -4,8 +4,8 @@
 // (one tensor op per product); otherwise FP32-accurate split products: two tensor ops in the
 // forward (TF32 hi*hi' + one bf16 op for both cross terms), three TF32 ops in the backward.
 #pragma once
-#include "core/tensor.h"
-#include "ops/fused.h"
+#include "../../core/tensor.h"
+#include "../fused.h"
 
 namespace tg::cuda {
 

@@ -19,8 +19,8 @@
 #include <initializer_list>
 #include <utility>
 
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

@@ -7,10 +7,10 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/arch/cp_async.cuh"
-#include "ops/cuda/arch/int_math.h"
-#include "ops/cuda/arch/named_barrier.cuh"
-#include "ops/cuda/arch/tf32.cuh"
+#include "arch/cp_async.cuh"
+#include "arch/int_math.h"
+#include "arch/named_barrier.cuh"
+#include "arch/tf32.cuh"
 
 namespace tg::cuda {
 namespace {

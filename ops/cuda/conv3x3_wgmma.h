@@ -5,9 +5,9 @@
 // conv3x3_wgmma_applies says so; every other case keeps the mma.sync kernels.
 // Results are the same bits on every run (no atomics).
 #pragma once
-#include "core/device.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/device.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

@@ -6,9 +6,9 @@
 // routes here in TF32 mode when conv3x3_wgmma_dw_applies says so. Results are the same bits on
 // every run (per-block partials summed in a fixed order; no atomics).
 #pragma once
-#include "core/device.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/device.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

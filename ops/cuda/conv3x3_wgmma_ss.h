@@ -6,9 +6,9 @@
 // conv3x3_grad_input: the caller decides between this and conv3x3_wgmma.
 // Results are the same bits on every run (no atomics).
 #pragma once
-#include "core/device.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/device.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda {
 

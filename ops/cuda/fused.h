@@ -5,8 +5,8 @@
 // kernels when conv3d_gn_mean_applies() holds, else a materialized path (y = conv3d through
 // the general convolution kernels, then the same statistics), so every problem is handled.
 #pragma once
-#include "core/tensor.h"
-#include "ops/fused.h"
+#include "../../core/tensor.h"
+#include "../fused.h"
 
 namespace tg::cuda {
 

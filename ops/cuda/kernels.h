@@ -1,8 +1,8 @@
 // The CUDA kernels of the basic ops, same signatures as ops/cpu/kernels.h. Defined only when
 // TG_CUDA is on; ordered on the framework stream of the tensors' device.
 #pragma once
-#include "core/tensor.h"
-#include "ops/elementwise.h"
+#include "../../core/tensor.h"
+#include "../elementwise.h"
 
 namespace tg {
 struct ReduceIndex;

@@ -1,8 +1,8 @@
 // CUDA launchers of the linear family; same signatures and meaning as tg::cpu in
 // ops/linear.h. Ordered on the framework stream of the output's device.
 #pragma once
-#include "core/tensor.h"
-#include "ops/linear.h"
+#include "../../core/tensor.h"
+#include "../linear.h"
 
 namespace tg::cuda {
 // c (M, N) = op(a) * op(b) + bias; bias (N) or undefined. Any M, N, K (edge tiles guarded).

@@ -1,8 +1,8 @@
 // CUDA launchers of the losses; same signatures and meaning as tg::cpu in ops/loss.h.
 // Ordered on the framework stream of the inputs' device; deterministic reductions.
 #pragma once
-#include "core/tensor.h"
-#include "ops/loss.h"
+#include "../../core/tensor.h"
+#include "../loss.h"
 
 namespace tg::cuda {
 void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target);

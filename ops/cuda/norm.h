@@ -1,8 +1,8 @@
 // CUDA launchers of group_norm; same signatures and meaning as tg::cpu in ops/norm.h.
 // Ordered on the framework stream of x's device; deterministic (fixed-order reductions).
 #pragma once
-#include "core/tensor.h"
-#include "ops/norm.h"
+#include "../../core/tensor.h"
+#include "../norm.h"
 
 namespace tg::cuda {
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,

@@ -4,7 +4,7 @@
 // Tests and the benchmark force one path, or one variant inside a fast path, to measure or
 // check it; nothing reads the environment. Every field is read at each launch.
 #pragma once
-#include "ops/cuda/gemm/engine.h"
+#include "gemm/engine.h"
 
 namespace tg::cuda {
 

@@ -3,8 +3,8 @@
 // kernels stream the one large operand once, with 16-byte loads, and never use atomics,
 // so results are the same bits every run. Chosen by tg::cuda::gemm (ops/cuda/linear.cu).
 #pragma once
-#include "core/tensor.h"
-#include "ops/linear.h"
+#include "../../core/tensor.h"
+#include "../linear.h"
 
 namespace tg::cuda {
 

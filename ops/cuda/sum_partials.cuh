@@ -5,8 +5,8 @@
 #pragma once
 #include <cstdint>
 
-#include "core/cuda_context.h"
-#include "core/tensor.h"
+#include "../../core/cuda_context.h"
+#include "../../core/tensor.h"
 
 namespace tg::cuda {
 namespace {

@@ -10,10 +10,17 @@
 #include <memory>
 #include <string>
 
-// Headers keep their folders under include/tapegrad: these resolve too.
-#include "core/safetensors.h"
-#include "nn/checkpoint.h"
-#include "autograd/anomaly.h"
+// Headers keep their folders under include/tapegrad, reachable as <tapegrad/...> only.
+#include <tapegrad/autograd/anomaly.h>
+#include <tapegrad/core/safetensors.h>
+#include <tapegrad/nn/checkpoint.h>
+
+// This project's own headers, with the same paths as tapegrad's (its folder is on the include
+// path): tapegrad's headers must never pick these up, and they must not hide tapegrad's.
+#include "autograd/tape.h"
+#include "core/error.h"
+#include "nn/module.h"
+#include "ops/conv.h"
 
 namespace {
 
@@ -37,6 +44,10 @@ std::shared_ptr<tg::nn::Sequential> make_model() {
 }  // namespace
 
 int main() {
+  check(consumer::core_error_h_marker() + consumer::nn_module_h_marker() + consumer::ops_conv_h_marker() +
+                consumer::autograd_tape_h_marker() ==
+            4,
+        "the project's own core/, nn/, ops/, autograd/ headers coexist with tapegrad's");
   using namespace tg;
   try {
     manual_seed(0);

@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/random.h"  // TG_HOST_DEVICE
+#include "../../../core/random.h"  // TG_HOST_DEVICE
 
 namespace tg::cuda {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/random.h"  // TG_HOST_DEVICE
+#include "../../../core/random.h"  // TG_HOST_DEVICE
 
 namespace tg::cuda {
 

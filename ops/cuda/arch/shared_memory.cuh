@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/arch/cp_async.cuh"  // shared_address
+#include "cp_async.cuh"  // shared_address
 
 namespace tg::cuda {
 namespace {

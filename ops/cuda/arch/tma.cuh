@@ -19,7 +19,7 @@
 
 #include <cuda.h>  // CUtensorMap
 
-#include "ops/cuda/arch/cp_async.cuh"  // shared_address
+#include "cp_async.cuh"  // shared_address
 
 namespace tg::cuda::tma {
 namespace {

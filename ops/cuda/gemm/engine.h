@@ -7,10 +7,10 @@
 // Precision::TF32 runs one. The weight gradient and split reductions are deterministic.
 // Design note: docs/kernels/gemm.md.
 #pragma once
-#include "core/precision.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
-#include "ops/linear.h"
+#include "../../../core/precision.h"
+#include "../../../core/tensor.h"
+#include "../../conv.h"
+#include "../../linear.h"
 
 namespace tg::cuda {
 

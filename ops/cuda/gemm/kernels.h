@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "ops/cuda/gemm/mainloop_sm80.cuh"
-#include "ops/cuda/gemm/operands.cuh"
+#include "mainloop_sm80.cuh"
+#include "operands.cuh"
 
 namespace tg::cuda::engine {
 

@@ -3,10 +3,10 @@
 #pragma once
 #include <type_traits>
 
-#include "core/cuda_context.h"
-#include "ops/cuda/gemm/kernels.h"
-#include "ops/cuda/gemm/mainloop_sm80.cuh"
-#include "ops/cuda/gemm/mainloop_sm90.cuh"
+#include "../../../core/cuda_context.h"
+#include "kernels.h"
+#include "mainloop_sm80.cuh"
+#include "mainloop_sm90.cuh"
 
 namespace tg::cuda::engine {
 

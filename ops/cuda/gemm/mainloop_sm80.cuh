@@ -7,10 +7,10 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/arch/cp_async.cuh"
-#include "ops/cuda/arch/fast_divmod.h"
-#include "ops/cuda/arch/mma_sync.cuh"
-#include "ops/cuda/arch/tf32.cuh"
+#include "../arch/cp_async.cuh"
+#include "../arch/fast_divmod.h"
+#include "../arch/mma_sync.cuh"
+#include "../arch/tf32.cuh"
 
 namespace tg::cuda::engine {
 

@@ -11,8 +11,8 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/arch/wgmma.cuh"
-#include "ops/cuda/gemm/mainloop_sm80.cuh"
+#include "../arch/wgmma.cuh"
+#include "mainloop_sm80.cuh"
 
 namespace tg::cuda::engine {
 

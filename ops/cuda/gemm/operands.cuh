@@ -19,7 +19,7 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/arch/fast_divmod.h"
+#include "../arch/fast_divmod.h"
 
 namespace tg::cuda::engine {
 
