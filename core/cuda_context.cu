@@ -6,8 +6,8 @@
 namespace tg {
 namespace detail {
 void throw_cuda_error(const char* file, int line, const char* call, cudaError_t err) {
-  throw_error(file, line, concat("CUDA error in ", call, ": ", cudaGetErrorName(err), " (",
-                                 cudaGetErrorString(err), ")"));
+  throw_as<CudaError>(file, line, concat("CUDA error in ", call, ": ", cudaGetErrorName(err), " (",
+                                         cudaGetErrorString(err), ")"));
 }
 }  // namespace detail
 

@@ -7,7 +7,9 @@
 //   ├ ShapeError      shapes that do not fit together (the message shows them)
 //   ├ DTypeError      a dtype the op does not take, or operands of different dtypes
 //   ├ DeviceError     operands on different devices, or a device that does not exist
-//   ├ IOError         a file that cannot be opened, read, written, or is malformed
+//   ├ IOError         a file that cannot be opened, read (or ends early), or written; a
+//   │                 file that reads fine but whose contents are malformed (a bad header,
+//   │                 inconsistent offsets) is a plain Error, a format problem, not I/O
 //   ├ UnsupportedError a valid request this build or this GPU does not implement
 //   ├ CudaError       a CUDA runtime call failed (the call and CUDA's error string)
 //   └ OutOfMemory     an allocation failed; the allocator stays usable

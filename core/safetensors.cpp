@@ -77,14 +77,14 @@ const char* file_kind(mode_t mode) {
 // in between.
 Fd open_for_reading(const std::string& path) {
   struct stat st {};
-  TG_CHECK(::stat(path.c_str(), &st) == 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
-  TG_CHECK(S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
-           ", not a regular file");
+  TG_CHECK_AS(IOError, ::stat(path.c_str(), &st) == 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
+  TG_CHECK_AS(IOError, S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
+              ", not a regular file");
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  TG_CHECK(fd.get() >= 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
-  TG_CHECK(::fstat(fd.get(), &st) == 0, "safetensors: cannot stat '", path, "': ", errno_text());
-  TG_CHECK(S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
-           ", not a regular file");
+  TG_CHECK_AS(IOError, fd.get() >= 0, "safetensors: cannot open '", path, "' for reading: ", errno_text());
+  TG_CHECK_AS(IOError, ::fstat(fd.get(), &st) == 0, "safetensors: cannot stat '", path, "': ", errno_text());
+  TG_CHECK_AS(IOError, S_ISREG(st.st_mode), "safetensors: cannot read '", path, "': it is ", file_kind(st.st_mode),
+              ", not a regular file");
   return fd;
 }
 
@@ -94,9 +94,9 @@ void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::strin
   while (n > 0) {
     ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
-    TG_CHECK(got >= 0, "safetensors: reading ", what, " of '", path, "' at byte ", offset, " failed: ", errno_text());
-    TG_CHECK(got > 0, "safetensors: '", path, "' ends at byte ", offset, " while reading ", what,
-             " (the file was truncated)");
+    TG_CHECK_AS(IOError, got >= 0, "safetensors: reading ", what, " of '", path, "' at byte ", offset, " failed: ", errno_text());
+    TG_CHECK_AS(IOError, got > 0, "safetensors: '", path, "' ends at byte ", offset, " while reading ", what,
+                " (the file was truncated)");
     p += got;
     n -= static_cast<uint64_t>(got);
     offset += static_cast<uint64_t>(got);
@@ -314,7 +314,7 @@ DType dtype_from_code(const std::string& code, const std::string& tensor_name) {
 Header read_header(const std::string& path) {
   Fd fd = open_for_reading(path);
   struct stat st {};
-  TG_CHECK(::fstat(fd.get(), &st) == 0, "safetensors: cannot stat '", path, "': ", errno_text());
+  TG_CHECK_AS(IOError, ::fstat(fd.get(), &st) == 0, "safetensors: cannot stat '", path, "': ", errno_text());
   Header h;
   h.file_size = static_cast<uint64_t>(st.st_size);
   TG_CHECK(h.file_size >= 8, "safetensors: '", path, "' holds ", h.file_size,
@@ -417,12 +417,12 @@ class TempWriter {
       if (fail_after_ >= 0) {
         uint64_t left = static_cast<uint64_t>(fail_after_) - std::min<uint64_t>(written_, fail_after_);
         if (left == 0)
-          TG_FAIL("safetensors: writing '", path_, "' failed after ", written_, " bytes (simulated failure)");
+          TG_FAIL_AS(IOError, "safetensors: writing '", path_, "' failed after ", written_, " bytes (simulated failure)");
         chunk = std::min(chunk, left);
       }
       ssize_t put = ::write(fd_, p, chunk);
       if (put < 0 && errno == EINTR) continue;
-      TG_CHECK(put > 0, "safetensors: writing '", path_, "' failed after ", written_, " bytes: ", errno_text());
+      TG_CHECK_AS(IOError, put > 0, "safetensors: writing '", path_, "' failed after ", written_, " bytes: ", errno_text());
       p += put;
       n -= static_cast<uint64_t>(put);
       written_ += static_cast<uint64_t>(put);
@@ -494,8 +494,8 @@ TempFile create_temp(const std::string& path) {
   if (!t.unnamed) {
     // Unsupported (EOPNOTSUPP, EISDIR...) or refused: the named file gives the error, if any.
     t.fd = Fd(::open(t.name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-    TG_CHECK(t.fd.get() >= 0, "safetensors: cannot create '", t.name, "' to save '", path, "': ", errno_text(),
-             " (is the directory writable?)");
+    TG_CHECK_AS(IOError, t.fd.get() >= 0, "safetensors: cannot create '", t.name, "' to save '", path, "': ", errno_text(),
+                " (is the directory writable?)");
   }
   return t;
 }
@@ -504,8 +504,8 @@ TempFile create_temp(const std::string& path) {
 void name_temp(TempFile& t, const std::string& path) {
   if (!t.unnamed) return;
   const std::string proc = "/proc/self/fd/" + std::to_string(t.fd.get());
-  TG_CHECK(::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, t.name.c_str(), AT_SYMLINK_FOLLOW) == 0,
-           "safetensors: cannot name the temporary file of '", path, "' as '", t.name, "': ", errno_text());
+  TG_CHECK_AS(IOError, ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, t.name.c_str(), AT_SYMLINK_FOLLOW) == 0,
+              "safetensors: cannot name the temporary file of '", path, "' as '", t.name, "': ", errno_text());
   t.unnamed = false;
 }
 
@@ -586,11 +586,11 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
       Tensor host = t.device().is_cpu() ? t : t.detach().to(Device::cpu());
       out.write(host.raw_data(), host.nbytes());
     }
-    TG_CHECK(::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
+    TG_CHECK_AS(IOError, ::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
     name_temp(tmp, path);
-    TG_CHECK(tmp.fd.close() == 0, "safetensors: closing '", tmp.name, "' failed: ", errno_text());
-    TG_CHECK(::rename(tmp.name.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp.name, "' to '", path,
-             "' failed: ", errno_text());
+    TG_CHECK_AS(IOError, tmp.fd.close() == 0, "safetensors: closing '", tmp.name, "' failed: ", errno_text());
+    TG_CHECK_AS(IOError, ::rename(tmp.name.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp.name, "' to '", path,
+                "' failed: ", errno_text());
   } catch (...) {
     tmp.fd.close();
     if (!tmp.unnamed) ::unlink(tmp.name.c_str());

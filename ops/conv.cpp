@@ -48,21 +48,21 @@ void check_operands(const char* op, int spatial_dims, const Tensor& x, const Ten
   TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
   check_same_device_dtype(op, x, w);
   const int64_t rank = spatial_dims + 2;
-  TG_CHECK(x.dim() == rank, op, ": expected a ", rank, "-D input ", rank_description(spatial_dims, p.layout),
-           ", got ", describe(x));
-  TG_CHECK(w.dim() == rank, op, ": expected a ", rank, "-D weight (K, C, ",
-           spatial_dims == 3 ? "kd, kh, kw" : "kh, kw", "), got ", describe(w));
+  TG_CHECK_AS(ShapeError, x.dim() == rank, op, ": expected a ", rank, "-D input ", rank_description(spatial_dims, p.layout),
+              ", got ", describe(x));
+  TG_CHECK_AS(ShapeError, w.dim() == rank, op, ": expected a ", rank, "-D weight (K, C, ",
+              spatial_dims == 3 ? "kd, kh, kw" : "kh, kw", "), got ", describe(w));
   if (b.defined()) {
     check_same_device_dtype(op, x, b);
-    TG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": bias ", describe(b), " does not match weight ",
-             w.shape(), ": expected shape [", w.size(0), "]");
+    TG_CHECK_AS(ShapeError, b.dim() == 1 && b.size(0) == w.size(0), op, ": bias ", describe(b), " does not match weight ",
+                w.shape(), ": expected shape [", w.size(0), "]");
   }
 }
 
 void check_gradient(const char* op, const Tensor& dy, const ConvShape& s, const Shape& x_shape,
                     const Shape& w_shape) {
-  TG_CHECK(dy.shape() == s.y_shape(), op, ": gradient ", describe(dy), " does not match the output shape ",
-           s.y_shape(), " of input ", x_shape, " and weight ", w_shape);
+  TG_CHECK_AS(ShapeError, dy.shape() == s.y_shape(), op, ": gradient ", describe(dy), " does not match the output shape ",
+              s.y_shape(), " of input ", x_shape, " and weight ", w_shape);
 }
 
 Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -117,16 +117,16 @@ Shape ConvShape::y_shape() const {
 }
 
 ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_shape, const ConvParams& p) {
-  TG_CHECK(w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ", w_shape);
+  TG_CHECK_AS(ShapeError, w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ", w_shape);
   // The shapes may come from callers (the backward pieces take x_shape / w_shape), not
   // only from tensors: their counts must fit in int64 before any product of them is formed.
   checked_extent(x_shape.dims(), op);
   checked_extent(w_shape.dims(), op);
   const int dims = static_cast<int>(w_shape.rank()) - 2;
-  TG_CHECK(x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
-           " must have the same rank");
-  TG_CHECK(!(dims == 3 && p.layout == Layout::NHWC), op,
-           ": Layout::NHWC is not supported for 3-D convolution (input must be NCDHW), got input ", x_shape);
+  TG_CHECK_AS(ShapeError, x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
+              " must have the same rank");
+  TG_CHECK_AS(UnsupportedError, !(dims == 3 && p.layout == Layout::NHWC), op,
+              ": Layout::NHWC is not supported for 3-D convolution (input must be NCDHW), got input ", x_shape);
   const bool last = p.layout == Layout::NHWC;
   const auto stride = per_dim(op, "stride", p.stride, dims, 1);
   const auto pad = per_dim(op, "padding", p.padding, dims, 0);
@@ -138,10 +138,10 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
   s.N = x_shape[0];
   s.C = last ? x_shape[x_shape.rank() - 1] : x_shape[1];
   s.K = w_shape[0];
-  TG_CHECK(s.C == w_shape[1], op, ": input ", x_shape, " has ", s.C, " channels but weight ", w_shape,
-           " expects ", w_shape[1]);
-  for (int64_t v : w_shape) TG_CHECK(v >= 1, op, ": weight ", w_shape, " has an empty dimension");
-  TG_CHECK(s.N >= 0 && s.C >= 1, op, ": input ", x_shape, " has no channels");
+  TG_CHECK_AS(ShapeError, s.C == w_shape[1], op, ": input ", x_shape, " has ", s.C, " channels but weight ", w_shape,
+              " expects ", w_shape[1]);
+  for (int64_t v : w_shape) TG_CHECK_AS(ShapeError, v >= 1, op, ": weight ", w_shape, " has an empty dimension");
+  TG_CHECK_AS(ShapeError, s.N >= 0 && s.C >= 1, op, ": input ", x_shape, " has no channels");
   const int first = 3 - dims;  // 2-D problems occupy the (H, W) slots; D stays 1
   for (int d = 0; d < dims; ++d) {
     const int slot = first + d;
@@ -150,14 +150,14 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
     s.stride[slot] = stride[d];
     s.pad[slot] = pad[d];
     s.dilation[slot] = dil[d];
-    TG_CHECK(s.in[slot] >= 1, op, ": input ", x_shape, " is empty in spatial dim ", dim_name(dims, d));
+    TG_CHECK_AS(ShapeError, s.in[slot] >= 1, op, ": input ", x_shape, " is empty in spatial dim ", dim_name(dims, d));
     const std::string where = detail::concat(op, ": input ", x_shape, ", weight ", w_shape, ", padding ",
                                              pad[d], ", dilation ", dil[d], " in dim ", dim_name(dims, d));
     const int64_t extent = conv_kernel_extent(s.kernel[slot], dil[d], where.c_str());
     const int64_t padded = conv_padded_size(s.in[slot], pad[d], where.c_str());
-    TG_CHECK(extent <= padded, op, ": kernel larger than the padded input in dim ", dim_name(dims, d),
-             ": dilated kernel extent ", extent, " > padded input size ", padded, " (input ", x_shape,
-             ", weight ", w_shape, ", padding ", pad[d], ", dilation ", dil[d], ")");
+    TG_CHECK_AS(ShapeError, extent <= padded, op, ": kernel larger than the padded input in dim ", dim_name(dims, d),
+                ": dilated kernel extent ", extent, " > padded input size ", padded, " (input ", x_shape,
+                ", weight ", w_shape, ", padding ", pad[d], ", dilation ", dil[d], ")");
     s.out[slot] = conv_output_size(s.in[slot], s.kernel[slot], stride[d], pad[d], dil[d]);
   }
   checked_extent(s.y_shape().dims(), op);  // N * K * out... must be countable as well
@@ -212,7 +212,7 @@ Tensor conv_backward_bias(const Tensor& dy, Layout layout) {
   const char* op = "conv_backward_bias";
   TG_CHECK(dy.defined(), op, ": the gradient is an undefined tensor");
   check_floating(op, dy);
-  TG_CHECK(dy.dim() == 4 || dy.dim() == 5, op, ": expected a 4-D or 5-D gradient, got ", describe(dy));
+  TG_CHECK_AS(ShapeError, dy.dim() == 4 || dy.dim() == 5, op, ": expected a 4-D or 5-D gradient, got ", describe(dy));
   // Only N, K, the layout and the output volume matter for the bias: flatten the spatial dims.
   ConvShape s;
   s.spatial_dims = static_cast<int>(dy.dim()) - 2;

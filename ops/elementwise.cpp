@@ -13,14 +13,14 @@ namespace tg {
 
 void check_floating(const char* op, const Tensor& t) {
   TG_CHECK(t.defined(), op, ": an input is an undefined tensor");
-  TG_CHECK(is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
+  TG_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
 }
 
 void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, a);
   check_floating(op, b);
-  TG_CHECK(a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
-  TG_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
+  TG_CHECK_AS(DeviceError, a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
+  TG_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
 }
 
 Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
@@ -29,7 +29,7 @@ Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
   for (int64_t i = 0; i < r; ++i) {
     int64_t da = i < r - a.rank() ? 1 : a[i - (r - a.rank())];
     int64_t db = i < r - b.rank() ? 1 : b[i - (r - b.rank())];
-    TG_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a, " and ", b, " cannot be broadcast together");
+    TG_CHECK_AS(ShapeError, da == db || da == 1 || db == 1, op, ": shapes ", a, " and ", b, " cannot be broadcast together");
     out[i] = da == 1 ? db : da;
   }
   return Shape(out);
@@ -135,7 +135,7 @@ Tensor relu(const Tensor& x) {
 
 Tensor relu_backward(const Tensor& dy, const Tensor& x) {
   check_same_device_dtype("relu_backward", dy, x);
-  TG_CHECK(dy.shape() == x.shape(), "relu_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  TG_CHECK_AS(ShapeError, dy.shape() == x.shape(), "relu_backward: gradient ", describe(dy), " does not match input ", describe(x));
   Tensor dx = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), relu_backward(dx, dy, x));
   return dx;

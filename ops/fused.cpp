@@ -20,8 +20,8 @@ void check_per_channel(const char* op, const char* name, const Tensor& t, const 
                        const Shape& w_shape) {
   if (!t.defined()) return;
   check_same_device_dtype(op, x, t);
-  TG_CHECK(t.shape() == Shape({K}), op, ": ", name, " ", describe(t), " does not match the ", K,
-           " output channels of weight ", w_shape, " (expected [", K, "])");
+  TG_CHECK_AS(ShapeError, t.shape() == Shape({K}), op, ": ", name, " ", describe(t), " does not match the ", K,
+              " output channels of weight ", w_shape, " (expected [", K, "])");
 }
 
 }  // namespace
@@ -31,13 +31,13 @@ Conv3dGnMeanProblem make_conv3d_gn_mean_problem(const char* op, const Tensor& x,
   TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
   TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
   check_same_device_dtype(op, x, w);
-  TG_CHECK(x.dim() == 5, op, ": expected a 5-D input (N, C, D, H, W), got ", describe(x));
-  TG_CHECK(w.dim() == 5, op, ": expected a 5-D weight (K, C, kd, kh, kw), got ", describe(w));
+  TG_CHECK_AS(ShapeError, x.dim() == 5, op, ": expected a 5-D input (N, C, D, H, W), got ", describe(x));
+  TG_CHECK_AS(ShapeError, w.dim() == 5, op, ": expected a 5-D weight (K, C, kd, kh, kw), got ", describe(w));
   const int64_t K = w.size(0);
   check_per_channel(op, "bias", b, x, K, w.shape());
   TG_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
-  TG_CHECK(K % groups == 0, op, ": the ", K, " output channels of weight ", w.shape(),
-           " are not divisible into ", groups, " groups");
+  TG_CHECK_AS(ShapeError, K % groups == 0, op, ": the ", K, " output channels of weight ", w.shape(),
+              " are not divisible into ", groups, " groups");
   TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   Conv3dGnMeanProblem p;
   // Stride 1, padding 0, dilation 1: the only geometry this op has.

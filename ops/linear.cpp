@@ -36,25 +36,25 @@ Tensor grad_right(const Tensor& a, const Tensor& dc, int64_t M, int64_t N, int64
 
 void check_gemm_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
                          const GemmProblem& p) {
-  TG_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, "gemm: negative size in M=", p.M, " N=", p.N, " K=", p.K);
+  TG_CHECK_AS(ShapeError, p.M >= 0 && p.N >= 0 && p.K >= 0, "gemm: negative size in M=", p.M, " N=", p.N, " K=", p.K);
   check_same_device_dtype("gemm", c, a);
   check_same_device_dtype("gemm", c, b);
-  TG_CHECK(c.shape() == Shape({p.M, p.N}) && a.shape() == Shape({p.a_rows(), p.a_cols()}) &&
-               b.shape() == Shape({p.b_rows(), p.b_cols()}),
-           "gemm: problem M=", p.M, " N=", p.N, " K=", p.K, " transA=", p.transA, " transB=", p.transB,
-           " does not fit c ", c.shape(), ", a ", a.shape(), ", b ", b.shape());
+  TG_CHECK_AS(ShapeError, c.shape() == Shape({p.M, p.N}) && a.shape() == Shape({p.a_rows(), p.a_cols()}) &&
+                  b.shape() == Shape({p.b_rows(), p.b_cols()}),
+              "gemm: problem M=", p.M, " N=", p.N, " K=", p.K, " transA=", p.transA, " transB=", p.transB,
+              " does not fit c ", c.shape(), ", a ", a.shape(), ", b ", b.shape());
   if (bias.defined()) {
     check_same_device_dtype("gemm", c, bias);
-    TG_CHECK(bias.shape() == Shape({p.N}), "gemm: bias ", bias.shape(), " does not match N=", p.N);
+    TG_CHECK_AS(ShapeError, bias.shape() == Shape({p.N}), "gemm: bias ", bias.shape(), " does not match N=", p.N);
   }
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_same_device_dtype("matmul", a, b);
-  TG_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: expects two 2-D matrices, got ", describe(a),
-           " and ", describe(b));
-  TG_CHECK(a.size(1) == b.size(0), "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ",
-           a.size(1), " and ", b.size(0), " differ");
+  TG_CHECK_AS(ShapeError, a.dim() == 2 && b.dim() == 2, "matmul: expects two 2-D matrices, got ", describe(a),
+              " and ", describe(b));
+  TG_CHECK_AS(ShapeError, a.size(1) == b.size(0), "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ",
+              a.size(1), " and ", b.size(0), " differ");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   Tensor c = run_gemm(a, b, Tensor(), {.M = M, .N = N, .K = K});
   if (should_record({a, b})) {
@@ -71,14 +71,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_same_device_dtype("linear", x, w);
-  TG_CHECK(w.dim() == 2, "linear: weight must be 2-D (out, in), got ", describe(w));
-  TG_CHECK(x.dim() == 1 || x.dim() == 2, "linear: input must be (batch, in) or (in), got ", describe(x));
-  TG_CHECK(x.size(-1) == w.size(1), "linear: input ", x.shape(), " has ", x.size(-1),
-           " features but weight ", w.shape(), " expects ", w.size(1));
+  TG_CHECK_AS(ShapeError, w.dim() == 2, "linear: weight must be 2-D (out, in), got ", describe(w));
+  TG_CHECK_AS(ShapeError, x.dim() == 1 || x.dim() == 2, "linear: input must be (batch, in) or (in), got ", describe(x));
+  TG_CHECK_AS(ShapeError, x.size(-1) == w.size(1), "linear: input ", x.shape(), " has ", x.size(-1),
+              " features but weight ", w.shape(), " expects ", w.size(1));
   if (b.defined()) {
     check_same_device_dtype("linear", x, b);
-    TG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "linear: bias ", b.shape(),
-             " does not match weight ", w.shape(), " (expected [", w.size(0), "])");
+    TG_CHECK_AS(ShapeError, b.dim() == 1 && b.size(0) == w.size(0), "linear: bias ", b.shape(),
+                " does not match weight ", w.shape(), " (expected [", w.size(0), "])");
   }
   // A vector is a batch of one; the reshapes are recorded, so gradients flow through them.
   if (x.dim() == 1) return linear(x.reshape({1, x.size(0)}), w, b).reshape({w.size(0)});

@@ -12,9 +12,9 @@ namespace tg {
 void check_mse_buffers(const char* op, const Tensor& pred, const Tensor& target, const Tensor& scalar) {
   check_same_device_dtype(op, pred, target);
   check_same_device_dtype(op, pred, scalar);
-  TG_CHECK(pred.shape() == target.shape(), op, ": prediction ", pred.shape(), " and target ",
-           target.shape(), " differ");
-  TG_CHECK(scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
+  TG_CHECK_AS(ShapeError, pred.shape() == target.shape(), op, ": prediction ", pred.shape(), " and target ",
+              target.shape(), " differ");
+  TG_CHECK_AS(ShapeError, scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
 }
 
 void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Tensor& targets,
@@ -24,10 +24,10 @@ void check_cross_entropy_buffers(const char* op, const Tensor& logits, const Ten
            ": lse must be f64 on ", logits.device(), ", got ", describe(lse));
   TG_CHECK(targets.defined() && targets.dtype() == DType::i64 && targets.device() == logits.device(),
            op, ": targets must be i64 on ", logits.device(), ", got ", describe(targets));
-  TG_CHECK(logits.dim() == 2 && targets.shape() == Shape({logits.size(0)}) && lse.shape() == targets.shape(),
-           op, ": logits ", logits.shape(), ", targets ", targets.shape(), " and lse ", lse.shape(),
-           " do not fit (N, classes), (N), (N)");
-  TG_CHECK(scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
+  TG_CHECK_AS(ShapeError, logits.dim() == 2 && targets.shape() == Shape({logits.size(0)}) && lse.shape() == targets.shape(),
+              op, ": logits ", logits.shape(), ", targets ", targets.shape(), " and lse ", lse.shape(),
+              " do not fit (N, classes), (N), (N)");
+  TG_CHECK_AS(ShapeError, scalar.numel() == 1, op, ": the loss and its gradient hold one element, got ", describe(scalar));
 }
 
 void check_mse_backward_buffers(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
@@ -48,8 +48,8 @@ void check_cross_entropy_backward_buffers(const Tensor& dlogits, const Tensor& g
 
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   check_same_device_dtype("mse_loss", pred, target);
-  TG_CHECK(pred.shape() == target.shape(), "mse_loss: prediction ", pred.shape(), " and target ",
-           target.shape(), " differ");
+  TG_CHECK_AS(ShapeError, pred.shape() == target.shape(), "mse_loss: prediction ", pred.shape(), " and target ",
+              target.shape(), " differ");
   TG_CHECK(pred.numel() > 0, "mse_loss: the mean of an empty prediction ", describe(pred), " is undefined");
   Tensor out = Tensor::empty(Shape{}, {.dtype = pred.dtype(), .device = pred.device()});
   TG_DISPATCH(pred.device(), mse_loss_forward(out, pred, target));
@@ -70,21 +70,26 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   check_floating("cross_entropy", logits);
   TG_CHECK(targets.defined(), "cross_entropy: targets is an undefined tensor");
-  TG_CHECK(logits.dim() == 2, "cross_entropy: logits must be (N, classes), got ", describe(logits));
-  TG_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets must be i64 class indices, got ",
-           describe(targets));
-  TG_CHECK(targets.device() == logits.device(), "cross_entropy: logits ", describe(logits),
-           " and targets ", describe(targets), " are on different devices");
+  TG_CHECK_AS(ShapeError, logits.dim() == 2, "cross_entropy: logits must be (N, classes), got ", describe(logits));
+  TG_CHECK_AS(DTypeError, targets.dtype() == DType::i64, "cross_entropy: targets must be i64 class indices, got ",
+              describe(targets));
+  TG_CHECK_AS(DeviceError, targets.device() == logits.device(), "cross_entropy: logits ", describe(logits),
+              " and targets ", describe(targets), " are on different devices");
   const int64_t N = logits.size(0), classes = logits.size(1);
-  TG_CHECK(targets.dim() == 1 && targets.size(0) == N, "cross_entropy: logits ", logits.shape(), " have ", N,
-           " rows but targets ", targets.shape(), " is not a vector of ", N, " class indices");
+  TG_CHECK_AS(ShapeError, targets.dim() == 1 && targets.size(0) == N, "cross_entropy: logits ", logits.shape(), " have ", N,
+              " rows but targets ", targets.shape(), " is not a vector of ", N, " class indices");
   TG_CHECK(N > 0 && classes > 0, "cross_entropy: empty logits ", describe(logits));
-  // Validated on the host before anything runs (a copy of N integers when on the GPU);
-  // the kernels still guard every index, so a bad one can never read out of bounds.
-  std::vector<int64_t> t = targets.to_vector<int64_t>();
-  for (int64_t i = 0; i < N; ++i)
-    TG_CHECK(t[i] >= 0 && t[i] < classes, "cross_entropy: target ", t[i], " at row ", i,
-             " is out of range [0, ", classes, ") for logits ", logits.shape());
+  // Target values: on the CPU they are checked here, before anything runs. On the GPU, a
+  // check here would copy them to the host and wait for the device at every call (a sync per
+  // training step), so the kernel checks them: a bad target makes the loss NaN and is
+  // reported by the next cross_entropy on that device or by check_errors (ops/cuda/loss.cu).
+  // Either way no kernel reads out of bounds.
+  if (logits.device().is_cpu()) {
+    const int64_t* t = targets.data<int64_t>();
+    for (int64_t i = 0; i < N; ++i)
+      TG_CHECK(t[i] >= 0 && t[i] < classes, "cross_entropy: target ", t[i], " at row ", i,
+               " is out of range [0, ", classes, ") for logits ", logits.shape());
+  }
 
   const TensorOptions opts{.dtype = logits.dtype(), .device = logits.device()};
   Tensor out = Tensor::empty(Shape{}, opts);
@@ -102,6 +107,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
     });
   }
   return out;
+}
+
+void check_errors(Device d) {
+  if (!d.is_cuda()) return;  // the CPU ops validate everything before they run
+#if TG_CUDA
+  synchronize(d);
+  cuda::check_target_errors(d.index, /*wait=*/true);
+#endif
 }
 
 }  // namespace tg

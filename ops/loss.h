@@ -8,7 +8,15 @@ namespace tg {
 Tensor mse_loss(const Tensor& pred, const Tensor& target);
 // mean over rows of -log softmax(logits)[target]: logits (N, classes), targets i64 (N) with
 // values in [0, classes). Computed through log-sum-exp, so large logits do not overflow.
+// A target out of range throws tg::Error: at once on the CPU. On a GPU the values are checked
+// by the kernel, so that a training step never waits for the device: that call's loss is NaN,
+// and the error is thrown by the next cross_entropy on that device or by check_errors(device).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+
+// Waits for the device's queued work (like tg::synchronize) and throws the errors that ops
+// found on the device since the last check (today: cross_entropy's out-of-range targets).
+// A no-op on the CPU, where ops validate everything before they run.
+void check_errors(Device d);
 
 // Throw unless the kernels' buffers fit together (shapes, dtypes, devices); both backends
 // call them first. `scalar` is the loss (forward) or its one-element incoming gradient (backward).

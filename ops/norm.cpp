@@ -15,14 +15,14 @@ void check_group_norm_buffers(const char* op, const Tensor& x, const Tensor& mea
            ": invalid problem N=", p.N, " C=", p.C, " HW=", p.HW, " groups=", p.groups);
   check_same_device_dtype(op, x, mean);
   check_same_device_dtype(op, x, rstd);
-  TG_CHECK(x.numel() == p.N * p.C * p.HW, op, ": ", describe(x), " does not hold N*C*HW = ",
-           p.N, "*", p.C, "*", p.HW, " elements");
-  TG_CHECK(mean.numel() == p.N * p.groups && rstd.numel() == p.N * p.groups, op, ": mean ",
-           mean.shape(), " and rstd ", rstd.shape(), " must hold N*groups = ", p.N * p.groups, " elements");
+  TG_CHECK_AS(ShapeError, x.numel() == p.N * p.C * p.HW, op, ": ", describe(x), " does not hold N*C*HW = ",
+              p.N, "*", p.C, "*", p.HW, " elements");
+  TG_CHECK_AS(ShapeError, mean.numel() == p.N * p.groups && rstd.numel() == p.N * p.groups, op, ": mean ",
+              mean.shape(), " and rstd ", rstd.shape(), " must hold N*groups = ", p.N * p.groups, " elements");
   for (const Tensor* t : {&gamma, &beta}) {
     if (!t->defined()) continue;
     check_same_device_dtype(op, x, *t);
-    TG_CHECK(t->numel() == p.C, op, ": per-channel parameter ", t->shape(), " does not match C=", p.C);
+    TG_CHECK_AS(ShapeError, t->numel() == p.C, op, ": per-channel parameter ", t->shape(), " does not match C=", p.C);
   }
 }
 
@@ -48,22 +48,22 @@ void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, c
 
 Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
   check_floating("group_norm", x);
-  TG_CHECK(x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));
+  TG_CHECK_AS(ShapeError, x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));
   const int64_t N = x.size(0), C = x.size(1);
   TG_CHECK(groups > 0, "group_norm: groups must be positive, got ", groups);
-  TG_CHECK(C > 0 && C % groups == 0, "group_norm: ", C, " channels are not divisible into ", groups, " groups");
+  TG_CHECK_AS(ShapeError, C > 0 && C % groups == 0, "group_norm: ", C, " channels are not divisible into ", groups, " groups");
   TG_CHECK(eps >= 0, "group_norm: eps must be non-negative, got ", eps);
   const char* names[2] = {"gamma", "beta"};
   const Tensor* params[2] = {&gamma, &beta};
   for (int i = 0; i < 2; ++i) {
     if (!params[i]->defined()) continue;
     check_same_device_dtype("group_norm", x, *params[i]);
-    TG_CHECK(params[i]->shape() == Shape({C}), "group_norm: ", names[i], " ", params[i]->shape(),
-             " does not match the ", C, " channels of input ", x.shape(), " (expected [", C, "])");
+    TG_CHECK_AS(ShapeError, params[i]->shape() == Shape({C}), "group_norm: ", names[i], " ", params[i]->shape(),
+                " does not match the ", C, " channels of input ", x.shape(), " (expected [", C, "])");
   }
   int64_t HW = 1;
   for (int64_t d = 2; d < x.dim(); ++d) HW *= x.size(d);
-  TG_CHECK(HW > 0, "group_norm: input ", x.shape(), " has an empty spatial extent");
+  TG_CHECK_AS(ShapeError, HW > 0, "group_norm: input ", x.shape(), " has an empty spatial extent");
 
   const GroupNormProblem p{.N = N, .C = C, .HW = HW, .groups = groups, .eps = eps};
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};

@@ -58,9 +58,9 @@ namespace {
 std::vector<bool> reduced_flags(const char* op, const Shape& s, const std::vector<int64_t>& dims) {
   std::vector<bool> red(static_cast<size_t>(s.rank()), false);
   for (int64_t d : dims) {
-    TG_CHECK(d >= -s.rank() && d < s.rank(), op, ": dim ", d, " out of range for shape ", s);
+    TG_CHECK_AS(ShapeError, d >= -s.rank() && d < s.rank(), op, ": dim ", d, " out of range for shape ", s);
     int64_t k = d < 0 ? d + s.rank() : d;
-    TG_CHECK(!red[k], op, ": dim ", d, " listed twice for shape ", s);
+    TG_CHECK_AS(ShapeError, !red[k], op, ": dim ", d, " listed twice for shape ", s);
     red[k] = true;
   }
   return red;
@@ -117,7 +117,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor mean(const Tensor& x) {
   check_floating("mean", x);
-  TG_CHECK(x.numel() > 0, "mean: empty tensor ", describe(x));
+  TG_CHECK_AS(ShapeError, x.numel() > 0, "mean: empty tensor ", describe(x));
   std::vector<bool> red(static_cast<size_t>(x.dim()), true);
   return sum_impl("mean", x, red, false, 1.0 / count_of(x.shape(), red));
 }
@@ -125,13 +125,13 @@ Tensor mean(const Tensor& x) {
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_floating("mean", x);
   auto red = reduced_flags("mean", x.shape(), dims);
-  TG_CHECK(count_of(x.shape(), red) > 0, "mean: reducing over an empty dimension of ", describe(x));
+  TG_CHECK_AS(ShapeError, count_of(x.shape(), red) > 0, "mean: reducing over an empty dimension of ", describe(x));
   return sum_impl("mean", x, red, keepdim, 1.0 / count_of(x.shape(), red));
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  TG_CHECK(shape.rank() <= x.dim(), "sum_to: cannot reduce ", describe(x), " to shape ", shape);
+  TG_CHECK_AS(ShapeError, shape.rank() <= x.dim(), "sum_to: cannot reduce ", describe(x), " to shape ", shape);
   int64_t lead = x.dim() - shape.rank();
   std::vector<bool> red(static_cast<size_t>(x.dim()), false);
   for (int64_t d = 0; d < x.dim(); ++d) {
@@ -139,7 +139,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
       red[d] = true;
     } else {
       int64_t t = shape[d - lead];
-      TG_CHECK(t == x.size(d) || t == 1, "sum_to: cannot reduce ", describe(x), " to shape ", shape);
+      TG_CHECK_AS(ShapeError, t == x.size(d) || t == 1, "sum_to: cannot reduce ", describe(x), " to shape ", shape);
       red[d] = (t == 1 && x.size(d) != 1);
     }
   }
@@ -150,8 +150,8 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   check_floating("expand", x);
   if (x.shape() == shape) return x;
   checked_tensor_bytes("expand", shape, x.dtype());  // negative or overflowing target sizes
-  TG_CHECK(broadcast_shape("expand", x.shape(), shape) == shape, "expand: ", describe(x),
-           " does not broadcast to ", shape);
+  TG_CHECK_AS(ShapeError, broadcast_shape("expand", x.shape(), shape) == shape, "expand: ", describe(x),
+              " does not broadcast to ", shape);
   // Broadcasting x against a zero scalar into an output of the target shape is the
   // expansion: the binary kernel serves both.
   Tensor zero = zeros(Shape{}, {.dtype = x.dtype(), .device = x.device()});

@@ -20,23 +20,23 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
   std::vector<int64_t> given;  // the dims other than the -1
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] == -1) {
-      TG_CHECK(infer < 0, "reshape: more than one -1 in ", new_shape, " (from ", describe(*this), ")");
+      TG_CHECK_AS(ShapeError, infer < 0, "reshape: more than one -1 in ", new_shape, " (from ", describe(*this), ")");
       infer = static_cast<int64_t>(i);
     } else {
-      TG_CHECK(dims[i] >= 0, "reshape: negative size in ", new_shape, " (from ", describe(*this), ")");
+      TG_CHECK_AS(ShapeError, dims[i] >= 0, "reshape: negative size in ", new_shape, " (from ", describe(*this), ")");
       given.push_back(dims[i]);
     }
   }
   const int64_t known = checked_numel(given, "reshape");
   if (infer >= 0) {
-    TG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot infer -1 in ", new_shape,
-             " for ", describe(*this));
+    TG_CHECK_AS(ShapeError, known > 0 && numel() % known == 0, "reshape: cannot infer -1 in ", new_shape,
+                " for ", describe(*this));
     dims[infer] = numel() / known;  // the target's count is then numel(): no overflow
   }
   Shape target(dims);
   checked_tensor_bytes("reshape", target, dtype());  // the same bounds as a new tensor
-  TG_CHECK(target.numel() == numel(), "reshape: ", describe(*this), " (", numel(),
-           " elements) cannot be viewed as ", target);
+  TG_CHECK_AS(ShapeError, target.numel() == numel(), "reshape: ", describe(*this), " (", numel(),
+              " elements) cannot be viewed as ", target);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;  // a view: same buffer, same version counter
   impl->shape = target;
@@ -51,14 +51,14 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  TG_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(),
-           " dims given for ", describe(*this));
+  TG_CHECK_AS(ShapeError, static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(),
+              " dims given for ", describe(*this));
   std::vector<int64_t> perm(dims.size());
   std::vector<bool> seen(dims.size(), false);
   std::vector<int64_t> out_dims(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = dims[i] < 0 ? dims[i] + dim() : dims[i];
-    TG_CHECK(d >= 0 && d < dim() && !seen[d], "permute: invalid permutation ", Shape(dims), " for ", describe(*this));
+    TG_CHECK_AS(ShapeError, d >= 0 && d < dim() && !seen[d], "permute: invalid permutation ", Shape(dims), " for ", describe(*this));
     seen[d] = true;
     perm[i] = d;
     out_dims[i] = size(d);

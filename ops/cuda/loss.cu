@@ -5,7 +5,17 @@
 // mse_loss     : grid-stride partial sums of (p - t)^2, then one block reduces the partials.
 // cross_entropy: one block per row (max, then sum of exp, both block reductions) writes the
 //                row's log-sum-exp and loss; one block then averages the row losses.
+//
+// Target validation without a host sync: checking the targets on the host would copy them
+// back and wait for the device at every call, i.e. once per training step. Instead the row
+// kernel checks each target where it reads it: a bad one makes its row's loss (hence the
+// loss) NaN, never an out-of-bounds read, and the first bad (row, target) is recorded in a
+// small per-device record. After the kernels, the record is copied asynchronously into
+// pinned host memory, followed by an event. The copy is inspected without waiting at the
+// start of the next cross_entropy_forward on that device (if its event has completed), and
+// with waiting by tg::check_errors(device); either throws tg::Error naming the target.
 #include <cmath>
+#include <mutex>
 
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
@@ -83,9 +93,16 @@ __global__ void mse_backward_kernel(T* __restrict__ dp, T* __restrict__ dt, cons
   }
 }
 
+// The first out-of-range target a row kernel met; state 0 = none, 1 = being written, 2 = written.
+struct TargetRecord {
+  int state;
+  long long row, target, classes;
+};
+
 template <class T>
 __global__ void ce_rows_kernel(double* __restrict__ row_loss, double* __restrict__ lse, const T* __restrict__ x,
-                               const int64_t* __restrict__ targets, int64_t N, int64_t K) {
+                               const int64_t* __restrict__ targets, int64_t N, int64_t K,
+                               TargetRecord* __restrict__ bad) {
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     const T* row = x + r * K;  // (K)
     double m = -INFINITY;
@@ -99,7 +116,15 @@ __global__ void ce_rows_kernel(double* __restrict__ row_loss, double* __restrict
       const double l = m + log(s);
       const int64_t t = targets[r];
       lse[r] = l;
-      row_loss[r] = (t >= 0 && t < K) ? l - double(row[t]) : NAN;  // never read out of bounds
+      const bool ok = t >= 0 && t < K;
+      row_loss[r] = ok ? l - double(row[t]) : NAN;  // never read out of bounds
+      if (!ok && atomicCAS(&bad->state, 0, 1) == 0) {  // the first bad row fills the record
+        bad->row = r;
+        bad->target = t;
+        bad->classes = K;
+        __threadfence();
+        atomicExch(&bad->state, 2);
+      }
     }
   }
 }
@@ -122,7 +147,57 @@ __global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ gra
 
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>(N < kMaxRowBlocks ? N : kMaxRowBlocks); }
 
+// One per device, created on first use and kept for the process (a few bytes each).
+struct TargetCheck {
+  std::mutex mutex;
+  TargetRecord* device_record = nullptr;  // written by ce_rows_kernel, zeroed after a report
+  TargetRecord* host_copy = nullptr;      // pinned: the asynchronous copy lands here
+  cudaEvent_t copied = nullptr;           // recorded after the latest copy
+  bool pending = false;                   // a copy was queued and not inspected yet
+};
+
+TargetCheck& target_check(int dev) {
+  static TargetCheck checks[kMaxCudaDevices];
+  static std::once_flag once[kMaxCudaDevices];
+  TG_CHECK(dev >= 0 && dev < kMaxCudaDevices, "cross_entropy: device index ", dev, " out of range");
+  std::call_once(once[dev], [dev] {
+    TargetCheck& c = checks[dev];
+    set_device(dev);
+    TG_CUDA_CHECK(cudaMalloc(&c.device_record, sizeof(TargetRecord)));
+    TG_CUDA_CHECK(cudaMemset(c.device_record, 0, sizeof(TargetRecord)));
+    TG_CUDA_CHECK(cudaMallocHost(&c.host_copy, sizeof(TargetRecord)));
+    TG_CUDA_CHECK(cudaEventCreateWithFlags(&c.copied, cudaEventDisableTiming));
+  });
+  return checks[dev];
+}
+
+// Throws if the latest inspected copy holds a bad target (and clears the record so the error
+// is reported once). With `wait` false, a copy still in flight is left for a later check.
+// Called with c.mutex held.
+void inspect(TargetCheck& c, int dev, bool wait) {
+  if (!c.pending) return;
+  if (wait) {
+    TG_CUDA_CHECK(cudaEventSynchronize(c.copied));
+  } else {
+    const cudaError_t e = cudaEventQuery(c.copied);
+    if (e == cudaErrorNotReady) return;
+    TG_CUDA_CHECK(e);
+  }
+  c.pending = false;
+  const TargetRecord r = *c.host_copy;
+  if (r.state != 2) return;
+  TG_CUDA_CHECK(cudaMemsetAsync(c.device_record, 0, sizeof(TargetRecord), stream(dev)));
+  TG_FAIL("cross_entropy: target ", r.target, " at row ", r.row, " is out of range [0, ", r.classes,
+          ") (found on cuda:", dev, " by the kernel; the loss of that call was NaN)");
+}
+
 }  // namespace
+
+void check_target_errors(int device, bool wait) {
+  TargetCheck& c = target_check(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  inspect(c, device, wait);
+}
 
 void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target) {
   check_mse_buffers("mse_loss_forward", pred, target, out);
@@ -167,15 +242,24 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
   const int dev = logits.device().index;
   set_device(dev);
   cudaStream_t s = stream(dev);
+  TargetCheck& check = target_check(dev);
+  std::lock_guard<std::mutex> lock(check.mutex);
+  inspect(check, dev, /*wait=*/false);  // an earlier call's bad target, if its copy has landed
   Tensor row_loss = Tensor::empty({N}, {.dtype = DType::f64, .device = logits.device()});
   dispatch_floating("loss (CUDA)", logits.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     ce_rows_kernel<T><<<row_blocks(N), threads_for(K), 0, s>>>(row_loss.data<double>(), lse.data<double>(),
-                                                                 logits.data<T>(), targets.data<int64_t>(), N, K);
+                                                                 logits.data<T>(), targets.data<int64_t>(), N, K,
+                                                                 check.device_record);
     TG_LAUNCH_CHECK();
     final_sum_kernel<T><<<1, kFinalThreads, 0, s>>>(out.data<T>(), row_loss.data<double>(), N, 1.0 / double(N));
     TG_LAUNCH_CHECK();
   });
+  // Pinned destination: the copy is asynchronous, the host does not wait here.
+  TG_CUDA_CHECK(cudaMemcpyAsync(check.host_copy, check.device_record, sizeof(TargetRecord),
+                                cudaMemcpyDeviceToHost, s));
+  TG_CUDA_CHECK(cudaEventRecord(check.copied, s));
+  check.pending = true;
 }
 
 void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const Tensor& logits,
