@@ -1,7 +1,11 @@
 // The basic CUDA kernels against the CPU reference, and 64-bit indexing over 2^31 + 7 floats.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <thread>
+
 #include "common/test_util.h"
+#include "core/cuda_context.h"
 #include "ops/cuda/kernels.h"
 #include "ops/reduce_index.h"
 
@@ -116,4 +120,43 @@ TEST(CudaBasic, SumAndMulPast2To31Elements) {
   EXPECT_EQ(head[1], 1.0f);
   EXPECT_EQ(last[0], 1.0f);  // element 2^31 - 1
   for (int i = 1; i < 8; ++i) EXPECT_EQ(last[i], big * big) << "element " << n - 8 + i;
+}
+
+// tg::GpuTimer must bracket work on tapegrad's own stream (a non-blocking stream: events on
+// the default stream would not wait for it). A host function that sleeps 50 ms is queued on
+// that stream between start() and stop(): the timer must see it.
+TEST(CudaBasic, GpuTimerTimesTapegradsStream) {
+  TG_REQUIRE_GPU();
+  Tensor a = random({512, 512}, f32, kGpu), b = random({512, 512}, f32, kGpu);
+  tg::cuda::Timer timer(kGpu);
+  timer.start();
+  Tensor c = matmul(a, b);
+  timer.stop();
+  EXPECT_GT(timer.elapsed_ms(), 0.0);
+
+  timer.start();
+  ASSERT_EQ(cudaLaunchHostFunc(
+                tg::cuda::stream(0), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
+            cudaSuccess);
+  timer.stop();
+  EXPECT_GE(timer.elapsed_ms(), 40.0);
+  synchronize(kGpu);
+}
+
+TEST(CudaBasic, CudaAndDeviceErrorsAreTyped) {
+  TG_REQUIRE_GPU();
+  try {
+    TG_CUDA_CHECK(cudaSetDevice(1 << 20));
+    ADD_FAILURE() << "cudaSetDevice(2^20) succeeded";
+  } catch (const Error& e) {
+    EXPECT_TRUE(dynamic_cast<const CudaError*>(&e)) << e.what();
+    cudaGetLastError();
+  }
+  tg::cuda::set_device(0);
+  try {
+    add(random({2}, f32), random({2}, f32, kGpu));
+    ADD_FAILURE() << "adding a CPU and a GPU tensor succeeded";
+  } catch (const Error& e) {
+    EXPECT_TRUE(dynamic_cast<const DeviceError*>(&e)) << e.what();
+  }
 }

@@ -2,9 +2,13 @@
 // values and every input gradient, sizes beyond one reduction block, poisoned outputs,
 // determinism, and target validation on the GPU.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
+#include "core/cuda_context.h"
 #include "ops/cuda/loss.h"
 
 using namespace tg;
@@ -102,12 +106,53 @@ TEST(CrossEntropyCuda, OutOfRangeTargetsAreRejected) {
   TG_REQUIRE_GPU();
   const Device gpu = Device::cuda();
   Tensor x = random({4, 5}, f32, gpu);
-  TG_EXPECT_ERROR(cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 5, 2}, {4}, {.dtype = i64, .device = gpu})),
-                  "cross_entropy: target 5 at row 2 is out of range [0, 5)");
+  // Checked by the kernel, not on the host (no sync per call): the loss is NaN, and the
+  // error comes from check_errors, or from the next cross_entropy on the device.
+  Tensor loss = cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 5, 2}, {4}, {.dtype = i64, .device = gpu}));
+  EXPECT_TRUE(std::isnan(loss.item()));
+  TG_EXPECT_ERROR(check_errors(gpu), "cross_entropy: target 5 at row 2 is out of range [0, 5)");
+  EXPECT_NO_THROW(check_errors(gpu));  // reported once
+
+  Tensor good = from_vector(std::vector<int64_t>{0, 1, 2, 3}, {4}, {.dtype = i64, .device = gpu});
+  cross_entropy(x, from_vector(std::vector<int64_t>{-1, 1, 2, 3}, {4}, {.dtype = i64, .device = gpu}));
+  synchronize(gpu);  // the next call then sees the record without waiting
+  TG_EXPECT_ERROR(cross_entropy(x, good), "cross_entropy: target -1 at row 0 is out of range [0, 5)");
+  EXPECT_TRUE(std::isfinite(cross_entropy(x, good).item()));
+  EXPECT_NO_THROW(check_errors(gpu));
+
   TG_EXPECT_ERROR(cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 2, 3}, {4})), "cross_entropy",
                   "different devices");
   // Called directly, the kernel must not read out of bounds: the loss is NaN instead.
   Tensor out = Tensor::empty({}, {.dtype = f32, .device = gpu}), lse = Tensor::empty({4}, {.dtype = f64, .device = gpu});
   cuda::cross_entropy_forward(out, lse, x, from_vector(std::vector<int64_t>{0, 1, 1000000, 2}, {4}, {.dtype = i64, .device = gpu}));
   EXPECT_TRUE(std::isnan(out.item()));
+  TG_EXPECT_ERROR(check_errors(gpu), "target 1000000 at row 2");
+}
+
+// cross_entropy must not wait for the device (it used to copy the targets to the host every
+// call: a sync per training step). The stream is held by a host function until released;
+// a cross_entropy that synchronizes would wait for it (here until the 5 s safety timeout),
+// after which the stream would be idle.
+TEST(CrossEntropyCuda, DoesNotSynchronizeTheDevice) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  Tensor x = random({64, 10}, f32, gpu);
+  Tensor t = random_targets(64, 10, gpu);
+  cross_entropy(x, t);  // first use: creates the per-device record (may synchronize once)
+  synchronize(gpu);
+
+  static std::atomic<bool> release{false};
+  release = false;
+  auto hold = [](void*) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!release && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  };
+  cudaStream_t s = tg::cuda::stream(gpu.index);
+  ASSERT_EQ(cudaLaunchHostFunc(s, hold, nullptr), cudaSuccess);
+  Tensor loss = cross_entropy(x, t);
+  const cudaError_t busy = cudaStreamQuery(s);
+  release = true;
+  EXPECT_EQ(busy, cudaErrorNotReady) << "cross_entropy waited for the device";
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  EXPECT_NO_THROW(check_errors(gpu));
 }
