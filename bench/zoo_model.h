@@ -1,19 +1,14 @@
-// The zoo's whole-model row: a ResNet-18-style network for 64x64 inputs with GroupNorm in
-// place of BatchNorm (no batch statistics, so one sample's output depends on that sample
-// only, which lets the f64 check run on a slice of the batch).
-//
-//   conv1 3x3 3->64 s1 -> gn1 -> relu -> layer1..layer4 (2 BasicBlocks each: 64, 128, 256,
-//   512 channels; the first block of layers 2-4 has stride 2 and a 1x1 stride-2 projection
-//   "downsample" = conv + GroupNorm) -> mean over H, W -> fc 512->10
-//
-// Parameter names are those of the PyTorch mirror in bench/compare_zoo.py (conv1.weight,
-// layer2.0.downsample.0.weight, fc.bias, ...), so tg::save's file loads there strictly.
+// The zoo's whole-model row: the ResNet-18-style GroupNorm network of examples/common/resnet.h
+// for 64x64 inputs (GroupNorm has no batch statistics, so one sample's output depends on that
+// sample only, which lets the f64 check run on a slice of the batch). Its parameter names are
+// those of the PyTorch mirror in bench/compare_zoo.py, so tg::save's file loads there strictly.
 #pragma once
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/resnet.h"
 #include "tapegrad/tapegrad.h"
 #include "zoo_rows.h"
 
@@ -24,27 +19,11 @@ constexpr int64_t kClasses = 10;
 constexpr int64_t kImage = 64;     // input height and width
 constexpr double kLr = 0.01;       // the training step's SGD learning rate
 
-class BasicBlock : public tg::nn::Module {
+// The zoo's network: examples/common/resnet.h at ResNet-18's width, kGroups groups.
+class ResNet18GN : public ex::ResNet18GN {
  public:
-  BasicBlock(int64_t in, int64_t out, int64_t stride, tg::TensorOptions t);
-  tg::Tensor forward(const tg::Tensor& x) override;
-
- private:
-  std::shared_ptr<tg::nn::Conv2d> conv1_, conv2_;
-  std::shared_ptr<tg::nn::GroupNorm> gn1_, gn2_;
-  std::shared_ptr<tg::nn::Sequential> downsample_;  // null: identity shortcut
-};
-
-class ResNet18GN : public tg::nn::Module {
- public:
-  explicit ResNet18GN(tg::TensorOptions t = {});
-  tg::Tensor forward(const tg::Tensor& x) override;  // (N, 3, H, W) -> logits (N, kClasses)
-
- private:
-  std::shared_ptr<tg::nn::Conv2d> conv1_;
-  std::shared_ptr<tg::nn::GroupNorm> gn1_;
-  std::shared_ptr<tg::nn::Sequential> layers_[4];
-  std::shared_ptr<tg::nn::Linear> fc_;
+  explicit ResNet18GN(tg::TensorOptions t = {})
+      : ex::ResNet18GN({.in_channels = 3, .classes = kClasses, .width = 64, .groups = kGroups}, t) {}
 };
 
 // The model row: the network, a fixed batch and labels, and the check. The initial weights
