@@ -108,13 +108,6 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads) igemm_sm90_kernel(const Op
     cp_async_wait<T::kStages - 2>();
     wgmma::fence_proxy_async();  // this thread's copies, visible to the async proxy ...
     __syncthreads();             // ... of every thread; and every wgmma of the refilled stage retired
-    const int32_t next = kt + T::kStages - 1;
-    if (next < kt_end) {
-      const int s = (next - kt_begin) % T::kStages;
-      load_a.load(a, stage_a(s), next * kBK);
-      load_b.load(b, stage_b(s), next * kBK);
-    }
-    cp_async_commit();
 
     const int s = (kt - kt_begin) % T::kStages;
     const float* sa = stage_a(s);
@@ -135,7 +128,17 @@ __global__ void __launch_bounds__(Sm90Tile::kThreads) igemm_sm90_kernel(const Op
       wgmma::mma_rs_tf32<128>(acc, af[ks], desc, true);
     }
     wgmma::commit();
-    wgmma::wait<0>();  // the stage may be refilled after the next barrier
+    // The next stage's copies are issued while the tensor cores work on this one: the gathers'
+    // address arithmetic overlaps the products. The stage they fill was last read by the
+    // previous step's wgmma, retired before this step's barrier.
+    const int32_t next = kt + T::kStages - 1;
+    if (next < kt_end) {
+      const int r = (next - kt_begin) % T::kStages;
+      load_a.load(a, stage_a(r), next * kBK);
+      load_b.load(b, stage_b(r), next * kBK);
+    }
+    cp_async_commit();
+    wgmma::wait<0>();  // this stage may be refilled after the next barrier
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[i]);
   }
