@@ -84,8 +84,12 @@ tg::Tensor model(const tg::Tensor& x, const tg::Tensor& w, const tg::Tensor& b) 
 
 }  // namespace
 
-int main() {
-  return ex::guarded_main([] {
+int main(int argc, char** argv) {
+  return ex::guarded_main([&] {
+    // No options; parsed anyway so that --help answers and a typo is not silently ignored.
+    ex::Args args(argc, argv, {});
+    args.finish("(no options)\n  prints each tape entry as it is recorded and each gradient as backward makes it,\n"
+                "  beside the value derived by hand, then runs tg::gradcheck");
     // f64 throughout, so that gradcheck's finite differences are meaningful.
     tg::Tensor x = tg::from_vector(kX, {kRows, kCols}).requires_grad_();
     tg::Tensor w = tg::from_vector(kW, {kCols}).requires_grad_();

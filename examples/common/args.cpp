@@ -32,8 +32,12 @@ Args::Args(int argc, char** argv, std::set<std::string> switches)
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     } else if (!switches_.count(name)) {
-      if (i + 1 >= argc) throw std::invalid_argument("option --" + name + " needs a value");
-      value = argv[++i];
+      if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        value = argv[++i];
+      } else {  // an error only if the program reads it (else finish() calls it unknown)
+        value.clear();
+        missing_value_.insert(name);
+      }
     }
     values_[name] = value;
   }
@@ -46,6 +50,7 @@ bool Args::has(const std::string& name) {
 
 std::string Args::get(const std::string& name, const std::string& fallback) {
   read_.insert(name);
+  if (missing_value_.count(name)) throw std::invalid_argument("option --" + name + " needs a value");
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
 }

@@ -1,6 +1,10 @@
 // Command-line parsing for the examples and the benchmark: `--name value` options and
 // `--flag` switches. Every option a program reads is declared by reading it, so that
-// finish() can reject anything misspelled instead of silently ignoring it.
+// finish() can reject anything misspelled instead of silently ignoring it. The parser does
+// not know which names take values until they are read, so an unknown `--name` never
+// swallows a following `--option` as its value, and a missing value is reported when the
+// option is read ("needs a value") rather than for names nobody reads ("unknown option").
+// A value that starts with "--" is written `--name=--value`.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,13 +26,15 @@ class Args {
   // Comma-separated list: "--workloads A,B" -> {"A", "B"}.
   std::vector<std::string> get_list(const std::string& name, const std::vector<std::string>& fallback);
 
-  // Prints `usage` and exits on --help; throws on options nobody read.
+  // Prints `usage` and exits with status 0 on --help; throws "unknown option --x" for
+  // options nobody read.
   void finish(const std::string& usage);
 
  private:
   std::string program_;
   std::set<std::string> switches_;
   std::map<std::string, std::string> values_;
+  std::set<std::string> missing_value_;  // given without a value (last, or before another --option)
   std::set<std::string> read_;
 };
 
