@@ -219,6 +219,21 @@ Tensor Tensor::detach() const {
   return Tensor(std::move(impl));
 }
 
+void Tensor::set_data_(const Tensor& src) const {
+  TG_CHECK(src.defined(), "set_data_: the source is an undefined tensor");
+  TG_CHECK(src.shape() == shape(), "set_data_: source ", describe(src), " does not match the shape of ",
+           describe(*this));
+  TG_CHECK(!requires_grad() || is_floating(src.dtype()), "set_data_: ", describe(*this),
+           " requires grad but the source ", describe(src), " is not floating point");
+  if (src.impl()->storage == impl()->storage && src.dtype() == dtype()) return;
+  const uint64_t old_version = version();
+  impl()->storage = src.impl()->storage;
+  impl()->dtype = src.dtype();
+  // Storage has no setter for its counter: count up past the old value (once per
+  // in-place write this tensor ever had, so cheap next to the copy that produced `src`).
+  while (version() <= old_version) bump_version();
+}
+
 Tensor& Tensor::requires_grad_(bool on) {
   TG_CHECK(!on || is_floating(dtype()), "requires_grad_: ", describe(*this), " is not floating point");
   impl()->requires_grad = on;

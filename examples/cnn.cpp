@@ -30,12 +30,13 @@ namespace nn = tg::nn;
 std::shared_ptr<nn::Sequential> make_model(tg::Device device) {
   const tg::TensorOptions on{.device = device};
   auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 1, .out_channels = 16, .padding = {1}}, on));
+  m->add(std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 1, .out_channels = 16, .kernel_size = 3, .padding = {1}}, on));
   m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 4, .num_channels = 16}, on));
   m->add(std::make_shared<nn::ReLU>());
   // Stride 2 halves the map to 8x8: four times less work, and a wider view for each unit.
   m->add(std::make_shared<nn::Conv2d>(
-      nn::Conv2dOptions{.in_channels = 16, .out_channels = 32, .stride = {2}, .padding = {1}}, on));
+      nn::Conv2dOptions{.in_channels = 16, .out_channels = 32, .kernel_size = 3, .stride = {2}, .padding = {1}}, on));
   m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 8, .num_channels = 32}, on));
   m->add(std::make_shared<nn::ReLU>());
   m->add(std::make_shared<nn::MeanPool>());  // (N, 32, 8, 8) -> (N, 32)

@@ -31,7 +31,7 @@ std::vector<std::string> optimizer_param_names(const nn::Module& module, const n
     for (const auto& [name, t] : named)
       if (t.same(p)) found = &name;
     TG_CHECK(found != nullptr, op, ": optimizer parameter ", i, " ", describe(p),
-             " is not a parameter of the module (an optimizer built before module.to() holds the old tensors)");
+             " is not a parameter of the module");
     names.push_back(*found);
   }
   return names;
@@ -56,11 +56,12 @@ std::string json_text(const std::string& s) { return json::printable(s, 80); }
 
 bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
-// The module's slots, each checked against the file's entry: present, same dtype, same shape;
+// The module's slots (parameters and buffers, as PyTorch's state_dict), each checked
+// against the file's entry: present, same dtype, same shape;
 // and no tensor in the file that is neither a parameter nor (when `skip_optimizer`) optimizer state.
 std::vector<std::pair<std::string, Tensor*>> check_module_entries(nn::Module& module, const st::Header& h,
                                                                   const std::string& path, bool skip_optimizer) {
-  auto slots = module.named_parameter_slots();
+  auto slots = module.named_state_slots();  // parameters and buffers
   for (const auto& [name, slot] : slots) {
     const st::TensorInfo* info = h.find(name);
     TG_CHECK(info != nullptr, "tg::load: '", path, "' has no tensor '", name, "' for the module's parameter ",
@@ -101,7 +102,7 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
 }  // namespace
 
 void save(const nn::Module& module, const std::string& path) {
-  st::save_file(st::NamedTensors(module.named_parameters()), path, base_metadata());
+  st::save_file(st::NamedTensors(module.state_dict()), path, base_metadata());
 }
 
 void load(nn::Module& module, const std::string& path) {
@@ -113,7 +114,7 @@ void load(nn::Module& module, const std::string& path) {
 }
 
 void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path) {
-  st::NamedTensors tensors = module.named_parameters();
+  st::NamedTensors tensors = module.state_dict();
   for (const auto& [name, t] : tensors)
     TG_CHECK(!has_prefix(name, kOptimPrefix), "tg::save: parameter '", name, "' starts with '", kOptimPrefix,
              "', the prefix of optimizer state; rename the submodule to save it with an optimizer");

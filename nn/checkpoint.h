@@ -10,9 +10,9 @@
 //   tg::load(model, optimizer, "ckpt.safetensors");   //   bit-identically after this
 //
 // File contents: one tensor per parameter and buffer (Module::state_dict(): "0.weight",
-// "conv.bias", "bn.running_mean", ...) in its dtype; with an optimizer also "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg",
-// "optim.0.weight.step" for Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata
-// "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count" and
+// "conv.bias", "bn.running_mean", ...) in its dtype; with an optimizer also
+// "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg", "optim.0.weight.step" for
+// Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count" and
 // "tapegrad.optimizer.lr".
 //
 // Saving is atomic (temporary file, fsync, rename): a failed save leaves the previous file

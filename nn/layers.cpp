@@ -41,6 +41,8 @@ template <class Options>
 void check_conv_options(const char* layer, const Options& o, size_t dims) {
   TG_CHECK(o.in_channels > 0, layer, ": in_channels must be positive, got ", o.in_channels);
   TG_CHECK(o.out_channels > 0, layer, ": out_channels must be positive, got ", o.out_channels);
+  TG_CHECK(!o.kernel_size.empty(), layer, ": kernel_size is required (it has no default); give it, e.g. ",
+           ".kernel_size = 3 or ", layer, "Options::make(in_channels, out_channels, 3)");
   check_per_dim(layer, "kernel_size", o.kernel_size, dims, 1);
   check_per_dim(layer, "stride", o.stride, dims, 1);
   check_per_dim(layer, "padding", o.padding, dims, 0);
@@ -87,7 +89,18 @@ Linear::Linear(LinearOptions o, TensorOptions t) : options_(o) {
   register_parameter("bias", &bias);
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) {
+  // linear() takes (B, in) or (in); more leading dims are folded into B and unfolded after.
+  // Both reshapes are views recorded on the tape, so gradients reach x in its own shape.
+  if (!x.defined() || x.dim() <= 2) return linear(x, weight, bias);
+  const int64_t in = x.size(x.dim() - 1);
+  TG_CHECK(in == options_.in_features, "Linear: expected input (..., ", options_.in_features, "), got ", describe(x));
+  std::vector<int64_t> out_dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+  int64_t batch = 1;
+  for (int64_t d : out_dims) batch = checked_mul(batch, d, "Linear: ", describe(x));
+  out_dims.push_back(options_.out_features);
+  return linear(x.reshape({batch, in}), weight, bias).reshape(Shape(out_dims));
+}
 
 // ---- Conv2d / Conv3d --------------------------------------------------------------------
 

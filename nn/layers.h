@@ -1,6 +1,7 @@
 // Layers with PyTorch's parameter names, shapes and default initialization:
 //
 //   nn::Conv2d conv({.in_channels = 64, .out_channels = 128, .kernel_size = {3, 3}, .bias = false});
+//   nn::Conv2d same(nn::Conv2dOptions::make(64, 128, 3).bias(false));   // options.h
 //   nn::Linear head({.in_features = 24, .out_features = 10}, {.device = Device::cuda()});
 //
 // The optional second argument says where (and in which dtype) the parameters are created;
@@ -13,17 +14,12 @@
 #include <vector>
 
 #include "module.h"
-#include "../ops/conv.h"
+#include "options.h"
 
 namespace tg::nn {
 
-struct LinearOptions {
-  int64_t in_features = 0;
-  int64_t out_features = 0;
-  bool bias = true;
-};
-
-// y = x w^T + b. weight (out, in), bias (out); x (B, in) -> (B, out).
+// y = x w^T + b. weight (out, in), bias (out); x (..., in) -> (..., out): any leading dims
+// (none, (B), (B, T), ...) are flattened into one batch dim around the product, on the tape.
 class Linear : public Module {
  public:
   explicit Linear(LinearOptions options, TensorOptions tensor_options = {});
@@ -35,30 +31,6 @@ class Linear : public Module {
 
  private:
   LinearOptions options_;
-};
-
-// kernel_size, stride, padding and dilation take one value per spatial dim, or a single
-// value for all of them (PyTorch's int form).
-struct Conv2dOptions {
-  int64_t in_channels = 0;
-  int64_t out_channels = 0;
-  std::vector<int64_t> kernel_size = {3, 3};
-  std::vector<int64_t> stride = {1};
-  std::vector<int64_t> padding = {0};
-  std::vector<int64_t> dilation = {1};
-  bool bias = true;
-  Layout layout = Layout::NCHW;  // NHWC: input and output are channels-last (N, H, W, C)
-};
-
-struct Conv3dOptions {
-  int64_t in_channels = 0;
-  int64_t out_channels = 0;
-  std::vector<int64_t> kernel_size = {3, 3, 3};
-  std::vector<int64_t> stride = {1};
-  std::vector<int64_t> padding = {0};
-  std::vector<int64_t> dilation = {1};
-  bool bias = true;
-  Layout layout = Layout::NCHW;  // conv3d is NCDHW only: must stay Layout::NCHW
 };
 
 // weight (out, in, kh, kw), bias (out).
@@ -89,13 +61,6 @@ class Conv3d : public Module {
 
  private:
   Conv3dOptions options_;
-};
-
-struct GroupNormOptions {
-  int64_t num_groups = 0;
-  int64_t num_channels = 0;
-  double eps = 1e-5;
-  bool affine = true;
 };
 
 // x (N, C, *) -> same shape. weight = gamma (C) = 1, bias = beta (C) = 0 when affine.

@@ -54,6 +54,18 @@ void Optimizer::step() {
              "Optimizer::step: parameter ", i, " ", describe(p), " has a grad ", describe(g),
              " of another shape, dtype or device");
   }
+  // Module::to moves a parameter's data inside the same tensor; the state made before the
+  // move is still on the old device or in the old dtype: it follows the parameter here
+  // (values kept, as PyTorch's load_state_dict casts state onto its parameter).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    for (Tensor& b : state_[i].buffers) {
+      if (!b.defined() || (b.device() == p.device() && b.dtype() == p.dtype())) continue;
+      TG_CHECK(b.shape() == p.shape(), "Optimizer::step: the state of parameter ", i, " ", describe(b),
+               " does not match the parameter ", describe(p), " (its shape changed)");
+      b = b.to(p.dtype()).to(p.device());
+    }
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();

@@ -57,7 +57,8 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
 inline std::shared_ptr<nn::Sequential> small_cnn(uint64_t seed) {
   manual_seed(seed);
   auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 3, .out_channels = 6, .padding = {1}}));
+  m->add(std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 3, .out_channels = 6, .kernel_size = 3, .padding = {1}}));
   auto gn = m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6}));
   m->add(std::make_shared<nn::ReLU>());
   m->add(std::make_shared<nn::MeanPool>());

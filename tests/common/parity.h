@@ -96,7 +96,8 @@ inline std::vector<ModelSpec> model_specs() {
   specs.push_back({"C",
                    [] {
                      auto m = std::make_shared<nn::Sequential>();
-                     m->add(std::make_shared<nn::Conv3d>(nn::Conv3dOptions{.in_channels = 3, .out_channels = 6}));
+                     m->add(std::make_shared<nn::Conv3d>(nn::Conv3dOptions{
+                         .in_channels = 3, .out_channels = 6, .kernel_size = 3}));
                      m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6}));
                      return m;
                    },

@@ -148,7 +148,7 @@ TEST(Anomaly, CleanTrainingStepPasses) {
   DetectAnomalyGuard on;
   manual_seed(1);
   nn::Sequential model;
-  model.add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 2, .out_channels = 4}));
+  model.add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 2, .out_channels = 4, .kernel_size = 3}));
   model.add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 2, .num_channels = 4}));
   model.add(std::make_shared<nn::ReLU>());
   model.add(std::make_shared<nn::MeanPool>());

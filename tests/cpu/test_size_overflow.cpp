@@ -348,16 +348,17 @@ TEST(SizeOverflow, LayerConstructorsRejectOverflowingWeights) {
   nn::Linear ok({.in_features = 3, .out_features = 2});
   EXPECT_EQ(ok.weight.shape(), (Shape{2, 3}));
 
-  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = k31, .out_channels = k31}), "Conv2d");
+  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = k31, .out_channels = k31, .kernel_size = 3}), "Conv2d");
   EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = {k31, k31}}), "Conv2d");
-  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .dilation = {kMax}}), "Conv2d",
+  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = 3, .dilation = {kMax}}), "Conv2d",
                     "dilated kernel");
-  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .padding = {k62}}), "Conv2d", "padding");
+  EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = 3, .padding = {k62}}), "Conv2d",
+                    "padding");
   EXPECT_SIZE_ERROR(nn::Conv2d({.in_channels = 1, .out_channels = 1, .kernel_size = {kMin}}), "Conv2d");
   const int64_t k21 = int64_t{1} << 21;
   EXPECT_SIZE_ERROR(nn::Conv3d({.in_channels = 1, .out_channels = 1, .kernel_size = {k21, k21, k21}}), "Conv3d");
   EXPECT_SIZE_ERROR(nn::Conv3d({.in_channels = k31, .out_channels = k31, .kernel_size = {1}}), "Conv3d");
-  nn::Conv2d conv({.in_channels = 2, .out_channels = 3, .dilation = {k31 - 1}});  // legal, if useless
+  nn::Conv2d conv({.in_channels = 2, .out_channels = 3, .kernel_size = 3, .dilation = {k31 - 1}});  // legal, if useless
   EXPECT_EQ(conv.weight.shape(), (Shape{3, 2, 3, 3}));
 }
 

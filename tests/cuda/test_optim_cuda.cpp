@@ -117,3 +117,73 @@ TEST(OptimCuda, ParamsOnGpuWithMismatchedGradAreRejected) {
   p.set_grad(uniform({5}, -1, 1));  // on the CPU
   TG_EXPECT_ERROR(opt.step(), "parameter 0", "cuda:0", "cpu");
 }
+
+// ---- an optimizer built before or after model.to(cuda) trains the model (issue 24) ------
+
+namespace {
+
+// A small conv net on the CPU, moved to the GPU with the optimizer built `before` or after
+// the move; the optimizer has momentum state from one CPU step when built before.
+void trains_after_move(bool optimizer_before_move, bool adam) {
+  manual_seed(21);
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(nn::Conv2dOptions::make(3, 6, 3).padding(1)),
+      std::make_shared<nn::GroupNorm>(nn::GroupNormOptions::make(2, 6)), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MeanPool>(), std::make_shared<nn::Linear>(nn::LinearOptions::make(6, 4))});
+  const Tensor x_cpu = uniform({4, 3, 6, 6}, -1, 1);
+  auto make = [&]() -> std::unique_ptr<nn::Optimizer> {
+    if (adam) return std::make_unique<nn::Adam>(model->parameters(), nn::AdamOptions{.lr = 0.01});
+    return std::make_unique<nn::SGD>(model->parameters(), nn::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  };
+  auto loss_on = [&](const Tensor& x) {
+    Tape tape;
+    const Tensor y = model->forward(x);
+    Tensor loss = mean(y * y);
+    tape.backward(loss);
+    return loss.item();
+  };
+  std::unique_ptr<nn::Optimizer> opt;
+  if (optimizer_before_move) {
+    opt = make();
+    loss_on(x_cpu);
+    opt->step();  // state (momentum, exp_avg) now lives on the CPU
+    opt->zero_grad();
+  }
+  const std::vector<Tensor> handles = model->parameters();
+  model->to(Device::cuda());
+  if (!optimizer_before_move) opt = make();
+  const std::vector<Tensor> params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(params[i].same(handles[i])) << i;
+    EXPECT_TRUE(params[i].device().is_cuda()) << i;
+    EXPECT_TRUE(opt->params()[i].same(params[i])) << i;
+  }
+  const Tensor x = x_cpu.cuda();
+  const std::vector<float> w0 = params[0].to_vector<float>();
+  const double first = loss_on(x);
+  for (int t = 0; t < 10; ++t) {
+    opt->step();
+    opt->zero_grad();
+    loss_on(x);
+  }
+  EXPECT_NE(params[0].to_vector<float>(), w0);
+  EXPECT_LT(loss_on(x), first);
+  for (const auto& [name, t] : opt->state())
+    if (name.find(".step") == std::string::npos) {
+      EXPECT_TRUE(t.device().is_cuda()) << name;
+    }
+}
+
+}  // namespace
+
+TEST(OptimCuda, OptimizerBuiltBeforeModelToCudaTrains) {
+  TG_REQUIRE_GPU();
+  trains_after_move(true, false);
+  trains_after_move(true, true);
+}
+
+TEST(OptimCuda, OptimizerBuiltAfterModelToCudaTrains) {
+  TG_REQUIRE_GPU();
+  trains_after_move(false, false);
+  trains_after_move(false, true);
+}

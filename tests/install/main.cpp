@@ -33,7 +33,8 @@ void check(bool ok, const char* what) {
 std::shared_ptr<tg::nn::Sequential> make_model() {
   using namespace tg;
   auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 2, .out_channels = 4, .padding = {1}}));
+  m->add(std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = 2, .out_channels = 4, .kernel_size = 3, .padding = {1}}));
   m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 2, .num_channels = 4}));
   m->add(std::make_shared<nn::ReLU>());
   m->add(std::make_shared<nn::MeanPool>());
