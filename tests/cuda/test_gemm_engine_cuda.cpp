@@ -131,7 +131,9 @@ TEST(GemmEngineConv, SplitWeightGradientIsDeterministic) {
 // The public ops with the engine forced, through the tape: forward, dx, dw and the bias.
 TEST(GemmEngineConv, PublicOpsThroughTapeUseTheEngine) {
   TG_REQUIRE_GPU();
-  cuda::KernelPolicyGuard guard({.conv = cuda::KernelPath::Engine});
+  cuda::KernelPolicy engine_only;
+  engine_only.conv = cuda::KernelPath::Engine;
+  cuda::KernelPolicyGuard guard(engine_only);
   PrecisionGuard fp32(Precision::FP32);
   // 3x3 stride 1 NCHW and 1x1: shapes the specialised kernels would otherwise take.
   const ConvCase cases[] = {
