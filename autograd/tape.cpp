@@ -7,7 +7,7 @@
 #include <unordered_set>
 
 #include "autograd/anomaly.h"  // [anomaly hooks]
-#include "ops/elementwise.h"
+#include "core/accumulate.h"
 
 namespace tg {
 
@@ -144,7 +144,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
   grads[loss.impl()] = g0;
   auto accumulate = [&](const Tensor& target, const Tensor& g) {
     auto [it, inserted] = grads.try_emplace(target.impl(), g);
-    if (!inserted) it->second = add(it->second, g);
+    if (!inserted) it->second = sum_of(it->second, g);
   };
 
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
@@ -212,7 +212,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
       auto g = grads.find(in.impl());
       if (g == grads.end()) continue;
       Tensor old = in.grad();
-      Tensor next = old.defined() ? add(old, g->second) : g->second;
+      Tensor next = old.defined() ? sum_of(old, g->second) : g->second;
       if (!taken.insert(next.impl()->storage.get()).second) next = next.clone();
       taken.insert(next.impl()->storage.get());
       in.set_grad(next);

@@ -25,6 +25,12 @@ __global__ void normal_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset,
     out[i] = static_cast<T>(mean + stddev * normal_at(seed, offset + i));
 }
 
+template <class T>
+__global__ void add_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
+  TG_GRID_STRIDE(i, n)
+    out[i] = a[i] + b[i];
+}
+
 template <class S, class D>
 __global__ void cast_kernel(const S* in, D* out, int64_t n) {
   TG_GRID_STRIDE(i, n)
@@ -32,6 +38,18 @@ __global__ void cast_kernel(const S* in, D* out, int64_t n) {
 }
 
 }  // namespace
+
+void add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const int dev = out.device().index;
+  set_device(dev);
+  dispatch_any(out.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(out.data<T>(), a.data<T>(), b.data<T>(), n);
+  });
+  TG_LAUNCH_CHECK();
+}
 
 void fill(const Tensor& t, double value) {
   int64_t n = t.numel();
