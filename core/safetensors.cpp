@@ -308,7 +308,7 @@ DType dtype_from_code(const std::string& code, const std::string& tensor_name) {
   if (code == "F64") return DType::f64;
   if (code == "I64") return DType::i64;
   TG_FAIL("safetensors: tensor '", tensor_name, "' has dtype ", code,
-          ", which tapegrad cannot hold (it has F32, F64 and I64)");
+          ", which tapegrad cannot hold (it reads F32, F64, I64, and F16 and BF16 as F32)");
 }
 
 Header read_header(const std::string& path) {
@@ -374,7 +374,7 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   for (const std::string& name : names) {
     const TensorInfo* info = header.find(name);
     TG_CHECK(info != nullptr, "safetensors: '", path, "' has no tensor '", name, "'");
-    dtype_from_code(info->dtype, name);
+    if (!is_half_code(info->dtype)) dtype_from_code(info->dtype, name);
     TG_CHECK(info->shape.size() <= static_cast<size_t>(kMaxDims), "safetensors: tensor '", name, "' of '", path,
              "' has ", info->shape.size(), " dims; tapegrad tensors have at most ", kMaxDims);
     infos.push_back(info);
@@ -382,14 +382,22 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   Fd fd = open_for_reading(path);
   NamedTensors out;
   for (const TensorInfo* info : infos) {
-    Tensor t = Tensor::empty(Shape(info->shape), {.dtype = dtype_from_code(info->dtype, info->name)});
+    const bool half = is_half_code(info->dtype);  // F16 / BF16: read, then widened to f32
+    Tensor t = Tensor::empty(Shape(info->shape), {.dtype = half ? DType::f32 : dtype_from_code(info->dtype, info->name)});
+    const uint64_t bytes = half ? static_cast<uint64_t>(t.numel()) * 2 : t.nbytes();
     // The header may have been built by the caller rather than by read_header: the byte
     // range read must be the buffer's size, or the read would run past it.
-    TG_CHECK(info->begin <= info->end && t.nbytes() == info->end - info->begin, "safetensors: tensor '",
-             info->name, "' ", describe(t), " needs ", t.nbytes(), " bytes but its data_offsets [", info->begin,
+    TG_CHECK(info->begin <= info->end && bytes == info->end - info->begin, "safetensors: tensor '", info->name,
+             "' ", info->dtype, Shape(info->shape), " needs ", bytes, " bytes but its data_offsets [", info->begin,
              ", ", info->end, "] do not hold that many");
-    read_exact(fd.get(), t.raw_data(), info->end - info->begin, header.data_start + info->begin, path,
-               "tensor '" + info->name + "'");
+    const std::string what = "tensor '" + info->name + "'";
+    if (!half) {
+      read_exact(fd.get(), t.raw_data(), bytes, header.data_start + info->begin, path, what);
+    } else {
+      std::vector<unsigned char> raw(bytes);
+      read_exact(fd.get(), raw.data(), bytes, header.data_start + info->begin, path, what);
+      decode_half(info->dtype, raw.data(), static_cast<float*>(t.raw_data()), static_cast<size_t>(t.numel()));
+    }
     out.emplace_back(info->name, std::move(t));
   }
   return out;

@@ -31,8 +31,8 @@
 namespace tg::safetensors {
 
 // A header entry as written in the file. `dtype` is the file's code ("F32", "BF16", ...);
-// any dtype the format defines is accepted in a header, and only F32, F64 and I64 can
-// become tensors.
+// any dtype the format defines is accepted in a header; F32, F64 and I64 become tensors of
+// their dtype, F16 and BF16 become F32 tensors (exactly: every value of both is an f32).
 struct TensorInfo {
   std::string name;
   std::string dtype;
@@ -65,8 +65,11 @@ using Metadata = std::vector<std::pair<std::string, std::string>>;
 // Reads and validates the header only (nothing of the data section is read).
 Header read_header(const std::string& path);
 
-// Reads every tensor onto the CPU, in header order. A tensor of a dtype tapegrad has no
-// equivalent for (F16, BF16, I32, ...) fails naming it.
+// Reads every tensor onto the CPU, in header order. F16 and BF16 tensors are widened to
+// f32 (exactly, subnormals, infinities and NaN payloads included: decode_f16 / decode_bf16);
+// a tensor of another dtype tapegrad has no equivalent for (I32, U8, F8_E4M3, ...) fails
+// naming it. The entry's dtype code stays in the header (read_header) for callers that
+// need to know what the file held.
 NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr);
 
 // Reads the listed tensors of a file whose header was already read (onto the CPU).
@@ -93,6 +96,18 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
 // codes with no tapegrad equivalent).
 const char* dtype_code(DType t);
 DType dtype_from_code(const std::string& code, const std::string& tensor_name);
+
+// Half-precision codes the reader widens to f32 (core/safetensors_convert.cpp).
+bool is_half_code(const std::string& code);  // "F16" or "BF16"
+// The f32 value of an IEEE binary16 / a bfloat16 bit pattern. Both are exact: subnormals
+// become the same (normal) f32 value, +-inf stay infinite, a NaN stays a NaN with its sign
+// and payload (shifted into the f32 payload's high bits, so a quiet NaN stays quiet).
+float decode_f16(uint16_t bits);
+float decode_bf16(uint16_t bits);
+// Decodes `n` little-endian 2-byte values of `code` ("F16" or "BF16") into `out`.
+void decode_half(const std::string& code, const unsigned char* bytes, float* out, size_t n);
+// A floating dtype code (F64, F32, F16, BF16): what LoadOptions::convert_dtype converts.
+bool is_floating_code(const std::string& code);
 
 namespace testing {
 // Makes the next save_file fail (throw tg::Error) after writing `bytes` bytes of its

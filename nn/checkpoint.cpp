@@ -56,64 +56,173 @@ std::string json_text(const std::string& s) { return json::printable(s, 80); }
 
 bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
-// The module's slots (parameters and buffers, as PyTorch's state_dict), each checked
-// against the file's entry: present, same dtype, same shape;
-// and no tensor in the file that is neither a parameter nor (when `skip_optimizer`) optimizer state.
-std::vector<std::pair<std::string, Tensor*>> check_module_entries(nn::Module& module, const st::Header& h,
-                                                                  const std::string& path, bool skip_optimizer) {
-  auto slots = module.named_state_slots();  // parameters and buffers
+// An entry of the state being loaded: a header entry of a file, or a tensor of a map.
+struct Entry {
+  const std::string* name;
+  std::string dtype;  // the file's code: "F32", "BF16", ...
+  Shape shape;
+  const Tensor* value = nullptr;  // a map's tensor (files are read after matching)
+  uint64_t header_offset = 0;     // a file's entry, for messages
+};
+
+// A module slot matched with the entry that fills it.
+struct Match {
+  Tensor* slot;
+  const Entry* entry;
+};
+
+struct Plan {
+  std::vector<Match> matches;
+  LoadResult result;
+};
+
+std::string quoted_list(const std::vector<std::string>& names, size_t from) {
+  constexpr size_t kMaxNamed = 20;
+  std::string out;
+  for (size_t i = from; i < names.size() && i < from + kMaxNamed; ++i) out += (i > from ? ", '" : "'") + names[i] + "'";
+  if (names.size() > from + kMaxNamed) out += " and " + std::to_string(names.size() - from - kMaxNamed) + " more";
+  return out;
+}
+
+// Matches the module's slots (parameters and buffers, as PyTorch's state_dict) with the
+// entries and checks every match (shape always; dtype, converted only if the options allow)
+// and, when strict, that nothing is missing or unexpected. Throws before anything changes.
+// `where` names the source in messages ("'path'" or "the state map").
+Plan plan_load(nn::Module& module, const std::vector<Entry>& entries, const LoadOptions& options,
+               const std::string& where) {
+  std::unordered_map<std::string_view, const Entry*> by_key;
+  for (const Entry& e : entries)
+    if (has_prefix(*e.name, options.prefix)) by_key.emplace(std::string_view(*e.name).substr(options.prefix.size()), &e);
+
+  Plan plan;
+  std::unordered_set<std::string_view> known;
+  const Tensor* first_missing = nullptr;
+  const auto slots = module.named_state_slots();  // `known` views its names
   for (const auto& [name, slot] : slots) {
-    const st::TensorInfo* info = h.find(name);
-    TG_CHECK(info != nullptr, "tg::load: '", path, "' has no tensor '", name, "' for the module's parameter ",
-             describe(*slot));
-    TG_CHECK(info->dtype == st::dtype_code(slot->dtype()), "tg::load: tensor '", name, "' is ", info->dtype, " in '",
-             path, "' but the module's parameter is ", describe(*slot), " (", st::dtype_code(slot->dtype()), ")");
-    TG_CHECK(Shape(info->shape) == slot->shape(), "tg::load: tensor '", name, "' has shape ", Shape(info->shape),
-             " in '", path, "' but the module's parameter is ", describe(*slot));
+    known.insert(name);
+    auto it = by_key.find(name);
+    if (it == by_key.end()) {
+      if (!first_missing) first_missing = slot;
+      plan.result.missing.push_back(name);
+    } else {
+      plan.matches.push_back({slot, it->second});
+    }
   }
-  std::unordered_set<std::string> known;
-  for (const auto& [name, slot] : slots) known.insert(name);
+  const Entry* first_unexpected = nullptr;
+  for (const Entry& e : entries) {
+    if (!has_prefix(*e.name, options.prefix) || known.count(std::string_view(*e.name).substr(options.prefix.size())))
+      continue;
+    if (!first_unexpected) first_unexpected = &e;
+    plan.result.unexpected.push_back(*e.name);
+  }
+  if (options.strict && first_missing) {
+    const auto& missing = plan.result.missing;
+    TG_FAIL("tg::load: ", where, " has no tensor '", options.prefix + missing[0], "' for the module's parameter ",
+            describe(*first_missing), missing.size() > 1 ? " (also missing: " + quoted_list(missing, 1) + ")" : "",
+            plan.result.unexpected.empty() ? ""
+                                           : "; unexpected: " + quoted_list(plan.result.unexpected, 0),
+            " (strict; pass .strict = false to load the rest)");
+  }
+  if (options.strict && first_unexpected) {
+    const auto& unexpected = plan.result.unexpected;
+    const std::string at = first_unexpected->value ? "" : " (header byte " + std::to_string(first_unexpected->header_offset) + ")";
+    TG_FAIL("tg::load: ", where, " holds tensor '", *first_unexpected->name, "' ", first_unexpected->dtype,
+            first_unexpected->shape, at, " that the module has no parameter for",
+            unexpected.size() > 1 ? " (nor for " + quoted_list(unexpected, 1) + ")" : "",
+            " (strict; pass .strict = false to ignore it)");
+  }
+  for (const Match& m : plan.matches) {
+    const Entry& e = *m.entry;
+    const std::string code = st::dtype_code(m.slot->dtype());
+    TG_CHECK_AS(ShapeError, e.shape == m.slot->shape(), "tg::load: tensor '", *e.name, "' has shape ", e.shape, " in ",
+                where, " but the module's parameter is ", describe(*m.slot));
+    if (e.dtype == code) continue;
+    const bool convertible = st::is_floating_code(e.dtype) && is_floating(m.slot->dtype());
+    TG_CHECK_AS(DTypeError, options.convert_dtype && convertible, "tg::load: tensor '", *e.name, "' is ", e.dtype,
+                " in ", where, " but the module's parameter is ", describe(*m.slot), " (", code, ")",
+                convertible ? "; pass .convert_dtype = true to convert it" : "");
+  }
+  return plan;
+}
+
+// Copies the matched values (`values[i]` for plan.matches[i]: the file's, read onto the
+// host, or the map's) into the parameters, in place (optimizers hold the handles),
+// converted to their dtypes first so that nothing changes if a conversion fails.
+void apply_plan(const Plan& plan, const std::vector<const Tensor*>& values) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> converted;
+  converted.reserve(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const Tensor& v = *values[i];
+    const DType want = plan.matches[i].slot->dtype();
+    converted.push_back(v.dtype() == want ? v : v.to(want));
+  }
+  for (size_t i = 0; i < values.size(); ++i) plan.matches[i].slot->copy_(converted[i]);
+}
+
+std::vector<Entry> file_entries(const st::Header& h, bool skip_optimizer) {
+  std::vector<Entry> out;
   for (const st::TensorInfo& info : h.tensors) {
     if (skip_optimizer && has_prefix(info.name, kOptimPrefix)) continue;
-    TG_CHECK(known.count(info.name), "tg::load: '", path, "' holds tensor '", info.name, "' ", info.dtype,
-             Shape(info.shape),
-             " (header byte ", info.header_offset, ") that the module has no parameter for");
+    out.push_back({&info.name, info.dtype, Shape(info.shape), nullptr, info.header_offset});
   }
-  return slots;
-}
-
-// Copies validated host tensors into the parameters, in place (optimizers hold the handles).
-void copy_into_slots(const std::vector<std::pair<std::string, Tensor*>>& slots, const st::NamedTensors& values) {
-  NoGradGuard no_grad;
-  std::unordered_map<std::string, const Tensor*> by_name;
-  for (const auto& [vname, v] : values) by_name.emplace(vname, &v);
-  for (const auto& [name, slot] : slots) {
-    auto it = by_name.find(name);
-    if (it != by_name.end()) slot->copy_(*it->second);
-  }
-}
-
-std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor*>>& slots) {
-  std::vector<std::string> out;
-  for (const auto& [name, slot] : slots) out.push_back(name);
   return out;
+}
+
+// Reads the plan's tensors from the file (only those), onto the host.
+st::NamedTensors read_plan(const Plan& plan, const std::string& path, const st::Header& h) {
+  std::vector<std::string> names;
+  for (const Match& m : plan.matches) names.push_back(*m.entry->name);
+  return st::read_tensors(path, h, names);
+}
+
+void apply_plan(const Plan& plan, const st::NamedTensors& values) {
+  std::vector<const Tensor*> ptrs;
+  for (const auto& [name, t] : values) ptrs.push_back(&t);
+  apply_plan(plan, ptrs);
+}
+
+template <class Map>
+LoadResult load_map(nn::Module& module, const Map& state, const LoadOptions& options) {
+  std::vector<Entry> entries;
+  for (const auto& [name, t] : state) {
+    TG_CHECK(t.defined(), "tg::load: the state map's tensor '", name, "' is undefined");
+    entries.push_back({&name, st::dtype_code(t.dtype()), t.shape(), &t, 0});
+  }
+  Plan plan = plan_load(module, entries, options, "the state map");
+  std::vector<const Tensor*> values;
+  for (const Match& m : plan.matches) values.push_back(m.entry->value);
+  apply_plan(plan, values);
+  return plan.result;
 }
 
 }  // namespace
 
-void save(const nn::Module& module, const std::string& path) {
+void save(const nn::Module& module, const std::string& path, const SaveOptions&) {
+  // Always model-only: SaveOptions::model_only changes nothing here.
   st::save_file(st::NamedTensors(module.state_dict()), path, base_metadata());
 }
 
-void load(nn::Module& module, const std::string& path) {
+LoadResult load(nn::Module& module, const std::string& path, const LoadOptions& options) {
   st::Header h = st::read_header(path);
   const bool has_optimizer = h.find_metadata(kKindKey) != nullptr;
-  auto slots = check_module_entries(module, h, path, has_optimizer);
-  st::NamedTensors values = st::read_tensors(path, h, names_of(slots));
-  copy_into_slots(slots, values);
+  const std::vector<Entry> entries = file_entries(h, has_optimizer);
+  Plan plan = plan_load(module, entries, options, "'" + path + "'");
+  apply_plan(plan, read_plan(plan, path, h));
+  return plan.result;
 }
 
-void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path) {
+LoadResult load(nn::Module& module, const std::map<std::string, Tensor>& state, const LoadOptions& options) {
+  return load_map(module, state, options);
+}
+
+LoadResult load(nn::Module& module, const std::unordered_map<std::string, Tensor>& state, const LoadOptions& options) {
+  return load_map(module, state, options);
+}
+
+void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path,
+          const SaveOptions& options) {
+  if (options.model_only) return save(module, path);
   st::NamedTensors tensors = module.state_dict();
   for (const auto& [name, t] : tensors)
     TG_CHECK(!has_prefix(name, kOptimPrefix), "tg::save: parameter '", name, "' starts with '", kOptimPrefix,
@@ -138,7 +247,8 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   TG_CHECK(kind != nullptr, "tg::load: '", path, "' holds no optimizer state (saved with tg::save(module, path)?)");
   TG_CHECK(*kind == optimizer_kind(optimizer), "tg::load: '", path, "' holds ", *kind, " state but the optimizer is ",
            optimizer_kind(optimizer));
-  auto slots = check_module_entries(module, h, path, true);
+  const std::vector<Entry> entries = file_entries(h, true);
+  const Plan plan = plan_load(module, entries, LoadOptions{}, "'" + path + "'");
   std::vector<std::string> names = optimizer_param_names(module, optimizer, "tg::load");
 
   std::unordered_map<std::string, size_t> index_of;
@@ -199,7 +309,7 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   // Everything checked: read, then hand the state to the optimizer, which checks its values
   // and changes nothing if it objects; then the step count and lr (already checked: these
   // cannot fail) and the parameters.
-  st::NamedTensors values = st::read_tensors(path, h, names_of(slots));
+  st::NamedTensors values = read_plan(plan, path, h);
   st::NamedTensors state_values = st::read_tensors(path, h, file_names);
   std::vector<std::pair<std::string, Tensor>> state;
   for (size_t i = 0; i < state_values.size(); ++i) state.emplace_back(state_keys[i], state_values[i].second);
@@ -215,7 +325,7 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   }
   optimizer.set_step_count(steps);
   optimizer.set_lr(lr);
-  copy_into_slots(slots, values);
+  apply_plan(plan, values);
 }
 
 }  // namespace tg
