@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "autograd/tape.h"
+#include "ops/checks.h"
 #include "ops/cpu/conv.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"

@@ -2,6 +2,7 @@
 
 #include "autograd/tape.h"
 #include "ops/broadcast.h"
+#include "ops/checks.h"
 #include "ops/cpu/kernels.h"
 #include "ops/dispatch.h"
 #include "ops/reduce.h"
@@ -10,18 +11,6 @@
 #endif
 
 namespace tg {
-
-void check_floating(const char* op, const Tensor& t) {
-  TG_CHECK(t.defined(), op, ": an input is an undefined tensor");
-  TG_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
-}
-
-void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
-  check_floating(op, a);
-  check_floating(op, b);
-  TG_CHECK_AS(DeviceError, a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
-  TG_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
-}
 
 Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
   int64_t r = std::max(a.rank(), b.rank());

@@ -35,8 +35,4 @@ inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
 inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
 inline Tensor operator-(const Tensor& a) { return neg(a); }
 
-// Validation shared by every op: both defined, same device, same floating dtype.
-void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b);
-void check_floating(const char* op, const Tensor& t);
-
 }  // namespace tg

@@ -4,6 +4,7 @@
 #include "ops/fused.h"
 
 #include "autograd/tape.h"
+#include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #if TG_CUDA

@@ -1,6 +1,7 @@
 #include "ops/norm.h"
 
 #include "autograd/tape.h"
+#include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #if TG_CUDA

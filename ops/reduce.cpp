@@ -8,6 +8,7 @@
 #include "ops/elementwise.h"
 #include "ops/reduce_index.h"
 #include "ops/broadcast.h"
+#include "ops/checks.h"
 #if TG_CUDA
 #include "ops/cuda/kernels.h"
 #endif

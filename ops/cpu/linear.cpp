@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/checks.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 

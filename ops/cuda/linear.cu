@@ -4,6 +4,7 @@
 // (template flags), and the deterministic column sum used for the bias gradient.
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
+#include "ops/checks.h"
 #include "ops/cuda/conv1x1.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/policy.h"

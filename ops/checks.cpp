@@ -1,0 +1,17 @@
+#include "ops/checks.h"
+
+namespace tg {
+
+void check_floating(const char* op, const Tensor& t) {
+  TG_CHECK(t.defined(), op, ": an input is an undefined tensor");
+  TG_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
+}
+
+void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  check_floating(op, a);
+  check_floating(op, b);
+  TG_CHECK_AS(DeviceError, a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
+  TG_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
+}
+
+}  // namespace tg

@@ -1,0 +1,11 @@
+// Argument checks every op family shares (conv, linear, norm, loss, reduce, elementwise):
+// defined operands, floating dtypes, one device and one dtype; typed errors naming the op.
+#pragma once
+#include "../core/tensor.h"
+
+namespace tg {
+
+void check_floating(const char* op, const Tensor& t);                               // DTypeError
+void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b);  // DeviceError / DTypeError
+
+}  // namespace tg
