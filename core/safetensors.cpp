@@ -308,7 +308,7 @@ DType dtype_from_code(const std::string& code, const std::string& tensor_name) {
   if (code == "F64") return DType::f64;
   if (code == "I64") return DType::i64;
   TG_FAIL("safetensors: tensor '", tensor_name, "' has dtype ", code,
-          ", which tapegrad cannot hold (it reads F32, F64, I64, and F16 and BF16 as F32)");
+          ", which tapegrad cannot hold (it has F32, F64 and I64; tg::load converts F16 and BF16)");
 }
 
 Header read_header(const std::string& path) {
@@ -368,13 +368,14 @@ Header read_header(const std::string& path) {
   return h;
 }
 
-NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names) {
+NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names,
+                          bool widen_half) {
   // Check every tensor before reading any, so that a bad one costs no I/O.
   std::vector<const TensorInfo*> infos;
   for (const std::string& name : names) {
     const TensorInfo* info = header.find(name);
     TG_CHECK(info != nullptr, "safetensors: '", path, "' has no tensor '", name, "'");
-    if (!is_half_code(info->dtype)) dtype_from_code(info->dtype, name);
+    if (!(widen_half && is_half_code(info->dtype))) dtype_from_code(info->dtype, name);
     TG_CHECK(info->shape.size() <= static_cast<size_t>(kMaxDims), "safetensors: tensor '", name, "' of '", path,
              "' has ", info->shape.size(), " dims; tapegrad tensors have at most ", kMaxDims);
     infos.push_back(info);
@@ -382,7 +383,7 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   Fd fd = open_for_reading(path);
   NamedTensors out;
   for (const TensorInfo* info : infos) {
-    const bool half = is_half_code(info->dtype);  // F16 / BF16: read, then widened to f32
+    const bool half = widen_half && is_half_code(info->dtype);  // F16 / BF16: read, then widened to f32
     Tensor t = Tensor::empty(Shape(info->shape), {.dtype = half ? DType::f32 : dtype_from_code(info->dtype, info->name)});
     const uint64_t bytes = half ? static_cast<uint64_t>(t.numel()) * 2 : t.nbytes();
     // The header may have been built by the caller rather than by read_header: the byte
@@ -403,11 +404,11 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   return out;
 }
 
-NamedTensors load_file(const std::string& path, Metadata* metadata) {
+NamedTensors load_file(const std::string& path, Metadata* metadata, bool widen_half) {
   Header h = read_header(path);
   std::vector<std::string> names;
   for (const TensorInfo& t : h.tensors) names.push_back(t.name);
-  NamedTensors out = read_tensors(path, h, names);
+  NamedTensors out = read_tensors(path, h, names, widen_half);
   if (metadata) *metadata = h.metadata;
   return out;
 }

@@ -32,7 +32,7 @@ namespace tg::safetensors {
 
 // A header entry as written in the file. `dtype` is the file's code ("F32", "BF16", ...);
 // any dtype the format defines is accepted in a header; F32, F64 and I64 become tensors of
-// their dtype, F16 and BF16 become F32 tensors (exactly: every value of both is an f32).
+// their dtype, and F16 and BF16 become F32 tensors where the reader is asked to widen them.
 struct TensorInfo {
   std::string name;
   std::string dtype;
@@ -65,15 +65,16 @@ using Metadata = std::vector<std::pair<std::string, std::string>>;
 // Reads and validates the header only (nothing of the data section is read).
 Header read_header(const std::string& path);
 
-// Reads every tensor onto the CPU, in header order. F16 and BF16 tensors are widened to
-// f32 (exactly, subnormals, infinities and NaN payloads included: decode_f16 / decode_bf16);
-// a tensor of another dtype tapegrad has no equivalent for (I32, U8, F8_E4M3, ...) fails
-// naming it. The entry's dtype code stays in the header (read_header) for callers that
-// need to know what the file held.
-NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr);
+// Reads every tensor onto the CPU, in header order. A tensor of a dtype tapegrad has no
+// equivalent for (F16, BF16, I32, ...) fails naming it, except that with `widen_half` F16
+// and BF16 tensors are widened to f32, exactly (subnormals, infinities and NaN payloads
+// included: decode_f16 / decode_bf16); the header (read_header) keeps the file's dtype.
+NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr, bool widen_half = false);
 
-// Reads the listed tensors of a file whose header was already read (onto the CPU).
-NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names);
+// Reads the listed tensors of a file whose header was already read (onto the CPU), under
+// load_file's rules.
+NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names,
+                          bool widen_half = false);
 
 // Writes `tensors` (any devices; F32, F64 or I64) and `metadata` atomically: the data goes
 // to a temporary file next to `path`, is fsync'ed, then renamed over `path`, so a failure

@@ -173,7 +173,7 @@ std::vector<Entry> file_entries(const st::Header& h, bool skip_optimizer) {
 st::NamedTensors read_plan(const Plan& plan, const std::string& path, const st::Header& h) {
   std::vector<std::string> names;
   for (const Match& m : plan.matches) names.push_back(*m.entry->name);
-  return st::read_tensors(path, h, names);
+  return st::read_tensors(path, h, names, /*widen_half=*/true);  // plan_load checked their dtypes
 }
 
 void apply_plan(const Plan& plan, const st::NamedTensors& values) {
