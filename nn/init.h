@@ -24,7 +24,7 @@ inline void ones_(Tensor& t) { constant_(t, 1.0); }
 }  // namespace tg::nn::init
 
 namespace tg::nn {
-// The interface names of common.md (nn::kaiming_uniform_, nn::uniform_).
+// The initializers under tg::nn as well (nn::kaiming_uniform_, nn::uniform_), as in libtorch.
 using init::kaiming_uniform_;
 using init::uniform_;
 }  // namespace tg::nn
