@@ -63,19 +63,6 @@ Batch make_batch(const ex::ShapesDataset& d, const std::vector<int64_t>& order, 
           tg::from_vector(labels, {count}, {.dtype = tg::DType::i64, .device = device})};
 }
 
-// Number of rows of logits (N, classes) whose largest entry is at the label.
-int64_t correct(const tg::Tensor& logits, const tg::Tensor& labels) {
-  const std::vector<float> l = logits.to_vector<float>();
-  const std::vector<int64_t> y = labels.to_vector<int64_t>();
-  const int64_t classes = logits.size(1);
-  int64_t hits = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    auto row = l.begin() + static_cast<int64_t>(i) * classes;
-    hits += std::max_element(row, row + classes) - row == y[i];
-  }
-  return hits;
-}
-
 struct Evaluation {
   double loss = 0, accuracy = 0;
 };
@@ -90,7 +77,7 @@ Evaluation evaluate(nn::Module& model, const ex::ShapesDataset& d, int64_t batch
     Batch b = make_batch(d, order, first, n, device);
     tg::Tensor logits = model(b.images);
     loss_sum += tg::cross_entropy(logits, b.labels).item() * static_cast<double>(n);
-    hits += correct(logits, b.labels);
+    hits += ex::count_correct(logits, b.labels);
   }
   return {loss_sum / static_cast<double>(d.count), static_cast<double>(hits) / static_cast<double>(d.count)};
 }
@@ -144,7 +131,7 @@ int main(int argc, char** argv) {
         optimizer->step();
         optimizer->zero_grad();
         loss_sum += loss.item() * static_cast<double>(batch);
-        hits += correct(logits, b.labels);
+        hits += ex::count_correct(logits, b.labels);
       }
       const double seen = static_cast<double>(train.count / batch * batch);
       const Evaluation held_out = evaluate(*model, test, 256, device);

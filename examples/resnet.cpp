@@ -70,18 +70,6 @@ Batch make_batch(const ColorImages& d, const std::vector<int64_t>& order, int64_
           tg::from_vector(labels, {count}, {.dtype = tg::DType::i64, .device = device})};
 }
 
-int64_t correct(const tg::Tensor& logits, const tg::Tensor& labels) {
-  const std::vector<float> l = logits.to_vector<float>();
-  const std::vector<int64_t> y = labels.to_vector<int64_t>();
-  const int64_t classes = logits.size(1);
-  int64_t hits = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    auto row = l.begin() + static_cast<int64_t>(i) * classes;
-    hits += std::max_element(row, row + classes) - row == y[i];
-  }
-  return hits;
-}
-
 // Held-out accuracy, without recording (no tape is active here).
 double accuracy(tg::nn::Module& model, const ColorImages& d, int64_t batch, tg::Device device) {
   std::vector<int64_t> order(static_cast<size_t>(d.count));
@@ -89,7 +77,7 @@ double accuracy(tg::nn::Module& model, const ColorImages& d, int64_t batch, tg::
   int64_t hits = 0;
   for (int64_t first = 0; first < d.count; first += batch) {
     const Batch b = make_batch(d, order, first, std::min(batch, d.count - first), device);
-    hits += correct(model(b.images), b.labels);
+    hits += ex::count_correct(model(b.images), b.labels);
   }
   return static_cast<double>(hits) / static_cast<double>(d.count);
 }
@@ -153,7 +141,7 @@ int main(int argc, char** argv) {
         optimizer->zero_grad();
         ++step;
         window_loss += loss.item() * static_cast<double>(batch);  // item() waits for the step
-        window_hits += correct(logits, b.labels);
+        window_hits += ex::count_correct(logits, b.labels);
         window_images += batch;
         if (step % log_every == 0) {
           const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();

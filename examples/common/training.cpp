@@ -1,5 +1,6 @@
 #include "common/training.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -18,6 +19,18 @@ std::unique_ptr<tg::nn::Optimizer> make_optimizer(const std::string& name, std::
   if (name == "adam") return std::make_unique<tg::nn::Adam>(std::move(params), tg::nn::AdamOptions{.lr = lr});
   TG_CHECK(name == "sgd", "make_optimizer: unknown optimizer '", name, "' (sgd or adam)");
   return std::make_unique<tg::nn::SGD>(std::move(params), tg::nn::SGDOptions{.lr = lr});
+}
+
+int64_t count_correct(const tg::Tensor& logits, const tg::Tensor& labels) {
+  const std::vector<float> l = logits.to_vector<float>();
+  const std::vector<int64_t> y = labels.to_vector<int64_t>();
+  const int64_t classes = logits.size(1);
+  int64_t hits = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    auto row = l.begin() + static_cast<int64_t>(i) * classes;
+    hits += std::max_element(row, row + classes) - row == y[i];
+  }
+  return hits;
 }
 
 double grad_norm(const tg::Tensor& param) {

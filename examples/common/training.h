@@ -19,6 +19,9 @@ namespace ex {
 std::unique_ptr<tg::nn::Optimizer> make_optimizer(const std::string& name, std::vector<tg::Tensor> params,
                                                   double lr);
 
+// Number of rows of logits (N, classes) whose largest entry is at the label (N).
+int64_t count_correct(const tg::Tensor& logits, const tg::Tensor& labels);
+
 // sqrt(sum(g^2)) of a tensor's gradient; 0 when it has none.
 double grad_norm(const tg::Tensor& param);
 
