@@ -1,52 +1,21 @@
-// 1x1 convolutions as pointwise GEMMs on tensor cores (mma.sync m16n8k8 TF32; in FP32-accurate
-// mode one more m16n8k16 bf16 op per product).
+// 1x1 convolutions and batched linear as pointwise GEMMs on mma.sync (m16n8k8 TF32; FP32-accurate
+// mode adds one m16n8k16 bf16 op per product for both cross terms). Forward / grad-input
+// (pointwise_kernel), fused backward and dw-only backward (backward_kernel), pointwise_matmul_*.
+// On Hopper the forward with R <= 64 and 16-byte rows runs in conv1x1_tma.cu instead.
+// Design, precision contract and the floor: docs/kernels/conv1x1.md.
 //
-// Floor, workload B (N=16, C=64, K=128, 1024x1024, f32; y holds 2^31 elements):
-//   forward   reads x 4.29 GB, writes y 8.59 GB = 12.9 GB: 3.0 ms at 4.3 TB/s (H200), 4.3 ms at
-//             3.0 TB/s (H100). 275 GFLOP: 0.7 ms at ~400 TFLOP/s TF32, 5.5 ms in FFMA (~50).
-//   backward  fused, reads dy 8.59 + x 4.29, writes dx 4.29 = 17.2 GB: 4.0 ms (H200), 5.7 ms
-//             (H100); 550 GFLOP. Unfused (dx pass, then dw pass) it would move 25.8 GB.
-//   fwd+bwd   30.1 GB: 7.0 ms (H200), 10.0 ms (H100).
-// FFMA is arithmetic-bound; tensor cores are not. FP32-accurate mode splits v = hi + lo
-// (hi = tf32(v)) and adds the cross terms A_hi B_lo + A_lo B_hi with ONE bf16 m16n8k16 op
-// whose 16-long k holds both (lo is 2^-11 of v, so bf16's 8 bits leave ~2^-19 error):
-// two tensor ops per product instead of 3xTF32's three. mma.sync runs at ~6 clk per op per SM
-// sub-partition on Hopper (Nsight: 30% tensor pipe for 512 TF32 ops in 10.2k clk), so the FP32
-// forward needs ~3.1k of the ~5.4k clk that one tile's bytes take at 4.2 TB/s: under the
-// memory floor. See bench/journal/notes_conv1x1.md for the budget of every resource.
-//
-// Structure:
-// - Persistent grids, tiles of 128 pixels; each tile's activations stream into shared memory
-//   with cp.async (16-byte, L2 evict-first, zero-filled at the edges; 4-byte copies when rows
-//   are not 16-byte aligned). The kernels are latency-bound at 2 warps per scheduler
-//   (Nsight on B: 42-50% issue, 64-66% of DRAM bandwidth), so:
-//   * the forward / grad-input kernel (<= 64 reduction channels) runs 2 blocks of 256 threads
-//     per SM (<= 128 registers, 2 stages each): one block's compute overlaps the other's
-//     stores and waits;
-//   * the fused backward runs 16 warps per SM: 8 compute dx = w^T dy while 8 compute
-//     dw += dy x^T on the same shared-memory tiles;
-//   * on Hopper the forward over <= 64 reduction channels (workload B's), both layouts and
-//     precisions, with 16-byte rows, runs in conv1x1_tma.cu instead: its tiles are plain boxes
-//     of the activation matrices, which the TMA unit moves without any warp's instructions.
-// - The weight (at most 128 x 128 per launch) stays in shared memory for the whole kernel, in
-//   mma fragment order, k-step major: one conflict-free 16-byte (or 8-byte) load per lane per
-//   fragment at a constant offset. FP32 mode keeps tf32 hi words plus the rounded bf16 lo pairs
-//   (1.5x the f32 bytes); the bf16 hi pairs are one byte permute of the hi words.
-// - Activation tiles carry an XOR swizzle that makes every fragment access pattern
-//   conflict-free without padding; fragments whose rows are 16-byte chunks (NHWC activations
-//   as A, the backward's NCHW dw operands) come with one ldmatrix.x4 per two or four registers;
-//   fragments whose reduction index is the tile's row (NCHW activations / dy as B, the NHWC dw
-//   operands) with 16-byte loads of 4 consecutive columns that serve 4 fragments at once, the
-//   GEMM's columns being permuted inside each warp's 32 (RowsKQuads).
-// - Forward stores: each warp writes its accumulators into its slice of the tile's
-//   (consumed) stage, then reads them back as rows: every 16-byte store instruction writes
-//   four whole 128-byte lines (a quarter of the L2 write requests of fragment-order stores).
-//   The backward's dx warps do the same in their stage once the dw warps are done with it
-//   (both roles meet at a named barrier after their GEMMs).
-// - Backward: per 128-pixel tile, dx = w^T dy is stored and dw += dy x^T stays in registers:
-//   dy is read once. Each block writes its dw partial; a second kernel sums the partials in a
-//   fixed order (deterministic). Tensor-core sums are flushed into a plain fp32 sum every
-//   tile, so reductions over 2^24 pixels keep FP32 accuracy.
+// - Persistent grids over 128-pixel tiles; activations by 16-byte cp.async (L2 evict-first,
+//   zero-fill at edges; 4-byte copies for unaligned rows). Tiles carry an XOR swizzle of 16-byte
+//   chunks: every fragment pattern is conflict-free without padding.
+// - The weight (<= 128 x 128 per launch) stays resident in fragment order, k-step major; FP32
+//   keeps tf32 hi words plus rounded bf16 lo pairs (the fused backward keeps raw f32 w^T).
+// - NCHW B fragments use the RowsKQuads column permutation (one LDS.128 serves 4 n-tiles);
+//   accumulator columns are permuted the same way.
+// - Stores are staged through the tile's consumed stage so each instruction writes whole lines.
+//   In the fused backward the dx warps reuse the stage only after the named barrier at which
+//   both roles meet after their GEMMs.
+// - dw: tensor-core sums flushed into fp32 every tile; block partials summed in f64 in a fixed
+//   order by sum_partials_kernel. Deterministic: no atomics.
 #include "ops/cuda/conv1x1.h"
 
 #include <algorithm>
@@ -259,7 +228,7 @@ __device__ __forceinline__ FragB tile_b_rows_n(const SmemTile& T, int k0, int n0
 // ("virtual" column 8 v + g) is taken to be pixel 4 g + v. A lane's b0 for all four n-tiles is
 // then one 16-byte load (pixels 4g..4g+3 of row t), b1 another (row t + 4): 2 LDS.128 per
 // k-step instead of 8 LDS.32 (the same bytes, a quarter of the instructions; the forward is
-// limited by the shared-memory instruction queue, notes_conv1x1.md round 3). Swizzled chunk
+// limited by the shared-memory instruction queue). Swizzled chunk
 // g ^ (2t + h) (h: row t + 4h): each quarter-warp (g = 2i, 2i+1; t = 0..3) reads 8 distinct
 // chunks, and row strides are multiples of 32 floats: conflict-free.
 // The accumulators' columns are virtual too: c0..c3 of n-tile v sit at pixels 4 (2t + e) + v,
@@ -296,9 +265,8 @@ struct TileSource {
 // floats, a compile-time constant in every kernel): a fixed chunk column and every row_step-th
 // row from row0. row_step is a multiple of 8, so the swizzle of row0 holds for all of the
 // thread's rows and shared-memory offsets are computed once. used_cols (<= stride): the columns
-// actually copied; threads whose chunk lies past them idle. (Laid out for the run-time width
-// instead, as the NHWC kernels once were, ptxas re-derived the whole geometry from %tid.x at every
-// tile at the 128-register cap: S2R, FLO, shifts, ~5% of the B NHWC forward's stall samples, ncu.)
+// actually copied; threads whose chunk lies past them idle. (Laid out for the run-time width,
+// ptxas would re-derive the whole geometry from %tid.x at every tile at the 128-register cap.)
 struct TileLoader {
   int col, row0, row_step, row_shift, smem_off0, smem_step;  // row_step = 2^row_shift; smem in floats
   bool active;                                                // the chunk lies inside the copied columns
@@ -338,9 +306,7 @@ __device__ void load_tile(const TileLoader& ld, const SmemTile& dst, const TileS
     const uint32_t smem_step = 4u * ld.smem_step;
     if (col_bytes == 16 && s.valid_rows >= s.fill_rows) {  // the usual case: every copy whole
       // The usual counts fully unrolled, every copy at its own address register: a loop that advances
-      // one register after each copy waits until that copy has left the MIO queue and read it (ncu:
-      // the NHWC kernels' copy loops, rolled or unrolled by ptxas into such a chain, 3-9% of their
-      // warps' stall samples).
+      // one register after each copy waits until that copy has left the MIO queue and read it.
       const int copies = (s.fill_rows - ld.row0 + ld.row_step - 1) >> ld.row_shift;
       if (copies == 8) return copy_whole_rows<8>(smem, smem_step, g, g_step, policy);
       if (copies == 4) return copy_whole_rows<4>(smem, smem_step, g, g_step, policy);
@@ -548,8 +514,7 @@ __device__ __forceinline__ void store_acc(float (&acc)[kMT][kNT][4], const OutTi
 
 // Shared-memory stores of values from different accumulator registers: through plain float2 /
 // float4 stores ptxas split some into 4-byte stores at the 128-register cap, which conflict
-// here (ncu, B's forward: NCHW store bank conflicts 4x with float4; NHWC 8 scalar stores with
-// 1 M excess wavefronts each with float2). The PTX vector stores stay whole (the register moves
+// here. The PTX vector stores stay whole (the register moves
 // they need are cheap): st_shared_v2 / st_shared_v4 (ops/cuda/arch/shared_memory.cuh).
 
 // The read-back half of a staged store: one 16-row block of a warp's scratch (rows `stride`
@@ -1139,8 +1104,7 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
         for (int nt = 0; nt < kNT; ++nt) mma<kSplit, decltype(first)::value>(acc[mt][nt], a[mt], b[nt]);
     };
     kstep(0, First{});
-    // Fully unrolled. (Unrolled 5, as it was while full unrolling spilled more, the TF32 variant
-    // kept 3 running dw sums in local memory; fully unrolled it keeps 2.)
+    // Fully unrolled (partial unrolling keeps more running dw sums in local memory).
 #pragma unroll
     for (int ks = 1; ks < kTilePixels / 8; ++ks) kstep(ks, Later{});
   }
@@ -1156,7 +1120,7 @@ __device__ __forceinline__ void dw_tile_mma_full(float (&acc)[2][4][4], const fl
 // kVec: dy's and x's rows start 16-byte aligned (16-byte copies), else both take 4-byte copies.
 // A template flag, not a parameter: as a runtime flag ptxas kept it in a register across the tile
 // loop and, at 128 registers, spilled it; its reload at every tile waited behind the tile's
-// copies (ncu, B TF32 NHWC backward: 11% of all stall samples on that one load).
+// copies.
 template <bool kNHWC, bool kWithDx, int kMode, bool kVec>
 __global__ void __launch_bounds__(kWithDx ? 2 * kThreads : kThreads, 1) backward_kernel(const BackwardParams p) {
   constexpr bool kSplit = kMode != kTf32;

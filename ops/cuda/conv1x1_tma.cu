@@ -1,59 +1,20 @@
-// The 1x1 forward (workload B's forward, both layouts) on Hopper: tiles moved by the TMA unit,
-// the product on wgmma, TF32 or FP32-accurate.
+// The 1x1 forward product on Hopper (sm_90a), both layouts, TF32 or FP32-accurate: tiles moved by
+// the TMA unit (no warp issues a global load or store), the product on wgmma. Serves
+// run_pointwise when pointwise_tma_applies (R <= 64, 16-byte rows). Design: docs/kernels/conv1x1.md
 //
-// Why a separate kernel: B's forward is a pure stream (x 4.3 GB in, y 8.6 GB out, 275 GFLOP:
-// 3.0 ms at 4.3 TB/s, 0.7 ms of TF32 tensor time), and the cp.async kernels of conv1x1.cu spend
-// their time in the shared-memory instruction queue (ncu: mio_throttle the top stall; per warp
-// and tile 416 shared-memory wavefronts for copies in, fragment loads and the staged stores'
-// write-and-read-back) and reach 80-85% of the copy rate. Both layouts' tiles are plain boxes
-// (NHWC: of the (pixels, channels) matrix; NCHW: of each image's (channels, pixels) matrix),
-// which the TMA unit moves with one instruction per box: no warp issues a global load or store.
+// One block per SM, 288 threads: warp 8 the producer, warpgroups 0 and 1 consume; tile = 128
+// pixels x 128 output channels, one wgmma.m64n128k8 per 8 reduction channels (three in FP32),
+// A from registers, B (the weight, K-major, no swizzle: element (n, k) at float
+// (k / 4) 512 + n 4 + k % 4) resident in smem; FP32 keeps a hi and a lo copy.
+// x boxes carry the 128-byte swizzle (chunk c of box row r at c ^ (r % 8)); y is staged densely
+// and drained by ONE TMA store per warpgroup (write order matters: see the note).
+// NCHW fragments: lane (g, t) reads channels 2t and 2t + 1 (conflict-free with the swizzle), so
+// the resident weight is stored in that order (channel_of_column): only a reordering of terms.
+// FP32: x = hi + lo, w likewise; lo w_hi + hi w_lo + hi w_hi on one accumulator (one shape).
 //
-// Block: one per SM (persistent), 288 threads: warp 8 is the producer (one lane issues the
-// loads), warpgroups 0 and 1 consume. A tile is 128 pixels x 128 output channels; warpgroup w
-// owns pixels 64 w .. 64 w + 63: one wgmma.m64n128k8 per 8 reduction channels (three in FP32
-// mode), A (the activations, 64 pixels x 8 channels) from registers, B (the weight) from shared
-// memory. The x boxes use the 128-byte swizzle (tensor_map.h): 16-byte chunk c of box row r sits
-// at chunk c ^ (r % 8), which is what makes the fragment reads free of bank conflicts.
-//   x tiles   kStages stages of 32 x 4 kKS floats:
-//             NHWC: kKS / 4 boxes [128 pixels][32 channels] (channels 32 b .. 32 b + 31), or,
-//             for R = 64, ONE box of 128 whole rows seen as [128 pixels][2 halves][32 channels]
-//             (a 3-D map): the same bytes in address order, which took B's forward from 3.50 to
-//             3.45 ms (TF32) on an H200, though ldmatrix then reads 2 ways conflicted (smem row
-//             2 pixel + half: pixels r and r + 4 of a matrix share a swizzle phase);
-//             NCHW: 4 boxes [8 kKS channels][32 pixels] (pixels 32 b .. 32 b + 31 of the tile);
-//             zeros past the tensor (NCHW: past the image's channels too, by the 3-D map);
-//   y staging [warpgroup][64 pixels x 128 channels], drained by TMA stores:
-//             NHWC: dense [64 rows][128 channels], ONE store of the whole half tile (32 KB of
-//             consecutive addresses when M = 128; as four 32-channel swizzled boxes, each writing
-//             every fourth 128-byte piece, B's forward took 3.62 ms instead of 3.46 on an H200:
-//             the order of the writes matters);
-//             NCHW: dense [128 channels][64 pixels], ONE store of 128 rows of 256 bytes (as two
-//             swizzled boxes of 32 pixels, 128-byte rows, B's forward took 3.71 ms instead of
-//             3.38: the TMA unit writes a box row by row, and short rows cost);
-//   weight    A (128 x 8 kKS) as wgmma's K-major B operand, no swizzle: element (n, k) at float
-//             (k / 4) 512 + n 4 + k % 4 (ops/cuda/arch/wgmma.cuh has the layout rules); FP32 mode
-//             keeps a hi and a lo copy; bias (128).
-// Synchronization: full[s] (the producer's expect_tx + the TMA bytes) and empty[s] (one arrival
-// per consumer warp once it has read its fragments: the stage is free long before the tile's
-// stores), per stage; each warpgroup's store thread waits until its previous stores have read
-// the staging (bulk_wait_read) before the warpgroup's barrier that lets the warps rewrite it.
-// (NHWC TF32, H200: two staging buffers per warpgroup, which leave room for only 2 stages, were
-// slower, 3.78 vs 3.66 ms; 3 stages instead of 4 the same. FP32 mode's second weight copy leaves
-// room for 3.)
-//
-// Fragments. NHWC: ldmatrix hands lane (g, t) channels t and t + 4 of pixels g and g + 8: wgmma's
-// A fragment as it is. NCHW: pixels run along the rows of the smem tile, so the fragment is four
-// 4-byte loads; lane (g, t) reads channels 2t and 2t + 1 (not t and t + 4): with the swizzle the
-// warp's 32 loads then hit 32 different banks. So in NCHW column t of each k-step is channel 2t
-// and column t + 4 channel 2t + 1, and the resident weight is stored in that order
-// (channel_of_column): a reordering of the sum's terms, nothing else.
-//
-// Numerics. TF32: the activations rounded to nearest TF32 in registers, the weight rounded once
-// when it is staged (as the mma.sync kernels: the layouts agree to FP32 rounding). FP32-accurate:
-// x = hi + lo with hi = x rounded to TF32 (exact) and lo = x - hi rounded to TF32, the weight
-// likewise; acc += lo w_hi + hi w_lo + hi w_hi (lo w_lo, ~2^-22 of the product, dropped), all on
-// one accumulator with wgmma of one shape (PTX orders those without a fence).
+// Synchronization: full[s] (producer's expect_tx + TMA bytes), empty[s] (one arrival per consumer
+// warp once it has read its fragments). Before a warpgroup rewrites its staging, its store thread
+// waits for the previous store to have read it (bulk_wait_read), then the warpgroup's barrier.
 #include "ops/cuda/conv1x1_tma.h"
 
 #include <algorithm>
@@ -218,9 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
     // + e) at float (8 j + 2 t + e) 64 + 16 wi + g + 8 h. Rows are 256 bytes, so a float's bank is
     // its pixel's: a warp's 16 pixels can fill 16 banks at best, and with all lanes storing the
     // same h the 4 lanes of a g would collide 4 ways. In step x lane (g, t) stores h = x ^ (t / 2):
-    // 2 ways (st_off[2 e + x]). (As two 32-pixel boxes with the 128-byte swizzle the writes were
-    // conflict-free, but the TMA stores of 128-byte rows took B's forward from 3.38 to 3.71 ms on
-    // an H200; one 128-pixel box per tile, 512-byte rows, was no faster than 256.)
+    // 2 ways (st_off[2 e + x]), accepted for the 256-byte rows of one dense TMA store (short
+    // 128-byte box rows store slower; see docs/kernels/conv1x1.md).
 #pragma unroll
     for (int e = 0; e < 2; ++e)
 #pragma unroll

@@ -1,41 +1,22 @@
-// Fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C) on the GPU: the launchers, the FFMA
-// kernels and the small statistics kernels. The conv output y is recomputed in registers
-// wherever it is needed and never written to memory. The launchers take the tensor-core
-// kernels (conv3d_gn_mean_mma.cu) for their shape class (C_in 1 or 3, K 24: workload C) and
-// for dW without dx; the FFMA kernels below serve the other channel counts and dx, and are
-// FP32-accurate under either tg::precision().
+// Fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C): the launchers, the FFMA kernels and the
+// small statistics kernels. y is recomputed wherever it is needed and never written. The launchers
+// pick the tensor-core kernels (conv3d_gn_mean_mma.cu) for their shape class and for dW without
+// dx; the FFMA kernels serve other channel counts and dx and are FP32-accurate under either
+// tg::precision(). Design and precision contract: docs/kernels/conv3d_gn_mean.md.
 //
-// Floors for workload C (x 128x3x24x32x32, K 24, y 128x24x22x30x30 = 60.8M elements):
-//   conv FLOPs 2*N*V*K*C*27 = 9.85 GFLOP. FP32 FFMA peak ~67 TFLOP/s on an H200 (132 SMs x
-//   128 lanes x 2 x 1.98 GHz) -> 0.15 ms per conv-sized pass (tensor cores: see the .cu).
-//   Bytes: x is 38 MB (~10 us at 4.3 TB/s); y would be 243 MB per pass, which we never move.
-//   forward  = 1 conv pass                 -> floor ~0.15 ms (PyTorch: 1.23 ms)
-//   backward = recompute + dW reduction    -> floor ~0.30 ms; + dx (transposed conv) ~0.45 ms
-//
-// Work is cut into output tiles: kP depths x TH rows x TW columns of one sample. A block
-// stages the tile's input footprint x[:, d0 .. d0+kP+1, h0 .. h0+TH+1, w0 .. w0+TW+1] in
-// shared memory (zeros past the input; depth innermost, so the kP + 2 depths under one
-// (ci, h, w) are three float2 loads), then "phase A": each thread owns one (h, w) of the tile
-// and a chunk of CA channels, and computes CA x kP outputs in registers (weights in shared
-// memory as [ci][kh][kw][kd][c]: one broadcast float4 load feeds 4 kP FMAs; x loaded once per
-// (ci, kh) and reused for 3 kw x 3 kd taps).
-//  stats_kernel      phase A, then per-thread sums of z and z^2 (z = y - bias: the shift
-//                    keeps the bias out of the variance's cancellation) in thread-private
-//                    shared-memory slots; at the end a fixed-order block sum -> f64 partials
-//                    per (sample, block). Blocks never straddle samples; 128 or 256 threads,
-//                    whichever tiling leaves fewer threads idle.
+// Tiles: kP depths x TH rows x TW columns of one sample; a block stages the input footprint in smem
+// (zeros past the input, depth innermost), then "phase A": a thread owns one (h, w) and CA channels
+// and computes CA x kP outputs in registers (weights as [ci][kh][kw][kd][c]).
+//  stats_kernel      phase A, sums of z and z^2 (z = y - bias) in thread-private slots, fixed-order
+//                    block sum -> f64 partials per (sample, block); blocks never straddle samples.
 //  stats_reduce      partials in block order -> S1, S2 (N, K) in f64, bias folded back in.
-//  finish / coef /   tiny per-sample and per-channel kernels: group stats, the output, the
-//  param_grads       affine dL/dy = A + B y coefficients, dgamma, dbeta, db (closed form).
-//  grad_conv_kernel  persistent blocks over consecutive tiles: phase A writes dy = A + B y to
-//                    shared memory; phase B: thread (row (ci, kd, kh), 8-channel group,
-//                    w-range) slides along w, one new x and two broadcast float4 of dy per 24
-//                    FMAs, accumulating dW[c][ci][kd][kh][0..2] in registers (kept in
-//                    thread-private slots between tiles); phase C (dx wanted): each thread
-//                    gathers the transposed conv for one (h, w) column of the tile's input
-//                    footprint from dy in shared memory and writes it as a partial.
+//  finish / coef /   group stats, the output, the dL/dy = A + B y coefficients, dgamma, dbeta,
+//  param_grads       db (closed form).
+//  grad_conv_kernel  persistent: phase A writes dy = A + B y to smem; phase B accumulates dW in
+//                    registers (thread-private slots between tiles); phase C (dx wanted) writes
+//                    the transposed conv of the footprint as a per-tile partial.
 //  dw_reduce         per-block dW partials in block order -> dw.
-//  dx_reduce         every x element sums the few tile footprints that cover it, in order.
+//  dx_reduce         every x element sums the tile footprints that cover it, in order.
 // Deterministic: no atomics; every reduction has a fixed order for a given device.
 #include <algorithm>
 

@@ -1,51 +1,22 @@
-// Tensor-core kernels of the fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C): the conv
-// as an implicit GEMM on mma.sync m16n8k8 TF32; y lives in accumulator registers only.
+// Tensor-core kernels of the fused Conv3d(3x3x3) -> GroupNorm -> mean (workload C): the conv as an
+// implicit GEMM on mma.sync m16n8k8 TF32; y lives in accumulator registers only.
+// Design, precision contract and the floor: docs/kernels/conv3d_gn_mean.md.
 //
-// Floors for workload C (x 128x3x24x32x32, K 24, y 128x24x22x30x30, V = 19800):
-//   conv = GEMM [2.53M positions] x [81 taps] x [24 channels] = 9.85 GFLOP.
-//   Tensor cores: TF32 dense peak ~495 TFLOP/s (H100/H200 SXM); mma.sync gets roughly 50-65%
-//   of it, i.e. one m16n8k8 TF32 (or m16n8k16 bf16) per ~6-8 cycles per SM sub-partition.
-//   FP32-accurate forward: x = hi + lo, hi*hi' as one TF32 op plus both cross terms in one
-//   bf16 m16n8k16 (2 ops per product, error ~1e-7 relative in the sums); the backward keeps
-//   three TF32 ops (hi*hi' + hi*lo' + lo*hi').
-//   forward  (1 conv, 6.7% column padding)          11.2M mma (FP32) -> ~0.06-0.09 ms
-//   backward (recompute + dW GEMM, padding 24->32
-//            channels and 81->96 taps)              40.5M mma (FP32) -> ~0.17-0.27 ms
-//   TF32 (one op per product) divides the mma count by 2 (forward) / 3 (backward).
-//   Bytes: x is 38 MB (~10 us at 4.3 TB/s), read through a halo'd tile from L2; y is never stored.
+// Shapes: C_in in {1, 3}, K = 8 NT (instantiated: K = 24), any N, D, H, W. Tiles are TD depths x
+// TH rows (even) x kTW = 32 columns of one sample; the footprint x[:, TD+2, TH+2, 34] is staged
+// double-buffered by cp.async (only elements inside the input; both buffers zeroed once per block,
+// the rest is read only by skipped or masked outputs and must merely be finite). Row, plane and
+// channel strides 11, 3, 7 mod 32 keep every fragment gather conflict-free. Taps
+// k = ci*27 + kd*9 + kh*3 + kw, padded with zero-weight taps (C_in 3 forward: TapGroups3 order).
 //
-// Shapes: the kernels take C_in in {1, 3} and K = 8 NT (instantiated: K = 24), any N, D, H, W.
-// Tiles are TD depths x TH rows (even) x kTW = 32 columns of one sample; a block stages the
-// tile's input footprint x[:, TD+2, TH+2, 34] in shared memory with cp.async (only what lies
-// inside the input; the rest is read only by skipped or masked outputs and stays finite),
-// double-buffered: the next tile's footprint lands while the current one computes.
-// Taps k = ci*27 + kd*9 + kh*3 + kw (w's own layout), padded with zero-weight taps to k8 / m16;
-// the forward for C_in 3 reorders them (TapGroups3) so that a lane gathers each input row once.
-// The x tile's row, plane and channel strides are 11, 3 and 7 mod 32: every fragment gather
-// below then touches 32 distinct banks (checked offline for C = 3).
-//
-//  weight_fragments  w -> per-lane fragments, split once: W (taps x channels) as the forward's
-//                    B operand (TF32 hi + the bf16 pair (lo', hi')), W^T (channels x taps) as
-//                    the backward's A (TF32 hi + lo).
-//  stats_mma         persistent blocks (3 per SM for C), each looping over tiles t, t + grid,
-//                    ...; weights staged once per block; one barrier per tile. A warp computes
-//                    2 rows x 32 columns (4 m16 tiles) x K channels: M = positions (16
-//                    consecutive w), N = channels, K = taps, A gathered from the x tile through
-//                    per-lane offset tables (C_in 3: (ci, kd, kw) groups whose input rows feed
-//                    both output rows as whole fragments); then per-lane sums of z and z^2 (z = y - bias)
-//                    straight from the accumulator fragments, a shuffle butterfly per warp, and
-//                    the warps' sums added in order (f64) -> partial (tile, 2, K).
+//  weight_fragments  w -> per-lane fragments, split once (forward B, backward A).
+//  stats_mma         persistent; per tile one barrier; per-lane sums of z and z^2 (z = y - bias)
+//                    from the accumulators, warp butterfly, warps in order (f64) -> (tile, 2, K).
 //  tile_stats_reduce tiles of a sample in order -> S1, S2 (bias folded back in).
-//  grad_w_mma        persistent blocks over consecutive tiles (x double-buffered as above); a
-//                    warp takes one row (32 positions) at a time:
-//                    (1) y^T = W^T . patch^T (M = channels padded to 16 MC, N = positions);
-//                    (2) dy = A' + B z in place; its accumulator fragment is exactly the B
-//                    fragment of (3) once the positions of each 8-chunk are ordered 2t -> t,
-//                    2t+1 -> t+4 (the A operand of (3) uses the same order), so dy never
-//                    leaves registers; (3) dW (taps x channels) += patch^T . dy, accumulated
-//                    in mma registers per tile, then added to thread-private shared slots
-//                    (short chains: the tensor core's accumulation truncates); block partials
-//                    summed in block order in f64 by dw_blocks_reduce.
+//  grad_w_mma        (1) y^T = W^T patch^T, (2) dy = A' + B z in place (its accumulator fragment
+//                    is (3)'s B fragment, positions 2t -> t, 2t+1 -> t+4), (3) dW += patch^T dy;
+//                    per-tile chains into thread-private smem slots (the tensor core truncates).
+//  dw_blocks_reduce  block partials in block order, f64.
 // Deterministic: no atomics; every sum has a fixed order.
 #include <algorithm>
 #include <cstdint>

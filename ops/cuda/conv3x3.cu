@@ -1,32 +1,17 @@
-// 3x3 stride-1 convolutions in NCHW as implicit GEMMs on tensor cores (mma.sync m16n8k8 TF32).
+// 3x3 stride-1 NCHW convolutions as implicit GEMMs on mma.sync m16n8k8 TF32: conv3x3_applies, the
+// per-pass dispatch (to the wgmma kernels on Hopper), the mma.sync forward / grad-input and
+// grad-weight kernels and their weight pre-pass. Design and precision: docs/kernels/conv3x3.md.
 //
-// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0):
-//   work per pass (forward, grad-input, grad-weight alike): 2 * 4.17M pixels * 128 * 576 = 615 GFLOP
-//   bytes per pass: x 1.07 GB, y (or dy) 2.13 GB -> ~3.2 GB = 0.75 ms at 4.3 TB/s (H200), 1.07 ms at 3.0 (H100)
-//   TF32 at ~407 TFLOP/s: 1.51 ms per pass. FP32-accurate as split products (2 tensor ops per
-//   term here, see tf32_bits): ~3 ms per pass at that rate; as FFMA at ~51 TFLOP/s: 12 ms. So every
-//   pass is compute-bound and the design goal is to keep the tensor cores fed. On an H200 the
-//   mma.sync m16n8k8 TF32 ceiling is ~320-330 TFLOP/s (ncu: tensor pipe 45% at 146), i.e.
-//   ~1.9 ms TF32 and ~3.8 ms FP32-accurate per pass at best with this instruction
-//   (bench/journal/notes_conv3x3.md). The 8-warp kernels were latency-bound (2 warps per scheduler,
-//   255 registers); the TF32 ones and the FP32 wide forward now run 16 warps of half the
-//   warp tile (<= 128 registers).
-//
-// Forward (and grad-input, which is the same kernel on re-laid-out weights):
-//   GEMM view M = output pixels, N = output channels, reduction = input channels x 9 taps.
-//   A block owns a strip of output rows x columns of one image (2x128 or 4x128 pixels) and
-//   128 or 64 output channels; 8 warps of 64 pixels x 64 channels (4x8 mma tiles) or 16 of
-//   64 x 32 (4x4). Per
-//   pipeline stage it stages 8 input channels of the input halo ((rows+2) x (cols+2), read
-//   straight from NCHW) and the weights of those channels for all 9 taps; each tap is then one
-//   k8 step that reads the halo shifted by (r, s): the input tile is loaded once and used 9
-//   times. cp.async, 3 stages; the block loops over tiles (persistent) so the next tile's
-//   loads overlap this tile's epilogue.
-// Grad-weight: GEMM view M = output channels, N = input channels x 9 taps, reduction over
-//   every (image, output pixel). Blocks own a dw tile (128 or, FP32, 64 x 32 x 9) and a
-//   contiguous slice of 2x32-pixel strips; partials are written per slice and summed in a
-//   fixed order (in f64). FP32 restarts the tensor-core chain every strip into fp32 side sums
-//   (mma.sync accumulates with truncation, see conv3x3_wgrad_kernel).
+// Forward (grad-input = the same kernel on flipped, channel-transposed weights): M = output
+//   pixels, N = output channels, reduction = input channels x 9 taps. A block owns 2x128 or
+//   4x128 pixels of one image and 128 or 64 output channels; warp tiles 64 x 32 or 64 x 64.
+//   Per stage (3 cp.async stages, persistent) 8 input channels of the halo and their 9 taps'
+//   weights; each tap is one k8 step reading the halo shifted by (r, s).
+// Grad-weight: M = output channels, N = input channels x 9 taps, reduction over every (image,
+//   pixel). Blocks own a dw tile (128 or, FP32, 64 x 32 x 9) and a slice of 2x32-pixel strips;
+//   partials per slice summed in a fixed order in f64. FP32 restarts the tensor-core chain every
+//   strip into fp32 side sums (mma.sync accumulates with truncation, see conv3x3_wgrad_kernel).
+// FP32 mode: hi*hi' as one TF32 op plus both cross terms in one bf16 m16n8k16 (see tf32_bits).
 //
 // Shared-memory strides are chosen so that every fragment load of a warp hits 32 distinct banks.
 #include <algorithm>
@@ -114,8 +99,8 @@ struct FwdTile {
 // Both run 16 warps of 64 x 32 (64 accumulators, <= 128 registers, no spills): 4 warps per
 // scheduler to hide mma.sync / LDS latency, at 1.5 LDS per mma instead of 1 in TF32 (A
 // fragments are reused over 4 n8 tiles instead of 8). WideTile / NarrowTile are the 8-warp
-// 64 x 64 versions (255 registers, 2 warps per scheduler), measured latency-bound on an H200;
-// kept so the choice in run_gemm can be switched back with one line.
+// 64 x 64 versions (255 registers, 2 warps per scheduler: latency-bound); kept so the choice in
+// run_gemm can be switched back with one line.
 using WideTile = FwdTile<2, 128, 4, 2>;
 using WideTile16 = FwdTile<2, 128, 4, 4, 4>;
 using NarrowTile = FwdTile<4, 128, 8, 1>;
@@ -476,9 +461,9 @@ __device__ __forceinline__ void wgrad_stage(float (&acc)[T::kMTiles][9][4], cons
 // Block (tile, split) sums its slice of strips into part[split] (K, C, 3, 3) over its tile.
 //
 // FP32 accuracy of long reductions: mma.sync adds its products to the fp32 accumulator with
-// truncation (measured on H200: a slice of ~8k pixels = ~2000 accumulating mma per element,
-// TF32 + bf16 per k8 step, gave rel. L2 3.75e-5 against f64, while the same split products
-// with round-to-nearest adds give ~6e-7 in emulation). Truncation is biased (always toward
+// truncation (a slice of ~8k pixels = ~2000 accumulating mma per element gives rel. L2 ~3.75e-5
+// against f64; the same split products with round-to-nearest adds ~6e-7). Truncation is biased
+// (always toward
 // zero), so its error grows linearly with the chain: ~2^-23 |acc| per accumulating mma. In
 // FP32 mode the tensor-core chain is therefore restarted every strip: each strip's 16
 // accumulating mma (8 k8 steps x 2) start from 0 and the strip's sum is added to an fp32 side
@@ -713,8 +698,8 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
 }  // namespace
 
 // FP32 mode: the forward / grad-input tensor-core chains run over all input channels (2
-// accumulating mma per 8 channels and tap; truncating adds, ~1.9e-8 rel. error each as
-// measured on an H200, see conv3x3_wgrad_kernel): 128 channels -> 288 adds, ~5e-6. More
+// accumulating mma per 8 channels and tap; truncating adds, ~1.9e-8 rel. error each, see
+// conv3x3_wgrad_kernel): 128 channels -> 288 adds, ~5e-6. More
 // channels would exceed 1e-5, so those go to the general (FFMA) kernels.
 constexpr int64_t kMaxFp32Channels = 128;
 int row_copy_width(const float* base, int64_t row_len, int64_t first_col) {

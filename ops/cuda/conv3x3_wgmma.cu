@@ -1,91 +1,23 @@
-// 3x3 stride-1 convolutions in NCHW on Hopper's asynchronous warpgroup MMA (wgmma, sm_90a), TF32
-// and FP32-accurate (split products): the forward pass and the input gradient (the same kernel on
-// flipped, transposed weights). Dispatched from ops/cuda/conv3x3.cu on compute capability 9.0
-// devices when this build carries the sm_90a code (conv3x3_wgmma_applies); everything else (other
-// GPUs, grad-weight) stays on the mma.sync kernels of conv3x3.cu.
+// Forward and grad-input (the same kernel on flipped, transposed weights) of 3x3 stride-1 NCHW
+// convolutions on Hopper (sm_90a), FP32-accurate (split products) and TF32, wgmma with A from
+// registers. Dispatched from conv3x3.cu (conv3x3_wgmma_applies); on Hopper in TF32 the SS kernel
+// normally serves, this one only when Conv3x3Policy asks for it. Design: docs/kernels/conv3x3.md.
 //
-// FP32 mode (Precision::FP32, at most 128 channels each way as conv3x3_applies): x = hi + lo,
-// hi = tf32(x), lo = x - hi (exact; its low 13 bits dropped by the tensor core, ~2^-22 of x);
-// w = hi' + lo' likewise (pre-pass: two B images per tap). acc += hi*hi' and, in a SECOND
-// accumulator, cross += lo*hi' + hi*lo' (lo*lo' ~2^-22 dropped): three m64n64k8 TF32 wgmma of one
-// shape per m64 tile and tap (a TF32 + bf16 k16 pair, as the mma.sync kernels use, would mix
-// shapes on one accumulator, which PTX orders only through wgmma.fence). The tensor core's sums
-// truncate; the separate cross accumulator keeps the chain that carries the result to 1 sum per
-// tap (C = 128: 144 sums, ~3e-6 rel. in the truncating emulator; C = 64: ~1e-6), and acc + cross
-// is one round-to-nearest FADD in the epilogue. Tile: 2 rows x 128 columns x 64 channels,
-// m64n64 tiles of 32 + 32 accumulators; stage = halo 17.7 KB + 2 x 18.4 KB weights.
-// Tensor work per product 3x TF32's; smem per m64n64k8: B 2 KB + A 2 KB / 3 (A loaded once for
-// hi and lo) = 2.7 KB per 32 tensor-clocks -> ~67% of the smem port at the tensor peak.
+// GEMM: M = 64 consecutive output pixels of one row (A: scalar LDS of the halo at the tap shift,
+// rounded / split in registers; mma.sync m16n8k8 A layout per warp), N = output channels (B:
+// weights in smem, K-major, no swizzle, [tap][k half][n][4], layout rules in arch/wgmma.cuh),
+// k8 step = one tap x 8 input channels. Tiles (2 warpgroups): wide 2 x 128 px x 128 ch, narrow
+// 4 x 128 x 64, FP32 split 2 x 128 x 64 (two B images hi', lo' per tap).
+// FP32: acc += hi*hi' and, in a SECOND accumulator, cross += lo*hi' + hi*lo' (three m64n64k8 of
+// one shape); acc + cross is one round-to-nearest FADD in the epilogue.
 //
-// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0), per pass:
-//   2 * 4.17M pixels * 128 * 576 = 615 GFLOP; x 1.07 GB + y 2.13 GB = 0.75 ms at 4.3 TB/s (H200).
-//   TF32 dense wgmma peak ~495 TFLOP/s (1024 FMA/clk/SM): 1.24 ms; cuBLAS TF32 GEMM reaches 444
-//   (1.39 ms). Target (issue 5): forward <= 2.06 ms (298 TFLOP/s), i.e. ~60% of the peak.
-//   The mma.sync kernel (conv3x3.cu) tops out at ~320 TFLOP/s on an H200 and ran 137.
-//
-// GEMM view (as conv3x3.cu): M = output pixels, N = output channels, reduction = input
-// channels x 9 taps; one k8 step = one tap x 8 input channels.
-//
-// Block tile (TG_CONV3X3_WGMMA_WARPGROUPS = 2 warpgroups of <= 255 registers by default, one
-// block per SM, persistent over tiles). Measured on an H200 (workload A, same run): 2 warpgroups
-// TF32 forward 2.71 ms, FP32 6.26 ms; 4 warpgroups of <= 128 registers (4 warps per scheduler,
-// meant to hide the A-fragment LDS latency) 2.87 / 6.81 ms: the extra warps did not pay for the
-// halved accumulator tile per warpgroup. With 2 warpgroups:
-//   wide   (more than 64 output channels): 2 output rows x 128 columns x 128 channels; warpgroup
-//          w owns row w: 2 m64 tiles x n128 -> 2 x 64 accumulators.
-//   narrow (at most 64, e.g. workload A's grad-input): 4 rows x 128 columns x 64 channels;
-//          warpgroup w owns rows 2w, 2w+1: 4 m64 tiles x n64 -> 4 x 32 accumulators.
-//   FP32 split: 2 rows x 128 columns x 64 channels, 2 m64n64 per warpgroup, 2 x (32 + 32).
-//   Per pipeline stage: the input halo of 8 channels ((rows + 2) x 136 floats per channel,
-//   NCHW rows straight from global memory with cp.async, zero-filled at the borders, as in
-//   conv3x3.cu) and the 8 x 9 x N weight slice of those channels. 4 stages, loads 2 ahead.
-//
-// Operands of one wgmma.mma_async.m64nNk8.f32.tf32.tf32 (tap (r, s), m64 tile = 64 consecutive
-// output pixels of one row):
-//   A (64 pixels x 8 channels) from REGISTERS. PTX ISA "Register fragments", .m64nNk8 (figure
-//     "WGMMA .m64nNk8 register fragment layout for matrix A"; the same as CUTLASS's
-//     ALayout_64x8): warp i of the warpgroup holds rows 16i..16i+15 in the mma.sync m16n8k8 A
-//     layout, g = lane / 4, t = lane % 4: a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4),
-//     a3 (g + 8, t + 4). Row = pixel, k = channel: scalar LDS from the halo at the tap shift
-//     (halo channel stride = 8 or 24 mod 32 words: the 32 lanes hit 32 banks), rounded to TF32.
-//   B (8 channels x N output channels) from SHARED MEMORY through a matrix descriptor. .tf32
-//     operands must be K-major: the 8 k values of output channel n lie together. No swizzle
-//     ("interleave") canonical layout, in 16-byte units ((8, N/8), (1, 2)) : ((1, SBO), (-, LBO)):
-//     a core matrix is 8 rows (n) x 16 bytes (4 k) = 128 contiguous bytes; SBO = byte distance
-//     between core matrices adjacent in N (the next 8 output channels) = 128; LBO = byte
-//     distance between core matrices adjacent in K (k 4..7 after k 0..3) = N * 16. So a tap's
-//     B is [k half (2)][n (N)][4 floats], N * 32 bytes, and a stage's weights are
-//     [tap (9)][k half][n][4]: the pre-pass writes exactly this image per (chunk, channel tile),
-//     so a stage is one contiguous copy. Descriptor (64 bits): start address >> 4 in bits 0-13,
-//     LBO >> 4 in 16-29, SBO >> 4 in 32-45, base offset 0 (bits 49-51, swizzle modes only),
-//     layout type 0 = no swizzle (bits 62-63). The tensor core reads whole 128-byte core
-//     matrices (all 32 banks once each): no bank conflicts without a swizzle.
-//   D (64 x N, f32): warp i rows 16i + g and 16i + g + 8; for each n8 chunk j the registers
-//     4j..4j+3 hold (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1)
-//     (CUTLASS CLayout_64xN).
-//
-// Ordering (PTX ISA, wgmma and the async proxy):
-//   - cp.async writes the stage (generic proxy); wgmma reads B through the async proxy: each
-//     thread executes fence.proxy.async.shared::cta after its cp.async.wait_group and before the
-//     __syncthreads that publishes the stage.
-//   - wgmma.fence before each tap's wgmma (its A registers were just written), commit_group per
-//     tap, wait_group 2 after it: the A registers of tap - 2 are free again. A lives in 3
-//     register sets (tap % 3; 9 taps per stage keeps the parity across stages).
-//   - A stage is refilled 2 steps after it was computed: every warpgroup's wait_group after its
-//     first taps of step s - 1 has retired all wgmma of step s - 2, and the __syncthreads of
-//     step s separates that from the refill.
-//   - Before a tile's epilogue, wait_group 0, then the accumulators are re-bound
-//     (fence_operand) so no read of them can be scheduled above the wait. The first wgmma of the
-//     next tile does not accumulate (scale-d = 0): no zeroing.
-//
-// Expected rate (bench/journal/notes_conv3x3.md, Rounds 3 and 4): per m64nNk8 a thread issues 4 LDS + 8
-// rounding ops + ~2 address ops; an m64n128k8 keeps the tensor cores of an SM busy 64 clocks.
-// Shared memory per m64n128k8: B 4 KB + A 2 KB = 48 of 64 wavefront-clocks at peak, plus the
-// stage fills (~18%): smem caps the kernel near ~85-95% of the wgmma peak. Measured (Round 3,
-// 2 warpgroups, H200): forward 2.74 ms = 225 TFLOP/s, tensor pipe 46.6%, 0.40 eligible warps per
-// scheduler, stalls dominated by LDS results (short scoreboard) and fixed-latency dependencies:
-// latency-bound. With 4 warps per scheduler (same smem traffic per FMA, half the loader
-// instructions per thread) expected tensor pipe ~65-80%: forward ~1.6-2.0 ms.
+// Ordering:
+// - cp.async fills the stage; each thread runs fence.proxy.async.shared::cta after its
+//   cp.async.wait_group and before the __syncthreads that publishes the stage.
+// - wgmma.fence before each tap's wgmma, commit per tap, wait_group 2 after it: A lives in 3
+//   register sets (tap % 3). A stage is refilled 2 steps after it was computed.
+// - Tile end: wait_group 0, accumulators re-bound (fence_operand); the next tile's first wgmma
+//   has scale-d = 0 (no zeroing).
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -334,8 +266,7 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 // lanes of a write hit 32 banks); after a warpgroup barrier each warp reads 8 channel rows back
 // and writes, per m64 tile, 64 consecutive pixels of one output row with one 8-byte store per
 // lane (256 contiguous bytes per instruction). From the fragments (store_tile) every 4-byte store
-// instruction covered 4 channels x 8 pixels (32-byte pieces of 4 rows): the SS kernel's version of
-// this change took workload A's TF32 forward from 2.71 to 2.38 ms on an H200.
+// instruction would cover 4 channels x 8 pixels (32-byte pieces of 4 rows).
 template <class T>
 __device__ __forceinline__ void store_tile_staged(float* __restrict__ out, const float* __restrict__ bias,
                                                   const WgParams& p, const TileCoord& tc,

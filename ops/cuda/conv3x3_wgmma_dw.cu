@@ -1,95 +1,23 @@
-// Grad-weight of 3x3 stride-1 convolutions in NCHW on Hopper's warpgroup MMA with both operands in
-// shared memory (wgmma SS, sm_90a), TF32:
-//   dw[k][c][r][s] = sum over n, p, q of dy[n][k][p][q] * x[n][c][p + r - pad_h][q + s - pad_w].
+// Grad-weight of 3x3 stride-1 NCHW convolutions on Hopper (sm_90a), TF32, wgmma with both
+// operands in shared memory:
+//   dw[k][c][r][s] = sum over n, p, q of dy[n][k][p][q] * x[n][c][p+r-pad_h][q+s-pad_w].
+// Design, tiling and precision: docs/kernels/conv3x3.md ("TF32 grad-weight: wgmma dw").
 //
-// Floor, workload A (x 8x64x512x1024, dy 8x128x510x1022, pad 0): 2 * 4.17M pixels * 128 * 576 =
-// 615 GFLOP; x 1.07 GB + dy 2.13 GB = 0.75 ms at 4.3 TB/s (H200); TF32 dense wgmma peak ~495
-// TFLOP/s: 1.24 ms. Target ~2.2-2.5 ms (the mma.sync kernel, conv3x3.cu run_wgrad<false>: ~4.5).
+// GEMM: M = 64 output channels (A = a dy row), N = 192 = (column tap s, input channel c) (B = an
+// x row in 3 column-shifted copies, rows n = 64 s + c), reduction: pixels; warpgroup r: tap row r.
+// Smem images K-major, no swizzle (arch/wgmma.cuh), SBO = 128 B, LBO padded by 16 B so LBO / 4 =
+// 4 mod 32 words (conflict-free fills). Rings: 6 x rows, 4 dy rows.
+// Precision: x truncated by the tensor core; dy rounded to nearest in registers on its way to smem.
 //
-// GEMM view: M = output channels k (A = dy), N = (column tap s, input channel c) (B = x),
-// reduction = output pixels. .tf32 wgmma operands must be K-major, i.e. pixels contiguous: NCHW
-// rows are exactly that, so nothing is transposed (unlike the forward).
-//
-// Block (384 threads = 3 warpgroups, one block per SM): 64 output channels (one k tile) x 64
-// input channels (one c tile) x 9 taps; warpgroup r owns tap row r. The block walks a column
-// strip of 32 output columns down consecutive output rows p (a "segment"); per output row
-// warpgroup r issues 4 wgmma.m64n192k8 (8 pixels each): A = dy row p (64 k x 32 pixels),
-// B = x row p + r - pad_h as an N = 192 image whose rows n = 64 s + c hold channel c shifted by s
-// columns. 96 f32 accumulators per thread = dw[k][c][r][0..2] of the tile.
-//   Why 3 shifted copies: a descriptor start is a 16-byte unit and a column tap moves the operand
-//   by 4 bytes. (Storing each row once in a 4-phase interleaved order, unit u = pixels u, u + L,
-//   u + 2L, u + 3L, would make a tap a whole-unit start offset and cut the x fill to ~1/3, but
-//   then the 3 taps can only share one N = 192 wgmma with LBO = 8 SBO, which puts every unit in
-//   the same banks: the 4-byte fills would conflict 8-way. 3 x m64n64 instead re-read A per tap:
-//   128 B/clk of operand reads, the whole port.)
-//
-// Shared-memory images (K-major, no swizzle; ops/cuda/arch/wgmma.cuh: element (row, k) at start +
-// (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4), SBO = 128 B for both, so row n of a
-// 16-byte pixel unit lies at n * 16 bytes:
-//   x row image  [unit (8)][n (192)][4 pixels], LBO = 192 * 16 + 16 = 3088 B (24.1 KB per row)
-//   dy row image [unit (8)][k (64)][4 pixels],  LBO =  64 * 16 + 16 = 1040 B (8.1 KB per row)
-// The extra 16 bytes per unit make LBO / 4 = 4 (mod 32) words: a warp's 32 consecutive-pixel
-// 4-byte copies into one row land in 32 distinct banks. k8 step u of a row: start + 2 u LBO.
-// Rings: 6 x rows (each x row is loaded once per segment and read by warpgroups 2, 1, 0 at three
-// consecutive output rows) and 4 dy rows: 148.2 + 33.3 = 181.5 KB.
-//
-// Fill: x by cp.async from global at the shifted addresses, zero-filled (src-size 0) for padding,
-// columns past the strip's end and channels past C; 16 or 8 bytes per copy where the rows allow
-// it (width W a multiple of 4 or 2, the tensor aligned, the shift's column s - pad_w a multiple of
-// 4 or 2), else 4; dy through registers (8 or 4 bytes per load, zero past Wo and K; see TF32
-// below). Workload A (pad 0, W = 1024, Wo = 1022): x shift 0 by 16 bytes, shift 2 by 8, shift 1
-// by 4; dy by 8. Warp w copies x rows
-// n = 16 w .. 16 w + 15 (shift w / 4: its copy width is uniform over the warp); lane j of a 4-byte
-// copy takes pixel j of one row: 128 contiguous bytes of global memory (the 3 shifts of a channel
-// read the same lines: L1 hits with .ca) into 32 banks of shared memory (vector copies: 2 or 4
-// rows per instruction, conflict-free per 8- or 16-lane phase, as LBO / 4 = 4 mod 32).
-//
-// Ordering (PTX ISA, wgmma and the async proxy), per output row t of a segment:
-//   cp.async.wait_group 1 (this thread's x copies of row t landed) -> fence.proxy.async (they and
-//   this thread's dy stores are visible to the async proxy) -> __syncthreads -> wgmma.fence -> 4
-//   wgmma -> commit -> copies of x row image t + 4 into x slot (t + 4) % 6, stores of dy row t + 2
-//   (loaded into registers at row t - 1) into dy slot (t + 2) % 4, loads of dy row t + 3 -> commit
-//   -> wgmma.wait_group 1 (retires row t - 1).
-//   - x slot (t + 4) % 6 last held x image t - 2, read only by warpgroup 0 at row t - 2; dy slot
-//     (t + 2) % 4 held dy row t - 2. Every warpgroup retired row t - 2 (its wait at the end of row
-//     t - 1) before the barrier of row t, after which the copies and stores are issued.
-//   - segment end: wgmma.wait_group 0; the next segment's prologue refills slots 0-3 only after a
-//     __syncthreads (every warpgroup has drained).
-//   - the accumulators run on over all of a block's segments (zeroed once, wgmma.fence before each
-//     row's first wgmma); after the last segment's wait_group 0 they are re-bound (fence_operand)
-//     and stored.
-//
-// Traffic per output row of a block (12 x m64n192k8 = 1152 tensor clocks at the peak):
-//   shared memory: wgmma operand reads 12 x (A 2 KB + B 6 KB) = 96 KB = 768 wavefronts, fills
-//   32 KB = 256 conflict-free wavefronts: 1024 of 1152 wavefront-clocks (89% of the port at the
-//   tensor peak; the SS forward: 80%). At the 2.2 ms target (~56% of the peak) ~50%.
-//   copy instructions: 256 warp-level cp.async per 1152 clocks if every copy is 4 bytes; workload
-//   A: x 16 (shift 0, 16 B) + 64 (shift 1) + 32 (shift 2, 8 B) = 112 (+ 32 8-byte dy loads and
-//   stores through registers), i.e. ~0.1 per clock (the SS forward's halo fill: ~300 per 2304 clocks = 0.13, but each of those gathered 4
-//   rows x 32 bytes). This is the part most likely to set the pace (the forward's fill cost it
-//   0.65 ms of tensor time).
-//   L2 -> SM: x 8 KB (the shifts hit L1) + dy 8 KB per 1152 clocks: ~14 B/clk per SM at the
-//   peak, ~2 TB/s over 132 SMs at 300 TFLOP/s. x is read once per k tile (twice for A, the two
-//   k tiles' blocks are adjacent in the grid and share it in L2), dy once per c tile.
-//   Registers: 96 accumulators + addresses under the 168-register cap of 384 threads (ptxas, CUDA
-//   13.0: 160 registers, no spills; 181.5 KB dynamic shared memory).
-//
-// Work split: per (k tile, c tile), the rows of all (image, strip) segments are one list of
-// N x strips x Ho output rows, cut into `splits` contiguous slices of at most kMaxRowsPerSplit
-// rows (bounded tensor-core accumulation chains), rounded up to whole waves of one block per SM.
-// Block (tile, split) walks its slice segment by segment (a pipeline restart at each, ~2 of ~500
-// rows) and writes its partial dw tile; sum_partials_kernel adds the slices in order (f64).
-// Workload A: 2 tiles x 264 splits of 495 rows = 528 blocks = 4 waves of 132; partials 78 MB.
-//
-// TF32: the tensor core reads the top 19 bits of each operand, i.e. truncates (relative error in
-// [0, 2^-10), mean ~3.5e-4, rms ~4.2e-4 for log-uniform mantissas). With both operands truncated
-// the products would be biased by ~-7e-4 relative on average, coherently over the reduction: rel.
-// L2 error 6.7-7.3e-4 (up to 8.8e-4 on tiny problems) in a host emulation of this kernel, too close
-// to the 1e-3 TF32 tolerance. So dy is rounded to nearest on its way into shared memory: its rows
-// pass through registers (8-byte loads a row ahead, rounded and stored the next row, before the
-// fence.proxy.async) instead of cp.async; x stays truncated (as in the SS forward): emulated error
-// 4.0-4.3e-4. Measured on an H200 (workload A): cp.async copies plus an in-place rounding pass over
-// the landed dy took 2.91 ms, 2.55 without rounding; most of the pass's cost was its loads.
+// Ordering, per output row t of a segment:
+//   cp.async.wait_group 1 -> fence.proxy.async (x copies and this thread's dy stores visible to the
+//   async proxy) -> __syncthreads -> wgmma.fence -> 4 wgmma -> commit -> x image t + 4 into slot
+//   (t + 4) % 6, dy row t + 2 into slot (t + 2) % 4, loads of dy row t + 3 -> wgmma.wait_group 1.
+//   Both refilled slots were last read at row t - 2, retired by all before row t's barrier.
+// - Segment end: wait_group 0; the next segment refills slots 0-3 only after a __syncthreads.
+// - Accumulators run over all of a block's segments (zeroed once), are re-bound (fence_operand)
+//   after the last wait_group 0, then stored as this slice's partial; sum_partials_kernel adds
+//   the slices (at most kMaxRowsPerSplit rows each) in order in f64.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -193,8 +121,8 @@ __device__ __forceinline__ void load_x_image(float* slot, const float* __restric
 }
 
 // dy rows pass through registers, a row ahead of their store, and are rounded to TF32 on the way
-// into shared memory (measured on an H200: cp.async copies followed by an in-place rounding pass
-// cost 0.35 ms of 2.9, most of it the loads of the just-landed data). Copy instruction m (= warp +
+// into shared memory (cheaper than an in-place rounding pass over cp.async-landed data).
+// Copy instruction m (= warp +
 // 12 i) covers rows k = kVec m + rho: kVec floats per lane (2 where Wo and the tensor allow 8-byte
 // loads, else 1), 32 pixels per row. DyRegs holds one thread's share of a row (zero outside the
 // tensor).

@@ -1,92 +1,22 @@
-// 3x3 stride-1 convolutions in NCHW on Hopper's warpgroup MMA with BOTH operands in shared memory
-// (wgmma "SS", sm_90a), TF32: the forward pass and the input gradient (the same kernel on
-// flipped, transposed weights). The warps only copy and issue wgmma: no operand passes through
-// registers (the register-A kernel, conv3x3_wgmma.cu, spent its issue slots and latency on the
-// A-fragment LDS and rounding: tensor pipe 47%, 2.74 ms for workload A on an H200).
+// Forward and grad-input (the same kernel on flipped, transposed weights) of 3x3 stride-1 NCHW
+// convolutions on Hopper (sm_90a), TF32 only, wgmma with BOTH operands in shared memory.
+// Design, tiling, precision and limits: docs/kernels/conv3x3.md ("TF32 forward and grad-input").
 //
-// Floor, workload A (x 8x64x512x1024, w 128x64x3x3, y 8x128x510x1022, pad 0), per pass:
-//   2 * 4.17M pixels * 128 * 576 = 615 GFLOP; x 1.07 GB + y 2.13 GB = 0.75 ms at 4.3 TB/s (H200).
-//   TF32 dense wgmma peak ~495 TFLOP/s (1024 FMA/clk/SM): 1.24 ms. Target: forward <= 2.06 ms
-//   (298 TFLOP/s = 60% of the peak). Compute-bound: the design is about feeding the tensor cores.
+// GEMM: M = 64 output channels (A = weights), N = 256 pixels of one output row (B = halo);
+// k8 step = one tap x 8 input channels. 2 warpgroups, warpgroup w owns output row w of the tile
+// (64 channels x 2 rows x 256 columns): one wgmma.m64n256k8 per tap, 128 accumulators.
+// Both operands K-major, no swizzle (layout: arch/wgmma.cuh); a tap (r, s) only moves B's start
+// to halo + ((w + r) * 264 + s) * 16 B. The weights' pre-pass writes the stage image exactly.
+// D: thread (warp wi, g = lane / 4, t = lane % 4) holds channel k0 + 16 wi + g + 8 h, columns
+// 8 j + 2 t + e in acc[4 j + 2 h + e]. FP32 mode is not offered (conv3x3_wgmma_ss_applies).
 //
-// GEMM view (transposed against conv3x3_wgmma.cu): M = output channels (the weights are A),
-// N = output pixels (the input halo is B), reduction = input channels x 9 taps; one k8 step = one
-// tap x 8 input channels.
-//
-// Block tile (256 threads = 2 warpgroups, one block per SM, persistent over tiles): 64 output
-// channels x 2 output rows x 256 columns; warpgroup w owns output row w: one
-// wgmma.mma_async.m64n256k8.f32.tf32.tf32 per tap (128 f32 accumulators per thread).
-// Per pipeline stage (8 input channels; 4 stages, loads 2 steps ahead):
-//   halo (B)   [channel quad (2)][halo row (4)][halo column (264, 258 used)][4 channels] 33 KB
-//   weights (A)[tap (9)][k half (2)][output channel (64)][4 input channels]              18 KB
-//   = 51.8 KB per stage, 207 KB for 4; + 18 KB of staged-store scratch (8 warps x 8 x 72 floats) = 225 KB (of 227 KB).
-// Tiles of 128 output channels x 2 rows x 128 columns (4 warpgroups: the halo transposed once per
-// 128 channels) and 64 x 4 x 128 (6 halo rows per 4 output rows) were measured slower on an H200
-// (workload A forward 2.92 / 2.90 ms vs 2.71): m64n128 wgmma read the weights twice as often and
-// the weights stage doubled; see bench/journal/notes_conv3x3.md.
-//
-// Operands of the wgmma of tap (r, s), warpgroup w (both K-major, no swizzle; ops/cuda/arch/wgmma.cuh
-// states the layout: element (row, k) at start + (row / 8) SBO + (row % 8) 16 + (k / 4) LBO + (k % 4) 4):
-//   A = weights: start = weights + tap * 2 KB, rows = output channels m: 16-byte rows
-//       [m][4 channels], SBO = 128 B (next 8 output channels), LBO = 64 * 16 = 1 KB (channels
-//       4..7 of the chunk). The pre-pass writes exactly this image per (chunk, channel tile), rounded
-//       to TF32, so a stage's weights are one contiguous block: one bulk copy.
-//   B = halo: rows = output pixels n = column 0..255 of output row w; pixel n of tap (r, s)
-//       reads halo (row w + r, column n + s), whose 4 channels are one 16-byte row.
-//       start = halo + ((w + r) * 264 + s) * 16 B, SBO = 128 B (8 consecutive columns), LBO =
-//       4 * 264 * 16 B = 16.5 KB (the second channel quad). Every tap shift is just another start
-//       address (16-byte aligned); no data moves.
-//   D: thread (warp wi of the warpgroup, g = lane / 4, t = lane % 4) holds output channel
-//       k0 + 16 wi + g + 8 h and columns 8 j + 2 t + e in acc[4 j + 2 h + e] (j < 32).
-//
-// Halo fill: 4-byte cp.async, each float to its transposed slot (see load_halo; one instruction
-// per copy where a warp's halo row lies inside the input). Weights: one TMA bulk copy of the
-// stage's 18 KB image per stage, issued by thread 0, landing on the stage's mbarrier (was 4.5
-// 16-byte cp.async per thread: forward 2.35 -> 2.31-2.32 ms on an H200, ncu, alternated twice).
-// (A fill by 16-byte loads staged through registers,
-// transposed, and stored a step later was measured slower on an H200, 3.375 vs 2.672 ms: the
-// synchronous loads stopped overlapping the wgmma. It was removed; git history has it.)
-//
-// Where the time goes (H200, workload A forward, variants with parts switched off; notes_conv3x3.md
-// round 6): wgmma alone (no fills, no stores) 1.28 ms (~480 TFLOP/s: the no-swizzle layout and
-// the tap offsets cost nothing), + fills 1.93 ms, + stores from the fragments 2.71 ms. The stores
-// run while the tensor cores idle (the accumulators are the next tile's); staged (store_tile)
-// they take the forward to 2.32-2.41 ms alone, 2.56 ms inside the full benchmark run. Every step
-// as two m64n128 halves, so that each half's stores overlap the other half's wgmma, was 7% slower
-// and the overlap itself gained nothing (notes_conv3x3.md, session 7): what the stores compete
-// with is the fills and loads, not idle tensor time.
-//
-// TF32 truncation: the halo holds the raw floats; the tensor core reads their top 19 bits, i.e.
-// truncates x (relative error in [0, 2^-10), rms ~4.2e-4 for log-uniform mantissas) while the
-// weights are rounded once by the pre-pass (rms ~2.1e-4). With random signs the output's rel. L2
-// error is ~ the products' rms relative error, independent of the reduction length (576 for
-// C = 64): sqrt(4.2^2 + 2.1^2) e-4 ~ 4.6e-4 < 1e-3 (the TF32 tolerance). cuBLAS / cuDNN TF32 treat
-// activations the same way. FP32 mode is not offered (conv3x3_wgmma_ss_applies says false).
-//
-// Ordering (PTX ISA, wgmma, mbarrier and the async proxy), per stage two mbarriers:
-//   - full[stage]: every thread, after issuing its copies into the stage, executes
-//     cp.async.mbarrier.arrive.noinc (the arrival happens when those copies have landed);
-//     thread 0 also announces the weights' bytes (expect_tx). Count: 256 + 1.
-//   - empty[stage]: lane 0 of every warp arrives after the warp's wgmma.wait_group retired the
-//     step that read the stage. Count: 8.
-//   - step s (stage s % 4): wait full -> fence.proxy.async -> wgmma.fence -> 9 wgmma -> commit
-//     -> wait empty of stage (s + 2) % 4 (step s - 2 retired by every warp; first use: no wait)
-//     -> copies of step s + 2 into it, arrive on its full -> wgmma.wait_group 1 (retires step
-//     s - 1) -> arrive on empty of stage (s - 1) % 4. The copies are issued behind the wgmma so
-//     the tensor cores never wait for them, and no warp waits for another to reach its step:
-//     a __syncthreads per step (until session 10) cost 6-7% of workload A's forward.
-//   - tile end: wait_group 0, accumulators re-bound (fence_operand), staged through the warp's
-//     own scratch (outside the stages) and stored. (Until session 10 the scratch lay in stage
-//     (s + 3) % 4, which the other warpgroup's wgmma of step s - 1 may still have been reading.)
-//     The next tile's first wgmma has scale-d = 0 (no zeroing) and follows a wgmma.fence (the
-//     epilogue read them).
-//
-// Shared-memory traffic per stage (9 taps; 2 x m64n256k8 per tap = 2304 tensor clocks at peak):
-//   operand reads 18 x (A 2 KB + B 8 KB) = 180 KB = 1440 wavefronts (B is read once per wgmma and
-//   serves all 4 warps' M rows), fills 51.8 KB = 405 wavefronts: 1845 of 2304 wavefront-clocks
-//   (80% of the port at the tensor peak; the register-A kernel needed 93%).
-// L2 -> SM: 51.8 KB per 2304 clocks at peak, ~3.2 TB/s over 132 SMs at 300 TFLOP/s (same order
-// as the register-A kernel; the weights are 35% of it).
+// Ordering, per stage two mbarriers:
+//   full[stage]: every thread's cp.async.mbarrier.arrive.noinc + thread 0's expect_tx (256 + 1);
+//   empty[stage]: lane 0 of each warp after its wgmma.wait_group retired the step (count 8).
+//   Step s: wait full -> fence.proxy.async -> wgmma.fence -> 9 wgmma -> commit -> wait empty of
+//   stage (s + 2) % 4 -> copies of step s + 2 -> wgmma.wait_group 1 -> arrive on empty of
+//   (s - 1) % 4. No block barrier per step. Tile end: wait_group 0, fence_operand, staged store
+//   through the warp's own scratch (outside the stages); next tile's first wgmma: scale-d = 0.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -183,8 +113,7 @@ __device__ __forceinline__ void load_halo(float* stage, const float* __restrict_
     // Every copy of this warp inside the input (all but the tiles at the image's left and right
     // edges): plain copies at constant offsets from one source and one destination register, one
     // instruction each (the general loop below spends ~7 on the bounds, the zero-fill select and
-    // the address; ncu put ~4% of workload A's forward stall samples on its address registers).
-    // Decided per warp: lanes that took different paths slowed the grad-input kernel by 27%.
+    // the address). Decided per warp, so no warp's lanes take different paths.
 #pragma unroll
     for (int i = 0; i < kCopies - 1; ++i) cp_async<4>(dst + 32 * i, row + 8 * i, true);
     if (px < kLongLanes) cp_async<4>(dst + 32 * (kCopies - 1), row + 8 * (kCopies - 1), true);
@@ -231,8 +160,7 @@ __device__ __forceinline__ void issue_stage(float (&acc)[T::kAcc], uint32_t x_ad
 // p.pairs (the workload's case): staged through `scratch` (this warp's kScratchFloats) in 8 rounds
 // of 8 channels x 64 columns: fragment-order 8-byte writes, then each store instruction writes
 // 256 contiguous bytes of one output row (2 whole 128-byte lines) instead of 8 rows x 32 bytes: a
-// quarter of the L2 write requests. Stored from the fragments, the epilogue took ~0.8 of the
-// 2.7 ms forward of workload A on an H200 (tensor cores idle meanwhile).
+// quarter of the L2 write requests (the tensor cores idle during the epilogue).
 // Otherwise (odd Wout or 4-byte aligned out): one float per store, from the fragments.
 __device__ __forceinline__ void store_tile(float* __restrict__ out, const float* __restrict__ bias,
                                            const SsParams& p, const TileCoord& tc, const float (&acc)[T::kAcc],
@@ -283,8 +211,7 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, const float*
 
 // out = conv3x3(in, wp) (+ bias). Persistent: the grid loops over tiles and the pipeline runs
 // over the block's (tile, chunk) steps without a break, ordered by the full / empty mbarriers of
-// each stage as the header's "Ordering" says (with a __syncthreads per step instead, workload A's
-// forward took 2.41-2.47 ms against 2.26-2.29: H100, alternated in one process).
+// each stage as the header's "Ordering" says (no __syncthreads per step).
 __global__ void __launch_bounds__(T::kThreads, 1)
     conv3x3_wgmma_ss_kernel(float* __restrict__ out,         // (N, Kout, Hout, Wout)
                             const float* __restrict__ in,    // (N, Cin, Hin, Win)
