@@ -49,22 +49,28 @@ def parse_args():
     return p.parse_args()
 
 
-def run_tg_bench(args):
-    cmd = [args.tg_bench, "--json", "--workloads", args.workloads, "--layout", args.layout,
-           "--precision", args.precision, "--passes", args.passes]
+def run_json_program(cmd, args):
+    """Runs a tapegrad benchmark with the repeat options of args and returns its JSON object.
+    The program prints its progress on stderr (passed through) and the JSON on stdout; exit
+    code 2 means some row failed its check: those rows are reported, not timed."""
+    cmd = list(cmd)
     if args.quick:
         cmd.append("--quick")
     if args.repeats:
         cmd += ["--repeats", str(args.repeats)]
     if args.idle_ms:
         cmd += ["--idle-ms", str(args.idle_ms)]
+    cmd += shlex.split(getattr(args, "tg_args", "") or "")
     print("running:", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    # tg_bench prints its progress on stderr (passed through) and the JSON object on stdout.
-    # Exit code 2 means some row failed its check: those rows are reported, not timed.
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode not in (0, 2):
-        sys.exit(f"tg_bench failed with exit code {proc.returncode}")
+        sys.exit(f"{os.path.basename(cmd[0])} failed with exit code {proc.returncode}")
     return json.loads(proc.stdout)
+
+
+def run_tg_bench(args):
+    return run_json_program([args.tg_bench, "--json", "--workloads", args.workloads, "--layout", args.layout,
+                             "--precision", args.precision, "--passes", args.passes], args)
 
 
 def own_table(tg):
@@ -295,7 +301,6 @@ def main():
 
     import torch  # after tg_bench exits, so the two never share the GPU's memory
     torch.backends.cudnn.benchmark = True
-    gpu = torch.cuda.get_device_name(0)
 
     # Group rows by (workload, layout) so each PyTorch workload is built once.
     groups = {}

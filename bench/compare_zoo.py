@@ -22,8 +22,6 @@ import argparse
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,21 +44,7 @@ def parse_args():
 
 
 def run_tg_zoo(args):
-    cmd = [args.tg_zoo, "--json", "--rows", args.rows, "--precision", args.precision]
-    if args.quick:
-        cmd.append("--quick")
-    if args.repeats:
-        cmd += ["--repeats", str(args.repeats)]
-    if args.idle_ms:
-        cmd += ["--idle-ms", str(args.idle_ms)]
-    cmd += shlex.split(args.tg_args)
-    print("running:", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    # Progress on stderr (passed through), the JSON object on stdout; exit code 2: some row
-    # failed its check (reported, not timed).
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode not in (0, 2):
-        sys.exit(f"tg_zoo failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout)
+    return ct.run_json_program([args.tg_zoo, "--json", "--rows", args.rows, "--precision", args.precision], args)
 
 
 def load_safetensors(torch, path):
