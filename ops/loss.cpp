@@ -1,5 +1,7 @@
 #include "ops/loss.h"
 
+#include <cmath>
+
 #include "autograd/tape.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
@@ -108,6 +110,109 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
     });
   }
   return out;
+}
+
+const char* reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::mean: return "mean";
+    case Reduction::sum: return "sum";
+    case Reduction::none: return "none";
+  }
+  return "unknown";
+}
+
+const char* pointwise_loss_name(PointwiseLoss kind) {
+  switch (kind) {
+    case PointwiseLoss::bce_with_logits: return "binary_cross_entropy_with_logits";
+    case PointwiseLoss::l1: return "l1_loss";
+    case PointwiseLoss::smooth_l1: return "smooth_l1_loss";
+    case PointwiseLoss::huber: return "huber_loss";
+  }
+  return "pointwise_loss";
+}
+
+namespace {
+
+// The loss's shape: [] when reduced, else pred's.
+Shape pointwise_out_shape(const Tensor& pred, Reduction r) { return r == Reduction::none ? pred.shape() : Shape{}; }
+
+void check_pointwise_params(const char* op, const PointwiseLossParams& p) {
+  TG_CHECK(p.reduction == Reduction::mean || p.reduction == Reduction::sum || p.reduction == Reduction::none, op,
+           ": unknown reduction ", static_cast<int>(p.reduction));
+  if (p.kind == PointwiseLoss::smooth_l1)
+    TG_CHECK(std::isfinite(p.beta) && p.beta >= 0, op, ": beta ", p.beta, " must be finite and >= 0");
+  if (p.kind == PointwiseLoss::huber)
+    TG_CHECK(std::isfinite(p.beta) && p.beta > 0, op, ": delta ", p.beta, " must be finite and > 0");
+}
+
+}  // namespace
+
+void check_pointwise_loss_buffers(const char* op, const Tensor& out, const Tensor& pred, const Tensor& target,
+                                  const PointwiseLossParams& p) {
+  check_pointwise_params(op, p);
+  check_floating(op, pred);
+  check_same_device_dtype(op, pred, target);
+  check_same_device_dtype(op, pred, out);
+  TG_CHECK_AS(ShapeError, pred.shape() == target.shape(), op, ": prediction ", pred.shape(), " and target ",
+              target.shape(), " differ");
+  TG_CHECK_AS(ShapeError, out.shape() == pointwise_out_shape(pred, p.reduction), op, ": with reduction '",
+              reduction_name(p.reduction), "' the loss and its gradient are ", pointwise_out_shape(pred, p.reduction),
+              ", got ", describe(out));
+}
+
+void check_pointwise_loss_backward_buffers(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                                           const Tensor& pred, const Tensor& target, const PointwiseLossParams& p) {
+  const std::string op = std::string(pointwise_loss_name(p.kind)) + "_backward";
+  check_pointwise_loss_buffers(op.c_str(), grad_out, pred, target, p);
+  for (const Tensor* d : {&dpred, &dtarget})
+    TG_CHECK(!d->defined() || (d->shape() == pred.shape() && d->dtype() == pred.dtype() && d->device() == pred.device()),
+             op, ": gradient buffer ", describe(*d), " does not match ", describe(pred));
+}
+
+namespace {
+
+Tensor pointwise_loss(const Tensor& pred, const Tensor& target, const PointwiseLossParams& p) {
+  const char* op = pointwise_loss_name(p.kind);
+  check_pointwise_params(op, p);
+  check_floating(op, pred);
+  check_same_device_dtype(op, pred, target);
+  TG_CHECK_AS(ShapeError, pred.shape() == target.shape(), op, ": ",
+              p.kind == PointwiseLoss::bce_with_logits ? "logits " : "prediction ", pred.shape(), " and target ",
+              target.shape(), " differ");
+  TG_CHECK(p.reduction != Reduction::mean || pred.numel() > 0, op, ": the mean of an empty prediction ",
+           describe(pred), " is undefined");
+  Tensor out = Tensor::empty(pointwise_out_shape(pred, p.reduction), {.dtype = pred.dtype(), .device = pred.device()});
+  TG_DISPATCH(pred.device(), pointwise_loss_forward(out, pred, target, p));
+  if (should_record({pred, target})) {
+    record(op, {pred, target}, {out}, {pred, target}, [p](const BackwardArgs& args) {
+      const Tensor &x = args.saved[0], &y = args.saved[1];
+      const TensorOptions o{.dtype = x.dtype(), .device = x.device()};
+      Tensor dpred, dtarget;
+      if (args.needs_grad[0]) dpred = Tensor::empty(x.shape(), o);
+      if (args.needs_grad[1]) dtarget = Tensor::empty(y.shape(), o);
+      TG_DISPATCH(x.device(), pointwise_loss_backward(dpred, dtarget, args.grad_outputs[0], x, y, p));
+      return std::vector<Tensor>{dpred, dtarget};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  return pointwise_loss(logits, target, {.kind = PointwiseLoss::bce_with_logits, .reduction = reduction});
+}
+
+Tensor l1_loss(const Tensor& pred, const Tensor& target, Reduction reduction) {
+  return pointwise_loss(pred, target, {.kind = PointwiseLoss::l1, .reduction = reduction});
+}
+
+Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target, SmoothL1Options o) {
+  return pointwise_loss(pred, target, {.kind = PointwiseLoss::smooth_l1, .reduction = o.reduction, .beta = o.beta});
+}
+
+Tensor huber_loss(const Tensor& pred, const Tensor& target, HuberOptions o) {
+  return pointwise_loss(pred, target, {.kind = PointwiseLoss::huber, .reduction = o.reduction, .beta = o.delta});
 }
 
 void check_errors(Device d) {

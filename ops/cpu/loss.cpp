@@ -5,6 +5,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "ops/loss.h"
+#include "ops/loss_pointwise.h"
 
 namespace tg::cpu {
 
@@ -82,6 +83,47 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const
         const double softmax = std::exp(double(x[r * K + j]) - plse[r]);
         dx[r * K + j] = static_cast<T>(k * (softmax - (j == t[r] ? 1.0 : 0.0)));
       }
+  });
+}
+
+void pointwise_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target,
+                            const PointwiseLossParams& p) {
+  const char* op = pointwise_loss_name(p.kind);
+  check_pointwise_loss_buffers(op, out, pred, target, p);
+  dispatch_floating(op, pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* x = pred.data<T>();   // (n)
+    const T* y = target.data<T>();  // (n)
+    T* o = out.data<T>();          // (n) for none, else (1)
+    const int64_t n = pred.numel();
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = pointwise_loss_value<double>(x[i], y[i], p.kind, p.beta);
+      if (p.reduction == Reduction::none) o[i] = static_cast<T>(v);
+      else acc += v;
+    }
+    if (p.reduction == Reduction::sum) o[0] = static_cast<T>(acc);
+    if (p.reduction == Reduction::mean) o[0] = static_cast<T>(acc / static_cast<double>(n));
+  });
+}
+
+void pointwise_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                             const Tensor& pred, const Tensor& target, const PointwiseLossParams& p) {
+  check_pointwise_loss_backward_buffers(dpred, dtarget, grad_out, pred, target, p);
+  dispatch_floating(pointwise_loss_name(p.kind), pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const T* x = pred.data<T>();
+    const T* y = target.data<T>();
+    const T* g = grad_out.data<T>();  // (n) for none, else (1)
+    T* dx = dpred.defined() ? dpred.data<T>() : nullptr;
+    T* dy = dtarget.defined() ? dtarget.data<T>() : nullptr;
+    const int64_t n = pred.numel();
+    const double scale = p.reduction == Reduction::mean ? 1.0 / static_cast<double>(n) : 1.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = double(g[p.reduction == Reduction::none ? i : 0]) * scale;
+      if (dx) dx[i] = static_cast<T>(gi * pointwise_loss_dpred<double>(x[i], y[i], p.kind, p.beta));
+      if (dy) dy[i] = static_cast<T>(gi * pointwise_loss_dtarget<double>(x[i], y[i], p.kind, p.beta));
+    }
   });
 }
 

@@ -3,6 +3,9 @@
 // every run.
 //
 // mse_loss     : grid-stride partial sums of (p - t)^2, then one block reduces the partials.
+// pointwise   : bce_with_logits, l1, smooth_l1, huber (formulas in ops/loss_pointwise.h).
+//                Reduced: like mse_loss, each element's loss in double. none: one pass in
+//                the tensor's type. Backward: one pass writing both gradients.
 // cross_entropy: one block per row (max, then sum of exp, both block reductions) writes the
 //                row's log-sum-exp and loss; one block then averages the row losses.
 //
@@ -20,6 +23,7 @@
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/cuda/loss.h"
+#include "ops/loss_pointwise.h"
 
 namespace tg::cuda {
 namespace {
@@ -90,6 +94,34 @@ __global__ void mse_backward_kernel(T* __restrict__ dp, T* __restrict__ dt, cons
     const T g = k * (p[i] - t[i]);
     if (dp) dp[i] = g;
     if (dt) dt[i] = -g;
+  }
+}
+
+template <class T>
+__global__ void pointwise_partials_kernel(double* __restrict__ partials, const T* __restrict__ x,
+                                          const T* __restrict__ y, int64_t n, PointwiseLoss kind, double beta) {
+  double acc = 0;
+  TG_GRID_STRIDE(i, n) acc += pointwise_loss_value<double>(double(x[i]), double(y[i]), kind, beta);
+  acc = block_reduce(acc, Sum{}, 0.0);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <class T>
+__global__ void pointwise_none_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ y,
+                                      int64_t n, PointwiseLoss kind, T beta) {
+  TG_GRID_STRIDE(i, n) out[i] = pointwise_loss_value<T>(x[i], y[i], kind, beta);
+}
+
+// g: one element (scaled by `scale`, 1/n for the mean) or, with per_element, one per element.
+template <class T>
+__global__ void pointwise_backward_kernel(T* __restrict__ dx, T* __restrict__ dy, const T* __restrict__ g,
+                                          bool per_element, double scale, const T* __restrict__ x,
+                                          const T* __restrict__ y, int64_t n, PointwiseLoss kind, T beta) {
+  const T k = per_element ? T(0) : static_cast<T>(double(g[0]) * scale);
+  TG_GRID_STRIDE(i, n) {
+    const T gi = per_element ? g[i] : k;
+    if (dx) dx[i] = gi * pointwise_loss_dpred<T>(x[i], y[i], kind, beta);
+    if (dy) dy[i] = gi * pointwise_loss_dtarget<T>(x[i], y[i], kind, beta);
   }
 }
 
@@ -273,6 +305,55 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const
     using T = TG_ELEMENT_TYPE(tag);
     ce_backward_kernel<T><<<row_blocks(N), threads_for(K), 0, stream(dev)>>>(
         dlogits.data<T>(), grad_out.data<T>(), logits.data<T>(), targets.data<int64_t>(), lse.data<double>(), N, K);
+  });
+  TG_LAUNCH_CHECK();
+}
+
+void pointwise_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& target,
+                            const PointwiseLossParams& p) {
+  const char* op = pointwise_loss_name(p.kind);
+  check_pointwise_loss_buffers(op, out, pred, target, p);
+  const int64_t n = pred.numel();
+  TG_CHECK(n > 0 || p.reduction != Reduction::mean, op, ": the mean of an empty prediction ", describe(pred),
+           " is undefined");
+  const int dev = pred.device().index;
+  set_device(dev);
+  cudaStream_t s = stream(dev);
+  dispatch_floating("loss (CUDA)", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    if (p.reduction == Reduction::none) {
+      if (n == 0) return;
+      pointwise_none_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(out.data<T>(), pred.data<T>(),
+                                                                           target.data<T>(), n, p.kind, T(p.beta));
+      TG_LAUNCH_CHECK();
+      return;
+    }
+    int64_t blocks = (n + kThreads - 1) / kThreads;
+    blocks = blocks < 1 ? 1 : blocks > kMaxPartials ? kMaxPartials : blocks;
+    Tensor partials = Tensor::empty({blocks}, {.dtype = DType::f64, .device = pred.device()});
+    pointwise_partials_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        partials.data<double>(), pred.data<T>(), target.data<T>(), n, p.kind, p.beta);
+    TG_LAUNCH_CHECK();
+    const double scale = p.reduction == Reduction::mean ? 1.0 / double(n) : 1.0;
+    final_sum_kernel<T><<<1, kFinalThreads, 0, s>>>(out.data<T>(), partials.data<double>(), blocks, scale);
+    TG_LAUNCH_CHECK();
+  });
+}
+
+void pointwise_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor& grad_out,
+                             const Tensor& pred, const Tensor& target, const PointwiseLossParams& p) {
+  check_pointwise_loss_backward_buffers(dpred, dtarget, grad_out, pred, target, p);
+  const int64_t n = pred.numel();
+  if (n == 0 || (!dpred.defined() && !dtarget.defined())) return;
+  const int dev = pred.device().index;
+  set_device(dev);
+  const bool per_element = p.reduction == Reduction::none;
+  const double scale = p.reduction == Reduction::mean ? 1.0 / double(n) : 1.0;
+  dispatch_floating("loss (CUDA)", pred.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    pointwise_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
+        dpred.defined() ? dpred.data<T>() : nullptr, dtarget.defined() ? dtarget.data<T>() : nullptr,
+        grad_out.data<T>(), per_element, scale, pred.data<T>(), target.data<T>(), n, p.kind, T(p.beta));
   });
   TG_LAUNCH_CHECK();
 }
