@@ -1,0 +1,123 @@
+// DataLoader: batches of a Dataset, in a seeded order, made ahead of time by worker threads.
+//
+//   auto train = std::make_shared<tg::data::MnistDataset>("train-images-idx3-ubyte",
+//                                                         "train-labels-idx1-ubyte");
+//   tg::data::DataLoader loader(train, {.batch_size = 64, .shuffle = true, .seed = 1,
+//                                       .num_workers = 2, .device = tg::Device::cuda()});
+//   for (int epoch = 0; epoch < 10; ++epoch)
+//     for (tg::data::Batch& b : loader) {    // each range-for is the next epoch
+//       tg::Tape tape;
+//       tg::Tensor loss = tg::cross_entropy(model(b.input), b.target);
+//       ...
+//     }
+//
+// Order. Epoch e visits the dataset in order(e): 0, 1, ..., n-1 without shuffle, else a
+// permutation drawn from (seed, e) by the loader's own generator (not std::shuffle, whose
+// algorithm differs between standard libraries), so the same seed gives the same batches
+// on every machine, and every epoch a new order. Batch k holds order[k*B .. k*B + B): the
+// batches do not depend on the number of workers. With drop_last the final short batch is
+// left out.
+//
+// Workers. With num_workers = 0 a batch is made on the consumer's thread when it is asked
+// for. With N workers, N threads make batches ahead of the consumer, at most
+// N * prefetch_factor of them waiting (a bounded queue: memory stays bounded however slow
+// the training step is); batches are handed out in order. An exception thrown while
+// making a batch (by Dataset::get, or stacking examples of different shapes) is rethrown
+// to the consumer when it reaches that batch, and the workers stop. Destroying the loader,
+// or starting the next epoch, in the middle of an epoch stops and joins the workers: each
+// finishes the example it is reading, none waits for the consumer.
+//
+// Device. With a CUDA device, workers stack batches into pinned host buffers, and each
+// batch is copied on a copy stream of the loader's own, which tapegrad's stream waits for
+// (an event, no host wait) when the batch is handed out; batch k+1's copy is started when
+// batch k is handed out, so it runs beside the step on batch k (see device_stage.h).
+//
+// One iteration at a time: begin() ends the previous epoch, and an iterator of an ended
+// epoch throws when used.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dataset.h"
+
+namespace tg::data {
+
+namespace detail {
+class DeviceStage;
+}
+
+struct DataLoaderOptions {
+  int64_t batch_size = 1;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  bool drop_last = false;   // leave out the final batch when it is short
+  int num_workers = 0;      // threads making batches ahead; 0: on the consumer's thread
+  int prefetch_factor = 2;  // batches waiting per worker (the queue's bound)
+  Device device = Device::cpu();  // where batches are handed out
+};
+
+struct Batch {
+  Tensor input;                  // (B, ...example input shape), on the loader's device
+  Tensor target;                 // (B, ...example target shape)
+  std::vector<int64_t> indices;  // the dataset indices of its B examples, in order
+  int64_t index = 0;             // the batch's position in its epoch
+};
+
+class DataLoader {
+ public:
+  // Throws tg::Error for batch_size < 1, num_workers < 0 or prefetch_factor < 1, and
+  // DeviceError for a device this build or machine cannot use.
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  // Borrows the dataset: it must outlive the loader.
+  DataLoader(const Dataset& dataset, DataLoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Batches per epoch.
+  int64_t num_batches() const;
+  int64_t size() const { return num_batches(); }
+  const DataLoaderOptions& options() const { return options_; }
+  const Dataset& dataset() const { return *dataset_; }
+
+  // The epoch the next begin() runs (0 first); each begin() counts one up. set_epoch
+  // repeats or skips epochs (e.g. when resuming training).
+  int64_t epoch() const { return epoch_; }
+  void set_epoch(int64_t epoch);
+  // The dataset indices of epoch `epoch`, in the order its batches hold them.
+  std::vector<int64_t> order(int64_t epoch) const;
+
+  struct End {};
+  class Iterator {
+   public:
+    Batch& operator*();
+    Batch* operator->() { return &**this; }
+    Iterator& operator++();
+    bool operator==(End) const { return done_; }
+
+   private:
+    friend class DataLoader;
+    Iterator(DataLoader* loader, uint64_t generation) : loader_(loader), generation_(generation) {}
+    void fetch();
+    DataLoader* loader_;
+    uint64_t generation_;
+    int64_t next_ = 0;  // the batch fetch() makes current
+    bool done_ = false;
+    Batch batch_;
+  };
+  // Starts the next epoch (stopping the previous one's workers) and makes its first batch.
+  Iterator begin();
+  End end() const { return {}; }
+
+ private:
+  struct Run;
+  DataLoaderOptions options_;
+  std::shared_ptr<const Dataset> dataset_;
+  int64_t epoch_ = 0;
+  uint64_t generation_ = 0;
+  std::unique_ptr<detail::DeviceStage> stage_;  // CUDA target only; kept across epochs
+  std::unique_ptr<Run> run_;                    // the epoch in progress
+};
+
+}  // namespace tg::data

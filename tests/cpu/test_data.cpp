@@ -1,0 +1,576 @@
+// data/: the IDX, CIFAR-10 and .npy readers on small files written here byte by byte (so a
+// reader bug cannot be mirrored by a writer bug), their errors on truncated and corrupted
+// files (type, file name, byte offset), and the DataLoader: order, drop_last, workers,
+// exceptions, a bounded queue and shutdown in the middle of an epoch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "data/dataloader.h"
+#include "data/readers.h"
+
+namespace fs = std::filesystem;
+using tg::Tensor;
+using namespace tg::data;
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("tg_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const Bytes& bytes) const {
+    const std::string p = (path_ / name).string();
+    std::ofstream out(p, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return p;
+  }
+
+ private:
+  fs::path path_;
+};
+
+void put_be32(Bytes& b, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+}
+template <class T>
+void put_le(Bytes& b, T v) {  // the test machines are little endian, as .npy's '<'
+  uint8_t raw[sizeof(T)];
+  std::memcpy(raw, &v, sizeof(T));
+  b.insert(b.end(), raw, raw + sizeof(T));
+}
+
+// An IDX file: magic 0 0 type ndims, big-endian sizes, then `data` as given.
+Bytes idx_file(uint8_t type, const std::vector<uint32_t>& dims, const Bytes& data) {
+  Bytes b{0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) put_be32(b, d);
+  b.insert(b.end(), data.begin(), data.end());
+  return b;
+}
+
+// A .npy file with this header dict, padded as numpy pads it, then `data`.
+Bytes npy_file(const std::string& dict, const Bytes& data, int major = 1) {
+  const std::size_t prefix = major == 1 ? 10 : 12;
+  std::string header = dict;
+  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  Bytes b{0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<uint8_t>(major), 0};
+  if (major == 1)
+    put_le<uint16_t>(b, static_cast<uint16_t>(header.size()));
+  else
+    put_le<uint32_t>(b, static_cast<uint32_t>(header.size()));
+  b.insert(b.end(), header.begin(), header.end());
+  b.insert(b.end(), data.begin(), data.end());
+  return b;
+}
+
+// Runs fn, expects exception E, and returns its message.
+template <class E, class Fn>
+std::string message_of(Fn fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "no exception";
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// ---- IDX / MNIST ------------------------------------------------------------------------
+
+TEST(data_idx, MnistImagesAndLabels) {
+  TempDir dir;
+  Bytes pixels(3 * 2 * 3);
+  for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 15);
+  const auto images = dir.write("images", idx_file(0x08, {3, 2, 3}, pixels));
+  const auto labels = dir.write("labels", idx_file(0x08, {3}, {7, 0, 9}));
+  MnistDataset mnist(images, labels);
+  ASSERT_EQ(mnist.size(), 3);
+  EXPECT_EQ(mnist.rows(), 2);
+  EXPECT_EQ(mnist.cols(), 3);
+  Example e = mnist.get(2);
+  EXPECT_EQ(e.input.shape(), (tg::Shape{1, 2, 3}));
+  EXPECT_EQ(e.target.dtype(), tg::DType::i64);
+  EXPECT_EQ(e.target.dim(), 0);
+  EXPECT_EQ(e.target.item(), 9);
+  const auto v = e.input.to_vector<float>();
+  for (int k = 0; k < 6; ++k) EXPECT_FLOAT_EQ(v[static_cast<std::size_t>(k)], float((12 + k) * 15) / 255.0f);
+
+  Tensor l = tg::data::read_idx(labels, tg::DType::i64);
+  EXPECT_EQ(l.to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
+  Tensor im = tg::data::read_idx(images);
+  EXPECT_EQ(im.shape(), (tg::Shape{3, 2, 3}));
+  EXPECT_EQ(im.to_vector<float>()[5], 75.0f);  // raw values: read_idx does not scale
+}
+
+TEST(data_idx, SignedIntAndFloatTypesAreBigEndian) {
+  TempDir dir;
+  Bytes ints;
+  for (int32_t v : {1, -2, 70000, -70000}) put_be32(ints, static_cast<uint32_t>(v));
+  Tensor t = read_idx(dir.write("ints", idx_file(0x0C, {2, 2}, ints)), tg::DType::i64);
+  EXPECT_EQ(t.shape(), (tg::Shape{2, 2}));
+  EXPECT_EQ(t.to_vector<int64_t>(), (std::vector<int64_t>{1, -2, 70000, -70000}));
+
+  Bytes floats;
+  for (float f : {1.5f, -0.25f}) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    put_be32(floats, bits);
+  }
+  Tensor g = read_idx(dir.write("floats", idx_file(0x0D, {2}, floats)));
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{1.5f, -0.25f}));
+  // Floats are not silently truncated into integers.
+  message_of<tg::DTypeError>([&] { read_idx(dir.write("floats2", idx_file(0x0D, {2}, floats)), tg::DType::i64); });
+}
+
+TEST(data_idx, TruncatedDataNamesFileAndOffset) {
+  TempDir dir;
+  const auto path = dir.write("short-images", idx_file(0x08, {2, 28, 28}, Bytes(1000)));
+  const std::string msg = message_of<tg::IOError>([&] { read_idx(path); });
+  EXPECT_TRUE(contains(msg, path)) << msg;
+  EXPECT_TRUE(contains(msg, "truncated")) << msg;
+  EXPECT_TRUE(contains(msg, "needs 1568 bytes at byte offset 16")) << msg;
+  EXPECT_TRUE(contains(msg, "ends at byte 1016")) << msg;
+}
+
+TEST(data_idx, TruncatedHeader) {
+  TempDir dir;
+  Bytes b = idx_file(0x08, {5, 4, 4}, {});
+  b.resize(9);  // cut inside the second size
+  const auto path = dir.write("cut", b);
+  const std::string msg = message_of<tg::IOError>([&] { read_idx(path); });
+  EXPECT_TRUE(contains(msg, path) && contains(msg, "at byte offset 4") && contains(msg, "ends at byte 9")) << msg;
+  const std::string empty = message_of<tg::IOError>([&] { read_idx(dir.write("empty", {})); });
+  EXPECT_TRUE(contains(empty, "at byte offset 0")) << empty;
+}
+
+TEST(data_idx, CorruptedFilesAreFormatErrors) {
+  TempDir dir;
+  // A format error is a plain tg::Error, not an IOError: the file was read fine.
+  auto format_error = [](auto fn) {
+    try {
+      fn();
+    } catch (const tg::IOError& e) {
+      ADD_FAILURE() << "IOError for a malformed file: " << e.what();
+    } catch (const tg::Error& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no exception";
+    return std::string();
+  };
+  const auto bad_magic = dir.write("bad_magic", Bytes{0x08, 0x03, 0, 1, 0, 0, 0, 0});
+  std::string msg = format_error([&] { read_idx(bad_magic); });
+  EXPECT_TRUE(contains(msg, bad_magic) && contains(msg, "byte offset 0") && contains(msg, "0x0803")) << msg;
+  msg = format_error([&] { read_idx(dir.write("bad_type", idx_file(0x07, {1}, {0}))); });
+  EXPECT_TRUE(contains(msg, "byte offset 2") && contains(msg, "0x07")) << msg;
+  msg = format_error([&] { read_idx(dir.write("trailing", idx_file(0x08, {2}, {1, 2, 3}))); });
+  EXPECT_TRUE(contains(msg, "byte offset 10") && contains(msg, "1 bytes past the end")) << msg;
+
+  // MNIST wants the exact magics: a label file is not an image file, and counts must match.
+  const auto images = dir.write("images", idx_file(0x08, {2, 2, 2}, Bytes(8)));
+  const auto labels = dir.write("labels", idx_file(0x08, {2}, {1, 2}));
+  msg = format_error([&] { MnistDataset(labels, labels); });
+  EXPECT_TRUE(contains(msg, "0x00000803") && contains(msg, "0x00000801")) << msg;
+  msg = format_error([&] { MnistDataset(images, images); });
+  EXPECT_TRUE(contains(msg, "0x00000801") && contains(msg, "0x00000803")) << msg;
+  const auto three = dir.write("three", idx_file(0x08, {3}, {1, 2, 3}));
+  msg = format_error([&] { MnistDataset(images, three); });
+  EXPECT_TRUE(contains(msg, "3 labels") && contains(msg, "2 images")) << msg;
+}
+
+// ---- CIFAR-10 ---------------------------------------------------------------------------
+
+Bytes cifar_records(int n, int first_label) {
+  Bytes b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(static_cast<uint8_t>((first_label + r) % 10));
+    for (int k = 0; k < 3072; ++k) b.push_back(static_cast<uint8_t>((k * 7 + r * 31) % 256));
+  }
+  return b;
+}
+
+TEST(data_cifar, RecordsFromSeveralFiles) {
+  TempDir dir;
+  Cifar10Dataset ds({dir.write("a.bin", cifar_records(2, 3)), dir.write("b.bin", cifar_records(3, 8))});
+  ASSERT_EQ(ds.size(), 5);
+  EXPECT_EQ(ds.label(0), 3);
+  EXPECT_EQ(ds.label(2), 8);
+  EXPECT_EQ(ds.label(4), 0);
+  Example e = ds.get(3);  // record 1 of b.bin
+  EXPECT_EQ(e.input.shape(), (tg::Shape{3, 32, 32}));
+  EXPECT_EQ(e.target.item(), 9);
+  const auto v = e.input.to_vector<float>();
+  // Channel c, row y, column x is image byte c*1024 + y*32 + x.
+  for (int k : {0, 1, 1023, 1024 + 32 * 5 + 7, 3071})
+    EXPECT_FLOAT_EQ(v[static_cast<std::size_t>(k)], float((k * 7 + 31) % 256) / 255.0f) << k;
+}
+
+TEST(data_cifar, TruncatedAndCorrupted) {
+  TempDir dir;
+  Bytes cut = cifar_records(3, 0);
+  cut.resize(2 * 3073 + 100);
+  const auto path = dir.write("cut.bin", cut);
+  std::string msg = message_of<tg::IOError>([&] { Cifar10Dataset({path}); });
+  EXPECT_TRUE(contains(msg, path) && contains(msg, "record 2 starts at byte offset 6146") &&
+              contains(msg, "ends at byte 6246"))
+      << msg;
+
+  Bytes bad = cifar_records(3, 0);
+  bad[3073] = 10;  // record 1's label
+  const auto bad_path = dir.write("bad.bin", bad);
+  try {
+    Cifar10Dataset ds({bad_path});
+    ADD_FAILURE() << "no exception";
+  } catch (const tg::IOError& e) {
+    ADD_FAILURE() << "IOError for a bad label: " << e.what();
+  } catch (const tg::Error& e) {
+    msg = e.what();
+    EXPECT_TRUE(contains(msg, bad_path) && contains(msg, "byte offset 3073") && contains(msg, "label 10")) << msg;
+  }
+  message_of<tg::IOError>([&] { Cifar10Dataset({(fs::path(path).parent_path() / "missing.bin").string()}); });
+}
+
+// ---- NPY --------------------------------------------------------------------------------
+
+TEST(data_npy, DtypesShapesAndVersions) {
+  TempDir dir;
+  Bytes f4;
+  for (float v : {1.f, 2.5f, -3.f, 4.f, 5.f, 6.25f}) put_le(f4, v);
+  Tensor a = read_npy(dir.write("a.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f4)));
+  EXPECT_EQ(a.dtype(), tg::DType::f32);
+  EXPECT_EQ(a.shape(), (tg::Shape{2, 3}));
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1.f, 2.5f, -3.f, 4.f, 5.f, 6.25f}));
+
+  Bytes f8;
+  for (double v : {0.1, -1e300, 3.0}) put_le(f8, v);
+  Tensor b = read_npy(dir.write("b.npy", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", f8, 2)));
+  EXPECT_EQ(b.dtype(), tg::DType::f64);
+  EXPECT_EQ(b.to_vector<double>(), (std::vector<double>{0.1, -1e300, 3.0}));
+
+  Bytes i8;
+  for (int64_t v : {int64_t{-5}, int64_t{1} << 40, int64_t{0}, int64_t{7}}) put_le(i8, v);
+  Tensor c = read_npy(dir.write("c.npy", npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (2, 2), }", i8)));
+  EXPECT_EQ(c.dtype(), tg::DType::i64);
+  EXPECT_EQ(c.to_vector<int64_t>(), (std::vector<int64_t>{-5, int64_t{1} << 40, 0, 7}));
+
+  const auto u1 = dir.write("u1.npy", npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", {0, 1, 200, 255}));
+  EXPECT_EQ(read_npy(u1).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 200, 255}));
+  EXPECT_EQ(read_npy(u1, tg::DType::f32).to_vector<float>(), (std::vector<float>{0, 1, 200, 255}));
+
+  Bytes i4;
+  for (int32_t v : {-1, 2}) put_le(i4, v);
+  EXPECT_EQ(read_npy(dir.write("i4.npy", npy_file("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", i4)))
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{-1, 2}));
+
+  // Big-endian and a 0-d array; keys in another order, double quotes.
+  Bytes be{0x3F, 0xC0, 0x00, 0x00};  // 1.5f
+  Tensor s = read_npy(dir.write("s.npy", npy_file("{\"shape\": (), \"fortran_order\": False, \"descr\": \">f4\"}", be)));
+  EXPECT_EQ(s.dim(), 0);
+  EXPECT_EQ(s.item(), 1.5);
+  // A row of a (rows, features) array feeds a TensorDataset.
+  TensorDataset ds(a, c.reshape({2, 2}));
+  EXPECT_EQ(ds.get(1).input.to_vector<float>(), (std::vector<float>{4.f, 5.f, 6.25f}));
+}
+
+TEST(data_npy, Errors) {
+  TempDir dir;
+  Bytes f4(24);
+  const auto fortran =
+      dir.write("fortran.npy", npy_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f4));
+  std::string msg = message_of<tg::UnsupportedError>([&] { read_npy(fortran); });
+  EXPECT_TRUE(contains(msg, fortran) && contains(msg, "fortran_order")) << msg;
+
+  Bytes cut = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f4);
+  cut.resize(cut.size() - 5);  // magic and header 128 bytes, then 19 of 24 data bytes
+  const auto cut_path = dir.write("cut.npy", cut);
+  msg = message_of<tg::IOError>([&] { read_npy(cut_path); });
+  EXPECT_TRUE(contains(msg, cut_path) && contains(msg, "needs 24 bytes at byte offset 128") &&
+              contains(msg, "ends at byte 147"))
+      << msg;
+
+  msg = message_of<tg::UnsupportedError>(
+      [&] { read_npy(dir.write("c8.npy", npy_file("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", Bytes(8)))); });
+  EXPECT_TRUE(contains(msg, "'<c8'")) << msg;
+
+  auto plain_error = [](auto fn) {
+    try {
+      fn();
+    } catch (const tg::IOError& e) {
+      ADD_FAILURE() << "IOError for a malformed file: " << e.what();
+    } catch (const tg::UnsupportedError& e) {
+      ADD_FAILURE() << "UnsupportedError for a malformed file: " << e.what();
+    } catch (const tg::Error& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no exception";
+    return std::string();
+  };
+  Bytes not_npy = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", Bytes(4));
+  not_npy[1] = 'X';
+  msg = plain_error([&] { read_npy(dir.write("magic.npy", not_npy)); });
+  EXPECT_TRUE(contains(msg, "byte offset 0") && contains(msg, "NUMPY")) << msg;
+  // The header's dict is cut short: 'shape' has no closing parenthesis; the offset points
+  // into the header (which starts at byte 10).
+  msg = plain_error(
+      [&] { read_npy(dir.write("hdr.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x", {}))); });
+  EXPECT_TRUE(contains(msg, "byte offset 64")) << msg;
+  msg = plain_error(
+      [&] { read_npy(dir.write("nokey.npy", npy_file("{'descr': '<f4', 'shape': (1,), }", Bytes(4)))); });
+  EXPECT_TRUE(contains(msg, "fortran_order")) << msg;
+  msg = plain_error(
+      [&] { read_npy(dir.write("extra.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", Bytes(8)))); });
+  EXPECT_TRUE(contains(msg, "byte offset 132") && contains(msg, "4 bytes past the end")) << msg;
+  message_of<tg::DTypeError>([&] {
+    read_npy(dir.write("f4i.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", Bytes(4))),
+             tg::DType::i64);
+  });
+}
+
+// ---- DataLoader -------------------------------------------------------------------------
+
+// Example i: input [i, 10 i] (f32), target i (i64 scalar). Optionally throws at one index,
+// sleeps per example, or returns a wrongly shaped input at one index; counts its calls.
+class Indexed : public Dataset {
+ public:
+  explicit Indexed(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  Example get(int64_t i) const override {
+    calls.fetch_add(1);
+    if (sleep_us) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us.load()));
+    if (i == throw_at) throw std::runtime_error("boom at " + std::to_string(i));
+    if (i == shape_error_at) throw tg::ShapeError("typed error at " + std::to_string(i));
+    const float v = static_cast<float>(i);
+    Tensor x = i == misshaped_at ? tg::from_vector(std::vector<float>{v, v, v}, {3})
+                                 : tg::from_vector(std::vector<float>{v, 10 * v}, {2});
+    return {x, tg::from_vector(std::vector<int64_t>{i}, tg::Shape{})};
+  }
+  int64_t n_;
+  // Atomic: tests change them while the workers of an abandoned epoch may still read them.
+  std::atomic<int64_t> throw_at{-1}, shape_error_at{-1}, misshaped_at{-1};
+  std::atomic<int> sleep_us{0};
+  mutable std::atomic<int64_t> calls{0};
+};
+
+std::vector<std::vector<int64_t>> epoch_targets(DataLoader& loader) {
+  std::vector<std::vector<int64_t>> out;
+  for (Batch& b : loader) {
+    EXPECT_EQ(b.index, static_cast<int64_t>(out.size()));
+    const auto t = b.target.to_vector<int64_t>();
+    EXPECT_EQ(t, b.indices);
+    const auto x = b.input.to_vector<float>();
+    EXPECT_EQ(b.input.shape(), (tg::Shape{static_cast<int64_t>(t.size()), 2}));
+    for (std::size_t k = 0; k < t.size(); ++k) {  // the input rows travel with their targets
+      EXPECT_EQ(x[2 * k], static_cast<float>(t[k]));
+      EXPECT_EQ(x[2 * k + 1], static_cast<float>(10 * t[k]));
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<int64_t> flatten(const std::vector<std::vector<int64_t>>& batches) {
+  std::vector<int64_t> all;
+  for (const auto& b : batches) all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+TEST(data_loader, EveryIndexOncePerEpoch) {
+  auto ds = std::make_shared<Indexed>(103);
+  for (int workers : {0, 3}) {
+    DataLoader loader(ds, {.batch_size = 10, .shuffle = true, .seed = 5, .num_workers = workers});
+    EXPECT_EQ(loader.num_batches(), 11);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      auto batches = epoch_targets(loader);
+      ASSERT_EQ(batches.size(), 11u);
+      EXPECT_EQ(batches.back().size(), 3u);
+      auto all = flatten(batches);
+      EXPECT_EQ(all, loader.order(epoch));
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> expected(103);
+      std::iota(expected.begin(), expected.end(), 0);
+      EXPECT_EQ(all, expected) << "workers " << workers << " epoch " << epoch;
+    }
+  }
+}
+
+TEST(data_loader, SeededOrder) {
+  auto ds = std::make_shared<Indexed>(50);
+  DataLoader a(ds, {.batch_size = 7, .shuffle = true, .seed = 42});
+  DataLoader b(ds, {.batch_size = 7, .shuffle = true, .seed = 42});
+  DataLoader c(ds, {.batch_size = 7, .shuffle = true, .seed = 43});
+  const auto a0 = flatten(epoch_targets(a)), a1 = flatten(epoch_targets(a));
+  EXPECT_EQ(a0, flatten(epoch_targets(b)));
+  EXPECT_EQ(a1, flatten(epoch_targets(b)));
+  EXPECT_NE(a0, a1);                             // a new permutation every epoch
+  EXPECT_NE(a0, flatten(epoch_targets(c)));      // and per seed
+  std::vector<int64_t> identity(50);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_NE(a0, identity);
+  // set_epoch replays an epoch (resuming training).
+  a.set_epoch(1);
+  EXPECT_EQ(flatten(epoch_targets(a)), a1);
+  EXPECT_EQ(a.epoch(), 2);
+  DataLoader plain(ds, {.batch_size = 7});
+  EXPECT_EQ(flatten(epoch_targets(plain)), identity);
+  EXPECT_EQ(flatten(epoch_targets(plain)), identity);
+}
+
+TEST(data_loader, DropLast) {
+  auto ds = std::make_shared<Indexed>(23);
+  DataLoader keep(ds, {.batch_size = 5, .shuffle = true, .seed = 1});
+  DataLoader drop(ds, {.batch_size = 5, .shuffle = true, .seed = 1, .drop_last = true});
+  EXPECT_EQ(keep.num_batches(), 5);
+  EXPECT_EQ(drop.num_batches(), 4);
+  const auto k = epoch_targets(keep), d = epoch_targets(drop);
+  ASSERT_EQ(k.size(), 5u);
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_EQ(k.back().size(), 3u);
+  for (const auto& b : d) EXPECT_EQ(b.size(), 5u);
+  EXPECT_EQ(std::vector(k.begin(), k.begin() + 4), d);  // the same order, the short batch left out
+  auto exact = std::make_shared<Indexed>(20);
+  EXPECT_EQ(DataLoader(exact, {.batch_size = 5, .drop_last = true}).num_batches(), 4);
+  EXPECT_EQ(DataLoader(exact, {.batch_size = 5}).num_batches(), 4);
+  EXPECT_EQ(DataLoader(std::make_shared<Indexed>(3), {.batch_size = 5, .drop_last = true}).num_batches(), 0);
+  DataLoader none(std::make_shared<Indexed>(0), {.batch_size = 5, .num_workers = 2});
+  EXPECT_TRUE(epoch_targets(none).empty());
+}
+
+TEST(data_loader, WorkersGiveTheSameBatchesAsNone) {
+  auto ds = std::make_shared<Indexed>(97);
+  ds->sleep_us = 50;  // let the workers finish out of order
+  DataLoader inline_loader(ds, {.batch_size = 4, .shuffle = true, .seed = 9});
+  const auto e0 = epoch_targets(inline_loader), e1 = epoch_targets(inline_loader);
+  for (int workers : {1, 4}) {
+    for (int prefetch : {1, 3}) {
+      DataLoader threaded(ds, {.batch_size = 4, .shuffle = true, .seed = 9, .num_workers = workers,
+                               .prefetch_factor = prefetch});
+      EXPECT_EQ(epoch_targets(threaded), e0) << workers << " workers, prefetch " << prefetch;
+      EXPECT_EQ(epoch_targets(threaded), e1) << workers << " workers, prefetch " << prefetch;
+    }
+  }
+}
+
+TEST(data_loader, ExceptionsReachTheConsumer) {
+  for (int workers : {0, 1, 4}) {
+    auto ds = std::make_shared<Indexed>(40);
+    ds->throw_at = 17;
+    DataLoader loader(ds, {.batch_size = 4, .num_workers = workers});
+    int64_t seen = 0;
+    try {
+      for (Batch& b : loader) {
+        (void)b;
+        ++seen;
+      }
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "boom at 17");
+    }
+    EXPECT_EQ(seen, 4) << workers << " workers: batches 0-3 come first, batch 4 holds example 17";
+    // The loader is usable afterwards: the next epoch starts over (and fails at the same place).
+    ds->throw_at = -1;
+    EXPECT_EQ(epoch_targets(loader).size(), 10u);
+  }
+  // The exception's type survives the trip across threads.
+  auto typed = std::make_shared<Indexed>(12);
+  typed->shape_error_at = 9;
+  DataLoader loader(typed, {.batch_size = 3, .num_workers = 2});
+  EXPECT_TRUE(contains(message_of<tg::ShapeError>([&] { epoch_targets(loader); }), "typed error at 9"));
+  // Examples that cannot be stacked: the message names both examples.
+  auto misshaped = std::make_shared<Indexed>(12);
+  misshaped->misshaped_at = 5;
+  DataLoader bad(misshaped, {.batch_size = 3, .num_workers = 2});
+  const std::string msg = message_of<tg::ShapeError>([&] { epoch_targets(bad); });
+  EXPECT_TRUE(contains(msg, "example 5") && contains(msg, "example 3")) << msg;
+}
+
+TEST(data_loader, QueueIsBounded) {
+  auto ds = std::make_shared<Indexed>(1000);
+  DataLoader loader(ds, {.batch_size = 1, .num_workers = 2, .prefetch_factor = 1});
+  auto it = loader.begin();
+  ASSERT_EQ(it->indices, (std::vector<int64_t>{0}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Batch 0 was taken; two more may wait (2 workers x 1): at most examples 0, 1, 2 made.
+  EXPECT_LE(ds->calls.load(), 3);
+  ++it;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_LE(ds->calls.load(), 4);
+  EXPECT_GE(ds->calls.load(), 3);  // and the workers did work ahead
+}
+
+TEST(data_loader, DestroyedOrRestartedMidEpoch) {
+  auto ds = std::make_shared<Indexed>(400);
+  ds->sleep_us = 200;
+  {
+    DataLoader loader(ds, {.batch_size = 8, .shuffle = true, .num_workers = 4});
+    auto it = loader.begin();
+    ++it;
+    ++it;
+  }  // workers are busy or blocked on the full queue: the destructor must stop and join them
+  {
+    DataLoader never_iterated(ds, {.batch_size = 8, .num_workers = 4});
+  }
+  {
+    DataLoader loader(ds, {.batch_size = 8, .num_workers = 3});
+    auto old = loader.begin();
+    ++old;
+    auto fresh = loader.begin();  // ends the first epoch early
+    EXPECT_EQ(fresh->index, 0);
+    EXPECT_TRUE(contains(message_of<tg::Error>([&] { ++old; }), "ended by a later begin()"));
+    // Abandon an epoch after an error, then destroy.
+    ds->throw_at = 30;
+    auto failing = loader.begin();
+    EXPECT_THROW(
+        for (; !(failing == loader.end()); ++failing) {}, std::runtime_error);
+    ds->throw_at = -1;
+  }
+  SUCCEED();
+}
+
+TEST(data_loader, OptionsAndTensorDataset) {
+  auto ds = std::make_shared<Indexed>(5);
+  message_of<tg::Error>([&] { DataLoader(ds, {.batch_size = 0}); });
+  message_of<tg::Error>([&] { DataLoader(ds, {.num_workers = -1}); });
+  message_of<tg::Error>([&] { DataLoader(ds, {.prefetch_factor = 0}); });
+  if (!tg::cuda_available()) {
+    const std::string msg = message_of<tg::DeviceError>([&] { DataLoader(ds, {.device = tg::Device::cuda()}); });
+    EXPECT_TRUE(contains(msg, "cuda:0")) << msg;
+  }
+
+  Tensor x = tg::arange(12).reshape({6, 2});
+  Tensor y = tg::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5}, {6});
+  TensorDataset td(x, y);
+  DataLoader loader(td, {.batch_size = 4});  // borrowed: td outlives the loader
+  std::vector<Tensor> inputs;
+  for (Batch& b : loader) inputs.push_back(b.input);
+  ASSERT_EQ(inputs.size(), 2u);
+  EXPECT_EQ(inputs[1].shape(), (tg::Shape{2, 2}));
+  EXPECT_EQ(inputs[1].to_vector<float>(), (std::vector<float>{8, 9, 10, 11}));
+  message_of<tg::ShapeError>([&] { TensorDataset(x, tg::zeros({5})); });
+  message_of<tg::ShapeError>([&] { td.get(6); });
+}
+
+}  // namespace
