@@ -18,6 +18,9 @@ const std::string kOptimPrefix = "optim.";
 const std::string kKindKey = "tapegrad.optimizer";
 const std::string kStepCountKey = "tapegrad.optimizer.step_count";
 const std::string kLrKey = "tapegrad.optimizer.lr";
+// Every param group's lr, comma-separated in group order. A schedule may have brought one
+// to 0, which the single lr key (set_lr's rule) refuses: this key holds any finite lr >= 0.
+const std::string kGroupLrsKey = "tapegrad.optimizer.param_group_lrs";
 
 std::string optimizer_kind(const nn::Optimizer& o) { return o.name(); }
 
@@ -237,7 +240,13 @@ void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::s
   st::Metadata meta = base_metadata();
   meta.emplace_back(kKindKey, optimizer_kind(optimizer));
   meta.emplace_back(kStepCountKey, std::to_string(optimizer.step_count()));
-  meta.emplace_back(kLrKey, format_double(optimizer.lr()));
+  // Group 0's lr as in files without groups (readers that predate them); omitted where a
+  // schedule made it 0, which that key's rule refuses.
+  if (optimizer.lr() > 0) meta.emplace_back(kLrKey, format_double(optimizer.lr()));
+  std::string lrs;
+  for (size_t g = 0; g < optimizer.num_param_groups(); ++g)
+    lrs += (g ? "," : "") + format_double(optimizer.lr(g));
+  meta.emplace_back(kGroupLrsKey, lrs);
   st::save_file(tensors, path, meta);
 }
 
@@ -295,15 +304,36 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   TG_CHECK(sec == std::errc() && send == steps_text.data() + steps_text.size(), "tg::load: '", path, "': metadata ",
            kStepCountKey, " = \"", json_text(steps_text), "\" is not an integer");
   nn::Optimizer::check_step_count("tg::load: '" + path + "': metadata " + kStepCountKey, steps);
-  const std::string& lr_text = required_metadata(h, kLrKey, path);
+  // The lrs: per group when the file has them (lrs >= 0, a schedule's), else the one lr of
+  // files without groups, set on every group. A single lr present is checked either way.
+  const std::string* group_lrs_text = h.find_metadata(kGroupLrsKey);
+  const std::string* lr_text = group_lrs_text ? h.find_metadata(kLrKey) : &required_metadata(h, kLrKey, path);
   double lr = 0;
-  auto [lend, lec] = std::from_chars(lr_text.data(), lr_text.data() + lr_text.size(), lr);
-  TG_CHECK(lec == std::errc() && lend == lr_text.data() + lr_text.size(), "tg::load: '", path, "': metadata ", kLrKey,
-           " = \"", json_text(lr_text), "\" is not a number");
-  try {
-    optimizer.validate_lr(lr);
-  } catch (const Error& e) {
-    TG_FAIL("tg::load: '", path, "': metadata ", kLrKey, " = \"", json_text(lr_text), "\": ", e.what());
+  if (lr_text) {
+    auto [lend, lec] = std::from_chars(lr_text->data(), lr_text->data() + lr_text->size(), lr);
+    TG_CHECK(lec == std::errc() && lend == lr_text->data() + lr_text->size(), "tg::load: '", path, "': metadata ",
+             kLrKey, " = \"", json_text(*lr_text), "\" is not a number");
+    try {
+      optimizer.validate_lr(lr);
+    } catch (const Error& e) {
+      TG_FAIL("tg::load: '", path, "': metadata ", kLrKey, " = \"", json_text(*lr_text), "\": ", e.what());
+    }
+  }
+  std::vector<double> group_lrs;
+  if (group_lrs_text) {
+    const std::string& t = *group_lrs_text;
+    for (size_t begin = 0; begin <= t.size();) {
+      size_t end = t.find(',', begin);
+      if (end == std::string::npos) end = t.size();
+      double v = 0;
+      auto [vend, vec] = std::from_chars(t.data() + begin, t.data() + end, v);
+      TG_CHECK(vec == std::errc() && vend == t.data() + end && std::isfinite(v) && v >= 0, "tg::load: '", path,
+               "': metadata ", kGroupLrsKey, " = \"", json_text(t), "\" is not a list of finite lrs >= 0");
+      group_lrs.push_back(v);
+      begin = end + 1;
+    }
+    TG_CHECK(group_lrs.size() == optimizer.num_param_groups(), "tg::load: '", path, "' holds the lrs of ",
+             group_lrs.size(), " param groups but the optimizer has ", optimizer.num_param_groups());
   }
 
   // Everything checked: read, then hand the state to the optimizer, which checks its values
@@ -324,7 +354,8 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
     TG_FAIL("tg::load: '", path, "': ", msg, in_file);
   }
   optimizer.set_step_count(steps);
-  optimizer.set_lr(lr);
+  if (group_lrs.empty()) optimizer.set_lr(lr);
+  for (size_t g = 0; g < group_lrs.size(); ++g) optimizer.set_scheduled_lr(g, group_lrs[g]);
   apply_plan(plan, values);
 }
 

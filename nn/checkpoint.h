@@ -12,8 +12,9 @@
 // File contents: one tensor per parameter and buffer (Module::state_dict(): "0.weight",
 // "conv.bias", "bn.running_mean", ...) in its dtype; with an optimizer also
 // "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg", "optim.0.weight.step" for
-// Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count" and
-// "tapegrad.optimizer.lr".
+// Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count",
+// "tapegrad.optimizer.lr" (param group 0's, omitted when a schedule made it 0) and
+// "tapegrad.optimizer.param_group_lrs" (every group's lr, comma-separated).
 //
 // Saving is atomic (temporary file, fsync, rename): a failed save leaves the previous file
 // intact. A save killed outright (SIGKILL, power loss) cannot clean up after itself: where
@@ -94,12 +95,13 @@ LoadResult load(nn::Module& module, const std::unordered_map<std::string, Tensor
 void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path,
           const SaveOptions& options = {});
 // Restores the parameters (strictly: the options above do not apply), the optimizer's
-// buffers and step counts, and its learning rate
-// (as PyTorch's load_state_dict restores param_groups). The optimizer must be of the saved
+// buffers and step counts, and its learning rates, one per param group
+// (as PyTorch's load_state_dict restores param_groups; the optimizer must have as many
+// groups; a file without per-group lrs sets its one lr on every group). The optimizer must be of the saved
 // kind and should be fresh: state it already holds for a parameter the file has no state
 // for is an error rather than silently kept. The file's values are checked as the
 // optimizer's own setters check them, before anything changes: the lr by the rule of its
-// constructor and set_lr (positive, finite), step counts integral in [0, 2^53], buffers
+// constructor and set_lr (positive, finite; a group's lr by set_scheduled_lr's, >= 0), step counts integral in [0, 2^53], buffers
 // finite and Adam's exp_avg_sq >= 0 (nn::Optimizer::load_state).
 void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path);
 

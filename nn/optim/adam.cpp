@@ -16,25 +16,54 @@ void adam_cpu(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, con
 
 }  // namespace
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options, false, "Adam") {}
+namespace {
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled_weight_decay, const char* name)
-    : Optimizer(std::move(params)), options_(o), decoupled_(decoupled_weight_decay), name_(name) {
-  check_lr(name_, o.lr);
-  check_range(name_, "beta1", o.beta1, 0, 1, true);
-  check_range(name_, "beta2", o.beta2, 0, 1, true);
-  check_non_negative(name_, "eps", o.eps);
-  check_non_negative(name_, "weight_decay", o.weight_decay);
+AdamOptions adam_options(const AdamWOptions& o) {
+  return {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
 }
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
-    : Adam(std::move(params),
-           AdamOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay},
-           true, "AdamW") {}
+}  // namespace
 
-void Adam::set_lr(double lr) {
-  validate_lr(lr);
-  options_.lr = lr;
+Adam::Adam(AdamOptions defaults, bool decoupled_weight_decay, const char* name)
+    : defaults_(defaults), decoupled_(decoupled_weight_decay), name_(name) {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam(options, false, "Adam") {
+  add_param_group(std::move(params));
+}
+
+Adam::Adam(std::vector<AdamParamGroup> groups, AdamOptions defaults) : Adam(defaults, false, "Adam") {
+  TG_CHECK(!groups.empty(), name_, ": no parameter groups");
+  for (AdamParamGroup& g : groups) add_param_group(std::move(g.params), g.options);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Adam(adam_options(o), true, "AdamW") {
+  add_param_group(std::move(params));
+}
+
+AdamW::AdamW(std::vector<AdamParamGroup> groups, AdamWOptions defaults) : Adam(adam_options(defaults), true, "AdamW") {
+  TG_CHECK(!groups.empty(), "AdamW: no parameter groups");
+  for (AdamParamGroup& g : groups) add_param_group(std::move(g.params), g.options);
+}
+
+void Adam::add_param_group(std::vector<Tensor> params, const AdamGroupOptions& u) {
+  const AdamOptions& d = defaults_;
+  const AdamOptions o{.lr = u.lr.value_or(d.lr), .beta1 = u.beta1.value_or(d.beta1),
+                      .beta2 = u.beta2.value_or(d.beta2), .eps = u.eps.value_or(d.eps),
+                      .weight_decay = u.weight_decay.value_or(d.weight_decay)};
+  const std::string who = group_name(groups_.size());
+  check_lr(who.c_str(), o.lr);
+  check_range(who.c_str(), "beta1", o.beta1, 0, 1, true);
+  check_range(who.c_str(), "beta2", o.beta2, 0, 1, true);
+  check_non_negative(who.c_str(), "eps", o.eps);
+  check_non_negative(who.c_str(), "weight_decay", o.weight_decay);
+  add_group_params(std::move(params));
+  groups_.push_back(o);
+}
+
+const AdamOptions& Adam::options(size_t group) const {
+  TG_CHECK(group < groups_.size(), name_, "::options: param group ", group, " out of range (", groups_.size(),
+           " groups)");
+  return groups_[group];
 }
 
 void Adam::update(size_t i, const Tensor& g, ParamState& s) {
@@ -42,10 +71,10 @@ void Adam::update(size_t i, const Tensor& g, ParamState& s) {
   for (Tensor& b : s.buffers)
     if (!b.defined()) b = zeros(p.shape(), {.dtype = p.dtype(), .device = p.device()});
   const double t = static_cast<double>(s.steps);
-  AdamUpdate u{.lr = options_.lr, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-               .weight_decay = options_.weight_decay, .decoupled_weight_decay = decoupled_,
-               .step_size = options_.lr / (1.0 - std::pow(options_.beta1, t)),
-               .bias_correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, t))};
+  const AdamOptions& o = groups_[param_group_of(i)];
+  AdamUpdate u{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+               .decoupled_weight_decay = decoupled_, .step_size = o.lr / (1.0 - std::pow(o.beta1, t)),
+               .bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t))};
   const Tensor& m = s.buffers[0];
   const Tensor& v = s.buffers[1];
   if (p.device().is_cuda()) {

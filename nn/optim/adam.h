@@ -1,6 +1,9 @@
 // Adam (L2 weight decay added to the grad) and AdamW (decoupled decay p *= 1 - lr * wd before
-// the Adam update), with bias correction, as PyTorch's single-tensor implementation.
+// the Adam update), with bias correction, as PyTorch's single-tensor implementation. Each
+// parameter group has its own lr, betas, eps and weight decay.
 #pragma once
+#include <optional>
+
 #include "optimizer.h"
 
 namespace tg::nn {
@@ -23,24 +26,43 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
+// A group's options (Adam and AdamW): each one left unset is the optimizer's default (the
+// options it was built with), as a key missing from a PyTorch param_groups dict.
+struct AdamGroupOptions {
+  std::optional<double> lr, beta1, beta2, eps, weight_decay;
+};
+
+struct AdamParamGroup {
+  std::vector<Tensor> params;
+  AdamGroupOptions options = {};
+};
+
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
+  // One group per entry, in order; `defaults` fills what a group leaves unset.
+  Adam(std::vector<AdamParamGroup> groups, AdamOptions defaults = {});
 
-  const AdamOptions& options() const { return options_; }
+  // Appends a group; nothing changes if its options or parameters are refused.
+  void add_param_group(std::vector<Tensor> params, const AdamGroupOptions& options = {});
+
+  const AdamOptions& options(size_t group = 0) const;  // the group's resolved options
+  const AdamOptions& defaults() const { return defaults_; }
   const char* name() const override { return name_; }
-  double lr() const override { return options_.lr; }
-  void set_lr(double lr) override;
 
  protected:
-  Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled_weight_decay, const char* name);
-  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  Adam(AdamOptions defaults, bool decoupled_weight_decay, const char* name);
+  double group_lr(size_t group) const override { return options(group).lr; }
+  void store_group_lr(size_t group, double lr) override { groups_.at(group).lr = lr; }
+  double group_weight_decay(size_t group) const override { return options(group).weight_decay; }
+  std::vector<std::string> buffer_names(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
   bool has_step_state() const override { return true; }
   bool buffer_non_negative(size_t b) const override { return b == 1; }  // exp_avg_sq
   void update(size_t i, const Tensor& g, ParamState& s) override;
 
  private:
-  AdamOptions options_;
+  AdamOptions defaults_;
+  std::vector<AdamOptions> groups_;
   bool decoupled_;
   const char* name_;
 };
@@ -48,6 +70,7 @@ class Adam : public Optimizer {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  AdamW(std::vector<AdamParamGroup> groups, AdamWOptions defaults = {});
 };
 
 }  // namespace tg::nn

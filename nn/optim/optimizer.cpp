@@ -8,16 +8,82 @@
 
 namespace tg::nn {
 
-Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)), state_(params_.size()) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
+Optimizer::Optimizer(std::vector<Tensor> params) { add_group_params(std::move(params)); }
+
+void Optimizer::add_group_params(std::vector<Tensor> params) {
+  const size_t first = params_.size();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Tensor& p = params[k];
+    const size_t i = first + k;  // the index it will have: messages name it as state keys do
     TG_CHECK(p.defined(), "Optimizer: parameter ", i, " is an undefined tensor");
     TG_CHECK(is_floating(p.dtype()), "Optimizer: parameter ", i, " ", describe(p), " is not floating point");
     TG_CHECK(p.is_leaf(), "Optimizer: parameter ", i, " ", describe(p),
              " is not a leaf (it was computed by an op on a tape); optimize the leaf it came from");
-    for (size_t j = 0; j < i; ++j)
-      TG_CHECK(!params_[j].same(p), "Optimizer: parameter ", i, " is the same tensor as parameter ", j);
+    for (size_t j = 0; j < first; ++j)
+      TG_CHECK(!params_[j].same(p), "Optimizer: parameter ", i, " is the same tensor as parameter ", j,
+               " (of param group ", group_of_[j], "); a parameter belongs to one group");
+    for (size_t j = 0; j < k; ++j)
+      TG_CHECK(!params[j].same(p), "Optimizer: parameter ", i, " is the same tensor as parameter ", first + j);
   }
+  // Checked: the rest cannot fail but for memory.
+  const size_t group = group_begin_.size();
+  group_begin_.push_back(first);
+  group_of_.resize(first + params.size(), group);
+  state_.resize(first + params.size());
+  for (Tensor& p : params) params_.push_back(std::move(p));
+}
+
+void Optimizer::check_group(const char* op, size_t group) const {
+  TG_CHECK(group < group_begin_.size(), name(), "::", op, ": param group ", group, " out of range (",
+           group_begin_.size(), " groups)");
+}
+
+size_t Optimizer::param_group_begin(size_t group) const {
+  check_group("param_group_begin", group);
+  return group_begin_[group];
+}
+
+size_t Optimizer::param_group_end(size_t group) const {
+  check_group("param_group_end", group);
+  return group + 1 < group_begin_.size() ? group_begin_[group + 1] : params_.size();
+}
+
+size_t Optimizer::param_group_of(size_t param_index) const {
+  TG_CHECK(param_index < group_of_.size(), name(), "::param_group_of: parameter index ", param_index,
+           " out of range (", group_of_.size(), " parameters)");
+  return group_of_[param_index];
+}
+
+std::string Optimizer::group_name(size_t group) const {
+  return group == 0 ? std::string(name()) : std::string(name()) + " param group " + std::to_string(group);
+}
+
+double Optimizer::lr(size_t group) const {
+  check_group("lr", group);
+  return group_lr(group);
+}
+
+double Optimizer::weight_decay(size_t group) const {
+  check_group("weight_decay", group);
+  return group_weight_decay(group);
+}
+
+void Optimizer::set_lr(double lr) {
+  validate_lr(lr);
+  for (size_t g = 0; g < num_param_groups(); ++g) store_group_lr(g, lr);
+}
+
+void Optimizer::set_lr(size_t group, double lr) {
+  check_group("set_lr", group);
+  check_lr(group_name(group).c_str(), lr);
+  store_group_lr(group, lr);
+}
+
+void Optimizer::set_scheduled_lr(size_t group, double lr) {
+  check_group("set_scheduled_lr", group);
+  TG_CHECK(std::isfinite(lr) && lr >= 0, group_name(group), ": invalid scheduled learning rate ", lr,
+           " (it must be finite and >= 0)");
+  store_group_lr(group, lr);
 }
 
 void Optimizer::check_lr(const char* optimizer, double lr) {
@@ -72,7 +138,8 @@ void Optimizer::step() {
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     ++s.steps;
-    if (s.buffers.size() != buffer_names().size()) s.buffers.resize(buffer_names().size());
+    const size_t buffers = buffer_names(i).size();
+    if (s.buffers.size() != buffers) s.buffers.resize(buffers);
     update(i, g, s);
     p.bump_version();
   }
@@ -85,14 +152,14 @@ void Optimizer::zero_grad() {
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  std::vector<std::string> names = buffer_names();
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& s = state_[i];
     if (s.steps == 0) continue;
+    const std::vector<std::string> names = buffer_names(i);
     std::string prefix = std::to_string(i) + ".";
     if (has_step_state())
       out.emplace_back(prefix + "step", full(Shape{}, static_cast<double>(s.steps), {.dtype = DType::f64}));
-    for (size_t b = 0; b < s.buffers.size(); ++b)
+    for (size_t b = 0; b < s.buffers.size() && b < names.size(); ++b)
       if (s.buffers[b].defined()) out.emplace_back(prefix + names[b], s.buffers[b]);
   }
   return out;
@@ -128,7 +195,6 @@ std::pair<int64_t, double> first_bad(const T* p, int64_t n, bool non_negative) {
 
 void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
   const char* op = "Optimizer::load_state";
-  const std::vector<std::string> names = buffer_names();
   // Phase 1 builds the new state of every parameter named, beside the live one: any check,
   // conversion or allocation that fails leaves the optimizer as it was.
   std::map<size_t, ParamState> next;
@@ -142,6 +208,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
     TG_CHECK(index < params_.size(), op, ": key '", key, "' names parameter ", index, " but the optimizer has ",
              params_.size());
     TG_CHECK(value.defined(), op, ": '", key, "' is an undefined tensor");
+    const std::vector<std::string> names = buffer_names(index);
     const std::string field = key.substr(dot + 1);
     int slot = -2;  // -1: the step count, b >= 0: buffer b
     if (field == "step" && has_step_state()) slot = -1;
@@ -188,6 +255,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
     if (!has_step_state() && s.steps == 0) s.steps = 1;
   }
   for (const auto& [index, seen] : present) {
+    const std::vector<std::string> names = buffer_names(index);
     for (size_t k = 0; k < seen.size(); ++k) {
       if (k == 0 && !has_step_state()) continue;
       TG_CHECK(seen[k], op, ": the state of parameter ", index, " lacks '", index, ".",

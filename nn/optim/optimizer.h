@@ -5,6 +5,13 @@
 // Optimizers hold the parameters' handles. Module::to() moves the data inside those same
 // tensors, so an optimizer may be built before or after it; state buffers made before a
 // move follow their parameter's device and dtype at the next step().
+//
+// Parameter groups, as PyTorch's param_groups: each group has its own options (lr, weight
+// decay, and the optimizer's other settings). The constructors that take a plain parameter
+// list make one group; add_param_group appends one. Groups are contiguous runs of params()
+// in the order they were added, so a parameter's index (which names its state: "3.exp_avg")
+// is the same as in PyTorch's packed state_dict. set_lr(lr) sets every group; lr() is group
+// 0's (the only one unless groups were added).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,6 +24,7 @@ namespace tg::nn {
 
 class Optimizer {
  public:
+  // One group holding `params` (checked: defined, floating, leaves, no tensor twice).
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
@@ -35,12 +43,26 @@ class Optimizer {
   // The optimizer's name in messages and checkpoints ("SGD", "Adam", "AdamW").
   virtual const char* name() const { return "Optimizer"; }
 
-  virtual double lr() const = 0;
-  // Throws tg::Error unless lr is positive and finite (as at construction).
-  virtual void set_lr(double lr) = 0;
+  size_t num_param_groups() const { return group_begin_.size(); }
+  // Group g's parameters: params()[param_group_begin(g), param_group_end(g)).
+  size_t param_group_begin(size_t group) const;
+  size_t param_group_end(size_t group) const;
+  size_t param_group_of(size_t param_index) const;  // the group parameter i belongs to
+
+  double lr() const { return lr(0); }  // group 0's
+  double lr(size_t group) const;
+  double weight_decay(size_t group = 0) const;
+  // Sets every group's lr (all or none: checked first). Throws tg::Error unless lr is
+  // positive and finite (as at construction).
+  void set_lr(double lr);
+  void set_lr(size_t group, double lr);
   // The rule of the constructors and set_lr, for callers that must check an lr before
   // changing anything (tg::load): throws tg::Error naming the optimizer, changes nothing.
   void validate_lr(double lr) const { check_lr(name(), lr); }
+  // For learning-rate schedules (nn/optim/scheduler.h) and checkpoints that restore one:
+  // a schedule may legitimately reach 0 (cosine annealing to eta_min = 0, warmup from 0),
+  // which set_lr refuses as a likely mistake. Throws tg::Error unless finite and >= 0.
+  void set_scheduled_lr(size_t group, double lr);
 
   // Per-parameter state for checkpoints, keyed by the parameter's index as in PyTorch's
   // optimizer state_dict: "3.momentum_buffer", "3.exp_avg", "3.exp_avg_sq", and for
@@ -67,6 +89,7 @@ class Optimizer {
   static void check_step_count(const std::string& what, int64_t steps);
 
  protected:
+  Optimizer() = default;  // no group yet: the derived constructor adds them
   // Option checks shared by the optimizers: each throws tg::Error naming the optimizer and
   // the option. The learning rate must be positive and finite (an lr of 0 would train
   // nothing, silently); `value` must be finite and in [lo, hi] or, with hi_open, [lo, hi).
@@ -75,12 +98,24 @@ class Optimizer {
                           bool hi_open);
   static void check_non_negative(const char* optimizer, const char* option, double value);
 
+  // Appends `params` as a new group after checking them (as the constructor does, and
+  // against every parameter already held). The caller has checked the group's options and
+  // appends them after this returns; nothing changes if it throws.
+  void add_group_params(std::vector<Tensor> params);
+  // The optimizer's name for messages about group g: "SGD" for group 0, "SGD param group 2".
+  std::string group_name(size_t group) const;
+  // Group g's lr and weight decay, stored by the derived optimizer with its other options.
+  virtual double group_lr(size_t group) const = 0;
+  virtual void store_group_lr(size_t group, double lr) = 0;
+  virtual double group_weight_decay(size_t group) const = 0;
+
   struct ParamState {
     int64_t steps = 0;            // updates this parameter received
     std::vector<Tensor> buffers;  // one per buffer_names() entry; undefined until first use
   };
-  // The names of the per-parameter buffers, in ParamState::buffers order.
-  virtual std::vector<std::string> buffer_names() const = 0;
+  // The names of parameter i's buffers, in ParamState::buffers order (they may depend on
+  // its group's options: SGD keeps a momentum buffer only where momentum != 0).
+  virtual std::vector<std::string> buffer_names(size_t param_index) const = 0;
   // Whether "i.step" is part of the state (Adam's bias correction needs it; SGD's doesn't).
   virtual bool has_step_state() const = 0;
   // Whether buffer b holds values that cannot be negative (a running mean of squares).
@@ -93,7 +128,10 @@ class Optimizer {
   std::vector<ParamState> state_;
 
  private:
+  void check_group(const char* op, size_t group) const;
   int64_t steps_ = 0;
+  std::vector<size_t> group_begin_;  // first parameter index of each group
+  std::vector<size_t> group_of_;     // each parameter's group
 };
 
 }  // namespace tg::nn

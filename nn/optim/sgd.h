@@ -1,7 +1,9 @@
 // Stochastic gradient descent with PyTorch's semantics: L2 weight decay added to the grad,
 // momentum whose buffer starts as the first grad itself (no dampening on that step),
-// optional dampening and Nesterov momentum.
+// optional dampening and Nesterov momentum. Each parameter group has its own options.
 #pragma once
+#include <optional>
+
 #include "optimizer.h"
 
 namespace tg::nn {
@@ -17,22 +19,46 @@ struct SGDOptions {
   bool nesterov = false;  // needs momentum > 0 and dampening == 0
 };
 
+// A group's options: each one left unset is the optimizer's default (the SGDOptions it was
+// built with), as a key missing from a PyTorch param_groups dict. The resolved options are
+// checked as SGDOptions are.
+struct SGDGroupOptions {
+  std::optional<double> lr, momentum, dampening, weight_decay;
+  std::optional<bool> nesterov;
+};
+
+struct SGDParamGroup {
+  std::vector<Tensor> params;
+  SGDGroupOptions options = {};
+};
+
 class SGD : public Optimizer {
  public:
+  // One group with these options.
   SGD(std::vector<Tensor> params, SGDOptions options);
+  // One group per entry, in order; `defaults` fills what a group leaves unset (its lr may
+  // stay 0 when every group sets one).
+  SGD(std::vector<SGDParamGroup> groups, SGDOptions defaults);
 
-  const SGDOptions& options() const { return options_; }
+  // Appends a group; nothing changes if its options or parameters are refused.
+  void add_param_group(std::vector<Tensor> params, const SGDGroupOptions& options = {});
+
+  const SGDOptions& options(size_t group = 0) const;  // the group's resolved options
+  const SGDOptions& defaults() const { return defaults_; }
   const char* name() const override { return "SGD"; }
-  double lr() const override { return options_.lr; }
-  void set_lr(double lr) override;
 
  protected:
-  std::vector<std::string> buffer_names() const override;
+  double group_lr(size_t group) const override { return options(group).lr; }
+  void store_group_lr(size_t group, double lr) override { groups_.at(group).lr = lr; }
+  double group_weight_decay(size_t group) const override { return options(group).weight_decay; }
+  std::vector<std::string> buffer_names(size_t param_index) const override;
   bool has_step_state() const override { return false; }
   void update(size_t i, const Tensor& g, ParamState& s) override;
 
  private:
-  SGDOptions options_;
+  static void check(const std::string& who, const SGDOptions& o);
+  SGDOptions defaults_;
+  std::vector<SGDOptions> groups_;
 };
 
 }  // namespace tg::nn
