@@ -32,4 +32,6 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/optim/adam.h"
+#include "nn/optim/clip.h"
+#include "nn/optim/scheduler.h"
 #include "nn/optim/sgd.h"

@@ -12,6 +12,18 @@
 // in the order they were added, so a parameter's index (which names its state: "3.exp_avg")
 // is the same as in PyTorch's packed state_dict. set_lr(lr) sets every group; lr() is group
 // 0's (the only one unless groups were added).
+//
+// Gradient accumulation: backward adds into each leaf's grad(), so running forward and
+// backward on several micro-batches, one tape each, without zero_grad in between leaves
+// the sum of their grads: with a sum-reduced loss, exactly the grads of one backward over
+// the concatenated batch (up to the order of floating-point additions). With a mean-reduced
+// loss, weight each micro-batch's loss by its share of the batch (seed backward with
+// n_micro / n_batch, or scale the loss) to get the batch mean's grads. Then step() and
+// zero_grad() once (tests/cpu/test_grad_accumulation.cpp):
+//
+//   for (const auto& micro : batches) { tg::Tape tape; tape.backward(loss_fn(model(micro.x), micro.y)); }
+//   opt.step();
+//   opt.zero_grad();
 #pragma once
 #include <cstdint>
 #include <string>
