@@ -5,22 +5,20 @@
 //   conv 3x3 (1 -> 16) -> GroupNorm(4) -> ReLU -> conv 3x3 stride 2 (16 -> 32) -> GroupNorm(8)
 //   -> ReLU -> mean over the 8x8 positions -> Linear(32 -> 10) -> cross-entropy
 //
-// trained with Adam. Prints loss and accuracy per epoch (accuracy on held-out images the
-// net never trains on) and, with --svg PATH, writes both curves to an SVG file (nothing is
-// written unless asked).
+// trained with Adam on shuffled batches from a tg::data::DataLoader. Prints loss and
+// accuracy per epoch (accuracy on held-out images the net never trains on) and, with
+// --svg PATH, writes both curves to an SVG file (nothing is written unless asked).
 //
 //   cnn                              # CPU, about 15 seconds on 2 cores
 //   cnn --device cuda --epochs 12 --svg curves.svg
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <numeric>
-#include <random>
 
 #include "common/example.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
 #include "common/training.h"
+#include "data/dataloader.h"
 #include "tapegrad/tapegrad.h"
 
 namespace {
@@ -44,40 +42,37 @@ std::shared_ptr<nn::Sequential> make_model(tg::Device device) {
   return m;
 }
 
-// Images [first, first + count) of `order` as one batch on the device.
-struct Batch {
-  tg::Tensor images;  // (count, 1, 16, 16)
-  tg::Tensor labels;  // (count) i64
-};
-Batch make_batch(const ex::ShapesDataset& d, const std::vector<int64_t>& order, int64_t first, int64_t count,
-                 tg::Device device) {
-  constexpr int64_t pixels = ex::kShapeImageSize * ex::kShapeImageSize;
-  std::vector<float> images(static_cast<size_t>(count * pixels));
-  std::vector<int64_t> labels(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t src = order[static_cast<size_t>(first + i)];
-    std::copy_n(d.images.begin() + src * pixels, pixels, images.begin() + i * pixels);
-    labels[static_cast<size_t>(i)] = d.labels[static_cast<size_t>(src)];
+// The images as a data::Dataset, so that a data::DataLoader shuffles and batches them:
+// example i is image i, (1, 16, 16), and its label, an i64 scalar.
+class ShapesExamples : public tg::data::Dataset {
+ public:
+  explicit ShapesExamples(const ex::ShapesDataset& d) : d_(d) {}
+  int64_t size() const override { return d_.count; }
+  tg::data::Example get(int64_t i) const override {
+    constexpr int64_t pixels = ex::kShapeImageSize * ex::kShapeImageSize;
+    const auto first = d_.images.begin() + i * pixels;
+    return {tg::from_vector(std::vector<float>(first, first + pixels), {1, ex::kShapeImageSize, ex::kShapeImageSize}),
+            tg::from_vector(std::vector<int64_t>{d_.labels[static_cast<size_t>(i)]}, tg::Shape{})};
   }
-  return {tg::from_vector(images, {count, 1, ex::kShapeImageSize, ex::kShapeImageSize}, {.device = device}),
-          tg::from_vector(labels, {count}, {.dtype = tg::DType::i64, .device = device})};
-}
+
+ private:
+  const ex::ShapesDataset& d_;
+};
 
 struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 // Loss and accuracy over a whole dataset, without recording (no tape is active here).
 Evaluation evaluate(nn::Module& model, const ex::ShapesDataset& d, int64_t batch, tg::Device device) {
-  std::vector<int64_t> order(static_cast<size_t>(d.count));
-  std::iota(order.begin(), order.end(), 0);
+  ShapesExamples examples(d);
+  tg::data::DataLoader loader(examples, {.batch_size = batch, .device = device});
   double loss_sum = 0;
   int64_t hits = 0;
-  for (int64_t first = 0; first < d.count; first += batch) {
-    const int64_t n = std::min(batch, d.count - first);
-    Batch b = make_batch(d, order, first, n, device);
-    tg::Tensor logits = model(b.images);
-    loss_sum += tg::cross_entropy(logits, b.labels).item() * static_cast<double>(n);
-    hits += ex::count_correct(logits, b.labels);
+  for (tg::data::Batch& b : loader) {
+    tg::Tensor logits = model(b.input);
+    const auto n = static_cast<double>(b.target.numel());
+    loss_sum += tg::cross_entropy(logits, b.target).item() * n;
+    hits += ex::count_correct(logits, b.target);
   }
   return {loss_sum / static_cast<double>(d.count), static_cast<double>(hits) / static_cast<double>(d.count)};
 }
@@ -114,24 +109,23 @@ int main(int argc, char** argv) {
                 static_cast<long long>(batch), device.str().c_str());
 
     std::vector<double> epoch_axis, train_loss, test_loss, train_acc, test_acc;
-    std::vector<int64_t> order(static_cast<size_t>(train.count));
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937_64 shuffle_rng(seed);
+    // A new seeded order every epoch; the last partial batch is dropped.
+    ShapesExamples train_examples(train);
+    tg::data::DataLoader loader(train_examples, {.batch_size = batch, .shuffle = true, .seed = seed,
+                                                 .drop_last = true, .num_workers = 1, .device = device});
     const auto start = std::chrono::steady_clock::now();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
-      std::shuffle(order.begin(), order.end(), shuffle_rng);
       double loss_sum = 0;
       int64_t hits = 0;
-      for (int64_t first = 0; first + batch <= train.count; first += batch) {  // drops the last partial batch
-        Batch b = make_batch(train, order, first, batch, device);
+      for (tg::data::Batch& b : loader) {
         tg::Tape tape;
-        tg::Tensor logits = (*model)(b.images);
-        tg::Tensor loss = tg::cross_entropy(logits, b.labels);
+        tg::Tensor logits = (*model)(b.input);
+        tg::Tensor loss = tg::cross_entropy(logits, b.target);
         tape.backward(loss);
         optimizer->step();
         optimizer->zero_grad();
         loss_sum += loss.item() * static_cast<double>(batch);
-        hits += ex::count_correct(logits, b.labels);
+        hits += ex::count_correct(logits, b.target);
       }
       const double seen = static_cast<double>(train.count / batch * batch);
       const Evaluation held_out = evaluate(*model, test, 256, device);
