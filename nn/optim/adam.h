@@ -29,7 +29,11 @@ struct AdamWOptions {
 // A group's options (Adam and AdamW): each one left unset is the optimizer's default (the
 // options it was built with), as a key missing from a PyTorch param_groups dict.
 struct AdamGroupOptions {
-  std::optional<double> lr, beta1, beta2, eps, weight_decay;
+  std::optional<double> lr = {};
+  std::optional<double> beta1 = {};
+  std::optional<double> beta2 = {};
+  std::optional<double> eps = {};
+  std::optional<double> weight_decay = {};
 };
 
 struct AdamParamGroup {

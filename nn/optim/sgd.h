@@ -23,8 +23,11 @@ struct SGDOptions {
 // built with), as a key missing from a PyTorch param_groups dict. The resolved options are
 // checked as SGDOptions are.
 struct SGDGroupOptions {
-  std::optional<double> lr, momentum, dampening, weight_decay;
-  std::optional<bool> nesterov;
+  std::optional<double> lr = {};
+  std::optional<double> momentum = {};
+  std::optional<double> dampening = {};
+  std::optional<double> weight_decay = {};
+  std::optional<bool> nesterov = {};
 };
 
 struct SGDParamGroup {

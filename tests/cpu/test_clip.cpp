@@ -109,7 +109,9 @@ TEST(ClipGradNorm, NonFiniteNormLeavesGradsAndIsReported) {
       const auto after = m.grads();
       for (size_t i = 0; i < after.size(); ++i)
         for (size_t j = 0; j < after[i].size(); ++j)
-          if (!std::isnan(before[i][j])) EXPECT_EQ(after[i][j], before[i][j]);
+          if (!std::isnan(before[i][j])) {
+            EXPECT_EQ(after[i][j], before[i][j]);
+          }
       TG_EXPECT_ERROR(nn::clip_grad_norm_(m.ps, 0.1, p, true), "clip_grad_norm_", "left unchanged");
     }
   }

@@ -187,3 +187,19 @@ TEST(OptimCuda, OptimizerBuiltAfterModelToCudaTrains) {
   trains_after_move(false, false);
   trains_after_move(false, true);
 }
+
+// Param groups with their own options (parameter 0 in group 0, parameters 1 and 2 in
+// group 1) run the same fused kernels with each group's settings.
+TEST(OptimCuda, ParamGroupsMatchCpu) {
+  TG_REQUIRE_GPU();
+  compare_all([](std::vector<Tensor> p) {
+    auto o = std::make_unique<nn::SGD>(std::vector<Tensor>{p[0]}, nn::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    o->add_param_group({p[1], p[2]}, {.lr = 0.2, .momentum = 0.5, .weight_decay = 0.1});
+    return o;
+  });
+  compare_all([](std::vector<Tensor> p) {
+    auto o = std::make_unique<nn::AdamW>(std::vector<Tensor>{p[0]}, nn::AdamWOptions{.lr = 0.01});
+    o->add_param_group({p[1], p[2]}, {.lr = 0.03, .beta1 = 0.7, .weight_decay = 0.2});
+    return o;
+  });
+}
