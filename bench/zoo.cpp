@@ -166,11 +166,12 @@ int main(int argc, char** argv) {
     if (policy == "engine") kernels.conv = kernels.gemm = tg::cuda::KernelPath::Engine;
     kernels.engine.tile = static_cast<int>(args.get_int("engine-tile", 0));     // 0, 128, 64 or 16
     kernels.engine.splits = static_cast<int>(args.get_int("engine-splits", 0));  // 0: the engine's choice
+    kernels.engine.arch = static_cast<int>(args.get_int("engine-arch", 0));      // 0, 80 (mma.sync) or 90
     tg::cuda::set_kernel_policy(kernels);
     args.finish("[--rows REGEX] [--precision fp32,tf32] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
                 "[--list] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
-                "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N]");
+                "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90]");
     for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
     const std::string model_name = "resnet18gn_64x64_b" + std::to_string(model_batch);
 

@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) building blocks shared by the tensor-core kernels:
-// shared-memory matrix descriptors (K-major, no swizzle), the async-proxy fence, wgmma
+// shared-memory matrix descriptors (K-major, no swizzle or 128-byte swizzle), the async-proxy fence, wgmma
 // fence / commit / wait, and the TF32 m64nNk8 instructions with both operands in shared
 // memory (SS: mma_ss_tf32, N = 64, 128, 192, 256) or A in registers (RS: mma_rs_tf32, N = 64, 128,
 // 256).
@@ -50,6 +50,16 @@ namespace tg::cuda::wgmma {
 __host__ __device__ constexpr uint64_t kmajor_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return uint64_t((smem_addr & 0x3ffffu) >> 4) | (uint64_t((lbo_bytes & 0x3ffffu) >> 4) << 16) |
          (uint64_t((sbo_bytes & 0x3ffffu) >> 4) << 32);
+}
+// 128-byte-swizzled K-major layout (layout type 1): rows of 128 bytes (32 floats of k), 8 rows
+// = one 1024-byte atom whose 16-byte chunks are permuted: element (row, k) of a tile that starts
+// 1024-byte aligned sits at byte row * 128 + (((k / 4) ^ (row % 8)) * 16) + (k % 4) * 4.
+// SBO = 1024 (next 8 rows); LBO is unused while one instruction's k (8 floats) stays inside a
+// row. A k8 step inside the 128-byte row moves the start address by 32 bytes: the hardware
+// applies the XOR to the full address, so the tile's base must stay 1024-byte aligned.
+__host__ __device__ constexpr uint64_t sw128_kmajor_desc(uint32_t smem_addr) {
+  return uint64_t((smem_addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
 }
 // The descriptor of the same layout `bytes` further on (bytes: a multiple of 16).
 __host__ __device__ constexpr uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }

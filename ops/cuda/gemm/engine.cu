@@ -56,11 +56,11 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   else plan.shape = big_or_small(M, N, sms);
   const int tile_m = plan.shape == TileShape::Small ? 64 : 128;
   const int tile_n = plan.shape == TileShape::Big ? 128 : plan.shape == TileShape::Small ? 64 : 16;
-  // The wgmma kernel measured level with or slightly ahead of mma.sync on the convolution
-  // gathers and behind it on plain matrices (where mma.sync fits two blocks per SM): it serves
-  // the former unless forced (policy.arch = 90).
-  plan.sm90 = plan.shape == TileShape::Big && precision == Precision::TF32 && device_runs_wgmma(dev) &&
-              (policy.arch == 90 || (policy.arch == 0 && gather));
+  // Hopper: BigTile plans run on the wgmma kernel, except TF32 plain matrices. There mma.sync
+  // fits two blocks per SM (the wgmma kernel one) and measured faster: one block's epilogue and
+  // pipeline fill hide behind the other's products. policy.arch forces either kernel.
+  plan.sm90 = plan.shape == TileShape::Big && device_runs_wgmma(dev) && policy.arch != 80 &&
+              (policy.arch == 90 || precision == Precision::FP32 || gather);
   plan.tiles_m = ceil_div32(M, tile_m);
   plan.tiles_n = ceil_div32(N, tile_n);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;

@@ -15,7 +15,7 @@ enum class TileShape { Big, Small, Narrow };  // BigTile, SmallTile, NarrowTile
 
 struct Plan {
   TileShape shape = TileShape::Big;
-  bool sm90 = false;  // TF32 BigTile on wgmma (Hopper), else the mma.sync kernels
+  bool sm90 = false;  // BigTile on the wgmma kernel (Hopper), else the mma.sync kernels
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
 };

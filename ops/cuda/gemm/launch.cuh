@@ -20,13 +20,13 @@ void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopA
   TG_LAUNCH_CHECK();
 }
 
-template <class OpA, class OpB>
+template <class OpA, class OpB, bool kSplitTf32>
 void launch_sm90(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  const auto kernel = igemm_sm90_kernel<OpA, OpB>;
-  constexpr int kBytes = sm90_smem_bytes<OpA, OpB>();
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  using P = Sm90Pipeline<kSplitTf32>;
+  const auto kernel = igemm_sm90_kernel<OpA, OpB, kSplitTf32>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, Sm90Tile::kThreads, kBytes, stream>>>(a, b, args);
+  kernel<<<grid, P::kThreads, P::kSmemBytes, stream>>>(a, b, args);
   TG_LAUNCH_CHECK();
 }
 
@@ -36,10 +36,12 @@ template <bool kK>
 struct is_matrix<MatrixOperand<kK>> : std::true_type {};
 
 template <class OpA, class OpB>
-void launch(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, bool split_tf32,
-            cudaStream_t stream) {
+void launch(OpA a, OpB b, const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream) {
+  a.k4 = a.groups_of_four();
+  b.k4 = b.groups_of_four();
   if (plan.sm90) {
-    launch_sm90(a, b, plan, args, stream);
+    if (split_tf32) launch_sm90<OpA, OpB, true>(a, b, plan, args, stream);
+    else launch_sm90<OpA, OpB, false>(a, b, plan, args, stream);
     return;
   }
   if (plan.shape == TileShape::Big) {

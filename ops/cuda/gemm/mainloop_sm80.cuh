@@ -132,6 +132,16 @@ struct TileLoader {
 
   __device__ __forceinline__ void load(const Op& op, float* tile, int32_t k0) const {
     if constexpr (kK) {
+      if (op.k4) {  // one 16-byte copy per row from one offset (operands.cuh: k4)
+        const typename Op::Col col = op.col(k0 + k_first);
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const int64_t off = op.offset(rows[j], col);
+          cp_async<16>(tile + tile_index<kRows, true>(row_first + j * kRowThreads, k_first),
+                       op.data + (off >= 0 ? off : 0), off >= 0);
+        }
+        return;
+      }
       typename Op::Col cols[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) cols[i] = op.col(k0 + k_first + i);

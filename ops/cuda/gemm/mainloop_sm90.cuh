@@ -1,12 +1,19 @@
-// The engine's TF32 kernel for Hopper (sm_90a): the same operands, loaders' A side, output
-// map and split reduction as mainloop_sm80.cuh, with the products on wgmma. Two warpgroups
-// each own 64 rows of a 128x128 tile; A (the gathered side) is read from the padded shared
-// tile into registers (the mma.sync fragment layout, which wgmma's register-A form shares) and
-// B sits in shared memory in wgmma's K-major core-matrix layout without swizzle:
-//   element (n, k) of a stage's B tile at float ((k / 4) * 128 + n) * 4 + k % 4,
-// i.e. 8 rows x 4 k = one 128-byte core matrix; SBO (next 8 rows) = 128 bytes, LBO (next 4 k)
-// = 2 KB (wgmma.cuh explains the descriptor). One k8 step = one m64n128k8 per warpgroup.
-// FP32 mode stays on the sm80 kernel (its three products need B's low part in shared memory).
+// The engine's kernel for Hopper (sm_90a): the same operands, output map and split reduction
+// as mainloop_sm80.cuh, with the products on wgmma and both operands read by the tensor cores
+// straight from shared memory. Two warpgroups each own 64 rows of a 128x128 tile.
+//
+// Shared memory: each stage holds A and B as 128 rows x 32 k in the 128-byte-swizzled K-major
+// layout (wgmma.cuh), which cp.async fills without bank conflicts from either kind of operand
+// (k adjacent: 8 threads write one row's 128 bytes; rows adjacent: 8 rows x 4 k per warp).
+//
+// TF32: the tensor cores read the raw floats (truncation to TF32). One wgmma group stays in
+// flight across the stage barrier (wait<1>), so the tensor cores work while the next copies
+// are issued; 6 stages, copies 4 stages ahead.
+// FP32 (split TF32): after its copies land, each thread rounds the elements it copied to a TF32
+// head in place and writes the TF32 rounding of the remainder to a "low" tile; three products
+// per k8 step (low*head, head*low, head*head) give FP32 accuracy. Each stage's products are summed
+// in their own accumulators and added to the running sum with rounded FP32 adds (the tensor
+// cores' accumulation does not round to nearest). 4 stages, copies 3 ahead, wait<0> per stage.
 // Design note: docs/kernels/gemm.md.
 #pragma once
 #include <cstdint>
@@ -16,135 +23,219 @@
 
 namespace tg::cuda::engine {
 
-struct Sm90Tile {
-  static constexpr int kBM = 128, kBN = 128, kThreads = 256, kStages = 4;
-  static constexpr int kTileB = kBN * kBK;  // floats
-  static constexpr uint32_t kLboBytes = kBN * 16, kSboBytes = 128;
+template <bool kSplitTf32>
+struct Sm90Pipeline {
+  static constexpr int kBM = 128, kBN = 128, kThreads = 256;
+  static constexpr int kTileFloats = 128 * kBK;            // one operand's stage: 16 KB
+  static constexpr int kStages = kSplitTf32 ? 4 : 6;
+  static constexpr int kDistance = kSplitTf32 ? 3 : 4;     // stages copied ahead
+  static constexpr int kLowBuffers = kSplitTf32 ? 2 : 0;   // (A low, B low) pairs
+  static constexpr int kFloats = (kStages + kLowBuffers) * 2 * kTileFloats;
+  static constexpr int kSmemBytes = kFloats * int(sizeof(float)) + 1024;  // + alignment slack
+  // Slot reuse: a slot refilled at iteration i was read by the wgmma of iteration
+  // i + kDistance - kStages, which every warpgroup retired before iteration i's barrier.
+  static_assert(kDistance <= kStages - (kSplitTf32 ? 1 : 2), "copies would overwrite a stage in use");
 };
 
-// B's share of a stage: a warp's lanes along 32 consecutive rows (n), each warp one group of 4
-// k (8 warps x 4 = BK); a lane copies its 4 k of 4 rows, 16 bytes at once when adjacent and
-// aligned. Consecutive lanes write consecutive 16-byte chunks: no bank conflicts.
+// Float index of element (row, k) in a 128-byte-swizzled K-major tile of 32 k per row.
+__device__ __forceinline__ int sw128_index(int row, int k) {
+  return row * kBK + ((((k >> 2) ^ row) & 7) << 2) + (k & 3);
+}
+
+// One operand's share of a stage for the swizzled layout (128 rows x 32 k, 256 threads; each
+// thread 4 rows x 4 k). k adjacent: 8 threads along one row's 32 k (4 each, one 16-byte copy
+// when adjacent and aligned), rows row_first + 32 j. Rows adjacent: warp w covers rows
+// 64 (w / 4) .. +63 and k 8 (w % 4) .. +7; a lane takes row lane % 16 of each group of 16 and k
+// parity lane / 16, so one copy instruction reads two 64-byte runs of rows and its 4-byte
+// writes fall on 16 distinct banks (2-way conflict); every k's column state (the costly part of
+// a gather) is computed for 4 k per thread.
 template <class Op>
-struct CoreMatrixLoader {
-  static constexpr int kRowsPerThread = Sm90Tile::kBN / 32;
-  int lane, group;
+struct SwizzledLoader {
+  static constexpr bool kK = Op::kContiguousK;
+  static constexpr int kRowsPerThread = 4, kColsPerThread = 4;
+  int row_first, k_first;
   typename Op::Row rows[kRowsPerThread];
 
+  __device__ __forceinline__ int row_of(int j) const { return row_first + j * (kK ? 32 : 16); }
+  __device__ __forceinline__ int k_of(int i) const { return kK ? k_first + i : k_first + 2 * i; }
+
   __device__ __forceinline__ void init(const Op& op, int32_t tile_row0, int tid) {
-    lane = tid % 32;
-    group = tid / 32;
+    const int lane = tid % 32, warp = tid / 32;
+    row_first = kK ? tid / 8 : 64 * (warp / 4) + lane % 16;
+    k_first = kK ? (tid % 8) * 4 : 8 * (warp % 4) + lane / 16;
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) rows[j] = op.row(tile_row0 + lane + 32 * j);
+    for (int j = 0; j < kRowsPerThread; ++j) rows[j] = op.row(tile_row0 + row_of(j));
   }
 
   __device__ __forceinline__ void load(const Op& op, float* tile, int32_t k0) const {
-    typename Op::Col cols[4];
+    if constexpr (kK) {
+      if (op.k4) {  // one 16-byte copy per row from one offset (operands.cuh: k4)
+        const typename Op::Col col = op.col(k0 + k_first);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cols[i] = op.col(k0 + 4 * group + i);
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const int64_t off = op.offset(rows[j], col);
+          cp_async<16>(tile + sw128_index(row_of(j), k_first), op.data + (off >= 0 ? off : 0), off >= 0);
+        }
+        return;
+      }
+    }
+    typename Op::Col cols[kColsPerThread];
+#pragma unroll
+    for (int i = 0; i < kColsPerThread; ++i) cols[i] = op.col(k0 + k_of(i));
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      int64_t off[4];
+      if constexpr (kK) {
+        int64_t off[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) off[i] = op.offset(rows[j], cols[i]);
-      float* dst = tile + (group * Sm90Tile::kBN + lane + 32 * j) * 4;
-      const bool vector = off[0] >= 0 && off[1] == off[0] + 1 && off[2] == off[0] + 2 && off[3] == off[0] + 3 &&
-                          (reinterpret_cast<uintptr_t>(op.data + off[0]) & 15) == 0;
-      if (vector) {
-        cp_async<16>(dst, op.data + off[0], true);
+        for (int i = 0; i < 4; ++i) off[i] = op.offset(rows[j], cols[i]);
+        float* dst = tile + sw128_index(row_of(j), k_first);
+        const bool vector = off[0] >= 0 && off[1] == off[0] + 1 && off[2] == off[0] + 2 && off[3] == off[0] + 3 &&
+                            (reinterpret_cast<uintptr_t>(op.data + off[0]) & 15) == 0;
+        if (vector) {
+          cp_async<16>(dst, op.data + off[0], true);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) cp_async<4>(dst + i, op.data + (off[i] >= 0 ? off[i] : 0), off[i] >= 0);
+        }
       } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) cp_async<4>(dst + i, op.data + (off[i] >= 0 ? off[i] : 0), off[i] >= 0);
+        for (int i = 0; i < kColsPerThread; ++i) {
+          const int64_t off = op.offset(rows[j], cols[i]);
+          cp_async<4>(tile + sw128_index(row_of(j), k_of(i)), op.data + (off >= 0 ? off : 0), off >= 0);
+        }
       }
     }
   }
+
+  // FP32 mode, after this thread's copies of the stage landed: the elements it copied become
+  // TF32 heads in place, and the TF32 roundings of their remainders go to `low` (same layout).
+  __device__ __forceinline__ void split(float* tile, float* low) const {
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      if constexpr (kK) {
+        const int idx = sw128_index(row_of(j), k_first);
+        float4 v = *reinterpret_cast<const float4*>(tile + idx);
+        float4 lo;
+        split_head(v.x, lo.x);
+        split_head(v.y, lo.y);
+        split_head(v.z, lo.z);
+        split_head(v.w, lo.w);
+        *reinterpret_cast<float4*>(tile + idx) = v;
+        *reinterpret_cast<float4*>(low + idx) = lo;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kColsPerThread; ++i) {
+          const int idx = sw128_index(row_of(j), k_of(i));
+          float v = tile[idx], lo;
+          split_head(v, lo);
+          tile[idx] = v;
+          low[idx] = lo;
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ static void split_head(float& v, float& lo) {
+    const float head = __uint_as_float(tf32_bits(v));
+    lo = __uint_as_float(tf32_bits(v - head));
+    v = head;
+  }
 };
 
-template <class OpA, class OpB>
-constexpr int sm90_smem_bytes() {
-  return Sm90Tile::kStages * (tile_floats<Sm90Tile::kBM, OpA::kContiguousK>() + Sm90Tile::kTileB) *
-         int(sizeof(float));
-}
-
-template <class OpA, class OpB>
-__global__ void __launch_bounds__(Sm90Tile::kThreads) igemm_sm90_kernel(const OpA a, const OpB b,
-                                                                       const MainloopArgs args) {
+template <class OpA, class OpB, bool kSplitTf32>
+__global__ void __launch_bounds__(256, 1) igemm_sm90_kernel(const OpA a, const OpB b, const MainloopArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Sm90Tile;
-  constexpr bool kAK = OpA::kContiguousK;
-  constexpr int kTileA = tile_floats<T::kBM, kAK>();
-  extern __shared__ __align__(128) float smem[];  // kStages x (A tile, B tile)
+  using P = Sm90Pipeline<kSplitTf32>;
+  extern __shared__ float smem_raw[];
+  // The swizzle pattern is anchored to 1024-byte boundaries of the shared window.
+  float* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023) / 4;
+  auto stage_a = [&](int s) { return smem + s * 2 * P::kTileFloats; };
+  auto stage_b = [&](int s) { return smem + (s * 2 + 1) * P::kTileFloats; };
+  auto low_a = [&](int s) { return smem + (P::kStages + s) * 2 * P::kTileFloats; };
+  auto low_b = [&](int s) { return smem + ((P::kStages + s) * 2 + 1) * P::kTileFloats; };
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = lane / 4, t = lane % 4;
-  const int row0 = warp * 16;  // warpgroup w = warp / 4 owns rows 64 w .. 64 w + 63
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = tid / 128;
   const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
-  const int32_t m0 = tile_m * T::kBM, n0 = tile_n * T::kBN;
+  const int32_t m0 = tile_m * P::kBM, n0 = tile_n * P::kBN;
   const int32_t k_tiles = (args.red + kBK - 1) / kBK;
   const int32_t kt_begin = blockIdx.y * args.k_tiles_per_split;
   const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
 
-  TileLoader<OpA, T::kBM, T::kThreads> load_a;
-  CoreMatrixLoader<OpB> load_b;
+  SwizzledLoader<OpA> load_a;
+  SwizzledLoader<OpB> load_b;
   load_a.init(a, m0, tid);
   load_b.init(b, n0, tid);
-  auto stage_a = [&](int s) { return smem + s * (kTileA + T::kTileB); };
-  auto stage_b = [&](int s) { return smem + s * (kTileA + T::kTileB) + kTileA; };
-
 #pragma unroll
-  for (int s = 0; s < T::kStages - 1; ++s) {
+  for (int s = 0; s < P::kDistance; ++s) {
     if (kt_begin + s < kt_end) {
       load_a.load(a, stage_a(s), (kt_begin + s) * kBK);
       load_b.load(b, stage_b(s), (kt_begin + s) * kBK);
     }
-    cp_async_commit();
+    cp_async_commit();  // empty groups keep the count uniform
   }
 
   float acc[64];
+  float part[kSplitTf32 ? 64 : 1];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  // Each warpgroup's 64 rows start 64 rows (8 KB) into the A tile.
+  const uint32_t a_rows = uint32_t(warpgroup) * 64 * kBK * 4;
 
   for (int32_t kt = kt_begin; kt < kt_end; ++kt) {
-    cp_async_wait<T::kStages - 2>();
-    wgmma::fence_proxy_async();  // this thread's copies, visible to the async proxy ...
-    __syncthreads();             // ... of every thread; and every wgmma of the refilled stage retired
-
-    const int s = (kt - kt_begin) % T::kStages;
-    const float* sa = stage_a(s);
-    uint32_t af[kBK / 8][4];
-#pragma unroll
-    for (int ks = 0; ks < kBK / 8; ++ks) {
-      const int r = row0 + g, k = 8 * ks + t;
-      af[ks][0] = tf32_operand(sa[tile_index<T::kBM, kAK>(r, k)]);
-      af[ks][1] = tf32_operand(sa[tile_index<T::kBM, kAK>(r + 8, k)]);
-      af[ks][2] = tf32_operand(sa[tile_index<T::kBM, kAK>(r, k + 4)]);
-      af[ks][3] = tf32_operand(sa[tile_index<T::kBM, kAK>(r + 8, k + 4)]);
+    const int i = kt - kt_begin, s = i % P::kStages;
+    cp_async_wait<P::kDistance - 1>();
+    if constexpr (kSplitTf32) {
+      load_a.split(stage_a(s), low_a(i % 2));
+      load_b.split(stage_b(s), low_b(i % 2));
     }
-    const uint32_t b_addr = shared_address(stage_b(s));
-    wgmma::fence();  // the A registers and (first stage) the accumulators were written above
+    wgmma::fence_proxy_async();  // this thread's shared writes, visible to the async proxy ...
+    __syncthreads();             // ... of every thread
+    wgmma::fence();
+    const uint32_t a_addr = shared_address(stage_a(s)) + a_rows, b_addr = shared_address(stage_b(s));
+    if constexpr (kSplitTf32) {
+      const uint32_t al_addr = shared_address(low_a(i % 2)) + a_rows, bl_addr = shared_address(low_b(i % 2));
 #pragma unroll
-    for (int ks = 0; ks < kBK / 8; ++ks) {
-      const uint64_t desc = wgmma::kmajor_desc(b_addr + ks * 2 * T::kLboBytes, T::kLboBytes, T::kSboBytes);
-      wgmma::mma_rs_tf32<128>(acc, af[ks], desc, true);
+      for (int ks = 0; ks < kBK / 8; ++ks) {
+        const uint32_t k_bytes = ks * 32;
+        const uint64_t da = wgmma::sw128_kmajor_desc(a_addr + k_bytes), db = wgmma::sw128_kmajor_desc(b_addr + k_bytes);
+        wgmma::mma_ss_tf32<128>(part, wgmma::sw128_kmajor_desc(al_addr + k_bytes), db, ks > 0);
+        wgmma::mma_ss_tf32<128>(part, da, wgmma::sw128_kmajor_desc(bl_addr + k_bytes), true);
+        wgmma::mma_ss_tf32<128>(part, da, db, true);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kBK / 8; ++ks) {
+        const uint32_t k_bytes = ks * 32;
+        wgmma::mma_ss_tf32<128>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
+                                wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
+      }
     }
     wgmma::commit();
-    // The next stage's copies are issued while the tensor cores work on this one: the gathers'
-    // address arithmetic overlaps the products. The stage they fill was last read by the
-    // previous step's wgmma, retired before this step's barrier.
-    const int32_t next = kt + T::kStages - 1;
+    // The copies of a later stage are issued while the tensor cores work on this one.
+    const int32_t next = kt + P::kDistance;
     if (next < kt_end) {
-      const int r = (next - kt_begin) % T::kStages;
+      const int r = (i + P::kDistance) % P::kStages;
       load_a.load(a, stage_a(r), next * kBK);
       load_b.load(b, stage_b(r), next * kBK);
     }
     cp_async_commit();
-    wgmma::wait<0>();  // this stage may be refilled after the next barrier
+    if constexpr (kSplitTf32) {
+      wgmma::wait<0>();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[i]);
+      for (int q = 0; q < 64; ++q) {
+        wgmma::fence_operand(part[q]);
+        acc[q] += part[q];
+      }
+    } else {
+      wgmma::wait<1>();  // the previous stage's products retired: its slot may be refilled
+    }
   }
+  wgmma::wait<0>();
+#pragma unroll
+  for (int q = 0; q < 64; ++q) wgmma::fence_operand(acc[q]);
   cp_async_wait<0>();
 
-  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e].
+  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e], row0 the warp's first row.
+  const int row0 = warpgroup * 64 + (warp % 4) * 16, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll

@@ -6,7 +6,12 @@
 //   Row row(r)     what can be computed once per row (the thread keeps its rows all along),
 //   Col col(k)     what can be computed once per reduction index (shared by the thread's rows),
 //   offset(row, col) the element's offset from `data`, or -1 where the element is zero
-//                  (padding, out of the image, out of range).
+//                  (padding, out of the image, out of range),
+//   k4             set on the host (launch.cuh, from groups_of_four()) when every aligned group
+//                  of 4 reduction indices k..k+3 (k % 4 == 0) of a row is 4 adjacent floats at a
+//                  16-byte-aligned address, all inside or all outside the data: the loaders then
+//                  make one 16-byte copy per group from one offset (the common case costs a
+//                  few instructions instead of four offsets and a run-time check).
 // Convolutions are implicit GEMMs (DESIGN.md, ops): no im2col buffer is ever written.
 //   fprop  y[n,k,p]   = sum_{t,c} x[n,c,p*s-pad+t*dil] w[k,c,t]   M = N*P,    N = K,    red = kvol*C
 //   dgrad  dx[n,c,q]  = sum_{t,k} dy[n,k,(q+pad-t*dil)/s] w[k,c,t] M = N*Vin,  N = C,    red = kvol*K
@@ -22,6 +27,10 @@
 #include "../arch/fast_divmod.h"
 
 namespace tg::cuda::engine {
+inline bool aligned16(const float* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+}  // namespace tg::cuda::engine
+
+namespace tg::cuda::engine {
 
 // A plain matrix: element (r, k) at r * row_stride + k * k_stride, one of the strides 1.
 template <bool kContiguousKArg>
@@ -30,6 +39,8 @@ struct MatrixOperand {
   const float* data;
   int32_t rows, red;
   int64_t stride;  // the stride of the non-contiguous index
+  bool k4 = false;
+  bool groups_of_four() const { return kContiguousK && stride % 4 == 0 && red % 4 == 0 && aligned16(data); }
   struct Row { int64_t base; };  // -1 when out of range
   struct Col { int64_t base; };
   __device__ __forceinline__ Row row(int32_t r) const {
@@ -105,6 +116,9 @@ struct ImageOperand {
   ConvGeometry g;
   int32_t rows;  // N * out_volume
   int32_t red;   // kvol * C
+  bool k4 = false;
+  // NHWC with C % 4 == 0: a group of 4 channels sits inside one tap, at one pixel.
+  bool groups_of_four() const { return kChannelsLast && g.C % 4 == 0 && aligned16(data); }
   // The offset is linear in (channel, z, y, x): row and column each carry their part, and an
   // element costs one add plus the bounds check of its input coordinate.
   struct Row { int64_t linear; int32_t z, y, x; bool valid; };
@@ -170,6 +184,8 @@ struct PhaseGradOutputOperand {
   PhaseGeometry ph;
   int32_t rows;  // N * count volume
   int32_t red;   // tap_volume * K
+  bool k4 = false;
+  bool groups_of_four() const { return kChannelsLast && g.K % 4 == 0 && aligned16(data); }
   // Linear in (channel, z, y, x) like ImageOperand: rows add, columns subtract their part.
   struct Row { int64_t linear; int32_t z, y, x; bool valid; };
   struct Col { int64_t linear; int32_t dz, dy, dx; bool valid; };
@@ -218,6 +234,9 @@ struct GradOutputRowsOperand {
   ConvGeometry g;
   int32_t rows;  // K
   int32_t red;   // N * out_volume
+  bool k4 = false;
+  // NCHW: 4 pixels of one image when the image's pixel count is a multiple of 4.
+  bool groups_of_four() const { return !kChannelsLast && g.out_volume % 4 == 0 && aligned16(data); }
   struct Row { int64_t base; };
   struct Col { int64_t base; };
   __device__ __forceinline__ Row row(int32_t k) const {
@@ -245,6 +264,8 @@ struct ImageColumnsOperand {
   ConvGeometry g;
   int32_t rows;  // C * kvol
   int32_t red;   // N * out_volume
+  bool k4 = false;
+  bool groups_of_four() const { return false; }  // strides and padding break the runs of pixels
   // Linear in (channel, z, y, x) like ImageOperand.
   struct Row { int64_t linear; int32_t dz, dy, dx; bool valid; };
   struct Col { int64_t linear; int32_t z, y, x; bool valid; };
