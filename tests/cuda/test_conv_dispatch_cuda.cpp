@@ -1,0 +1,85 @@
+// Which kernel the CUDA convolution dispatcher picks (ops/cuda/conv.cu): each routed result must
+// be bit-identical to the kernel the rule names, called directly on the same inputs. The rules:
+// TF32 3x3 stride-1 NCHW forward and grad-input on images under 512 pixels go to the engine
+// (grad-weight stays on the 3x3 kernels; FP32 stays).
+#include "common/test_util.h"
+#include "core/precision.h"
+#include "ops/cuda/conv.h"
+#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/gemm/engine.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+struct Problem {
+  ConvShape s;
+  Tensor x, w, dy;
+};
+
+Problem make(const Shape& x_shape, const Shape& w_shape, int64_t pad) {
+  ConvParams p;
+  p.padding = {pad, pad};
+  Problem pr;
+  pr.s = make_conv_shape("conv2d", x_shape, w_shape, p);
+  pr.x = random(x_shape, f32).to(kGpu);
+  pr.w = random(w_shape, f32).to(kGpu);
+  pr.dy = random(pr.s.y_shape(), f32).to(kGpu);
+  return pr;
+}
+
+Tensor out(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, {.dtype = f32, .device = kGpu});
+  poison(t);
+  return t;
+}
+
+template <class Fn>
+std::vector<float> run(const Shape& shape, Fn&& fn) {
+  Tensor t = out(shape);
+  fn(t);
+  return t.to_vector<float>();
+}
+
+}  // namespace
+
+TEST(CudaConvDispatch, Tf32SmallImages3x3GoToTheEngine) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard tf32(Precision::TF32);
+  Problem p = make({2, 64, 8, 8}, {48, 64, 3, 3}, 1);  // 64 output pixels
+  ASSERT_TRUE(cuda::conv3x3_applies(p.s));
+  const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
+  const auto engine = run(p.s.y_shape(), [&](const Tensor& y) {
+    cuda::engine_conv_forward(y, p.x, p.w, Tensor(), p.s, Precision::TF32);
+  });
+  EXPECT_EQ(routed, engine);
+  const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
+  const auto dx_engine = run(p.s.x_shape(), [&](const Tensor& t) {
+    cuda::engine_conv_grad_input(t, p.dy, p.w, p.s, Precision::TF32);
+  });
+  EXPECT_EQ(dx, dx_engine);
+  const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
+  const auto dw_3x3 = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s); });
+  EXPECT_EQ(dw, dw_3x3);
+}
+
+TEST(CudaConvDispatch, Tf32LargeImagesAndFp32Stay3x3) {
+  TG_REQUIRE_GPU();
+  for (Precision mode : {Precision::TF32, Precision::FP32}) {
+    PrecisionGuard guard(mode);
+    // 24 x 24 = 576 pixels (TF32 threshold 512); FP32 at 8 x 8 too.
+    for (const Shape& x_shape : {Shape{2, 32, 24, 24}, Shape{2, 32, 8, 8}}) {
+      if (mode == Precision::TF32 && x_shape[2] == 8) continue;
+      Problem p = make(x_shape, {40, 32, 3, 3}, 1);
+      const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
+      const auto direct = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv3x3_forward(y, p.x, p.w, Tensor(), p.s); });
+      EXPECT_EQ(routed, direct) << "x " << x_shape;
+      const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
+      const auto dx_3x3 = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_input(t, p.dy, p.w, p.s); });
+      EXPECT_EQ(dx, dx_3x3) << "x " << x_shape;
+    }
+  }
+}
