@@ -1,6 +1,6 @@
 // The 1x1 forward product on Hopper with its tiles moved by the TMA unit, both layouts, TF32 and
-// FP32-accurate (ops/cuda/conv1x1_tma.cu has the design). conv1x1.cu hands it the shapes it
-// serves and keeps every other case.
+// FP32-accurate (ops/cuda/conv1x1_tma.cu has the design). conv1x1_pointwise.cu hands it the
+// shapes it serves and keeps every other case.
 #pragma once
 #include <cstdint>
 

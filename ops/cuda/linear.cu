@@ -126,7 +126,7 @@ void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem&
 
 // A batched linear layer is a channels-last 1x1 convolution whose pixels are the rows:
 // forward y = x w^T (NT), input gradient dx = dy w (NN), weight gradient dw = dy^T x (TN).
-// Those forms run on conv1x1.cu's tensor-core kernels (one pass over the rows at memory speed,
+// Those forms run on conv1x1's tensor-core kernels (one pass over the rows at memory speed,
 // FP32-accurate or TF32 as tg::precision() says) when the reduction of the NT / NN forms is
 // short and the output has few columns: the kernels keep the weight block resident and
 // re-read the rows once per 64-128 output columns and the output once per 128 reduction
