@@ -1,5 +1,6 @@
 // Tensor-core (mma.sync TF32) kernels of conv3d_group_norm_mean, used by the launchers in
-// ops/cuda/conv3d_gn_mean.cu when conv3d_gn_mean_mma_applies() (ops/cuda/fused.h) holds.
+// ops/cuda/conv3d_gn_mean_{stats,grad}.cu when conv3d_gn_mean_mma_applies() (ops/cuda/fused.h)
+// holds.
 // Internal: host launchers only, ordered on x's framework stream. `tf32` selects plain TF32
 // (one tensor op per product); otherwise FP32-accurate split products: two tensor ops in the
 // forward (TF32 hi*hi' + one bf16 op for both cross terms), three TF32 ops in the backward.
