@@ -1,8 +1,8 @@
-// What the 3x3 convolution kernels (conv3x3.cu on mma.sync, conv3x3_wgmma.cu and
-// conv3x3_wgmma_ss.cu on wgmma) share: the predicated store, the row-grid loader and the NCHW
-// input-halo stager (the first two kernels), the tile order and the per-stage load cursor, with
-// the small integer helpers they use. One copy of the code, so the kernels walk and stage their
-// tiles alike. Device code only; included inside those files' anonymous namespaces' parent
+// What the 3x3 convolution kernels (conv3x3_fprop.cu and conv3x3_wgrad.cu on mma.sync,
+// conv3x3_wgmma.cu and conv3x3_wgmma_ss.cu on wgmma) share: the predicated store, the row-grid
+// loader and the NCHW input-halo stager (the mma.sync kernels and conv3x3_wgmma.cu), the tile
+// order and the per-stage load cursor, with the small integer helpers they use. One copy of the
+// code, so the kernels walk and stage their tiles alike. Device code only; included inside those files' anonymous namespaces' parent
 // (tg::cuda), each translation unit gets its own copy.
 #pragma once
 #include <cstdint>

@@ -56,7 +56,7 @@ constexpr int stride_for_rows_of_4(int n) {
   return n;
 }
 
-// The halos are staged by copy_grid (ops/cuda/conv3x3_staging.cuh, shared with conv3x3.cu).
+// The halos are staged by copy_grid (ops/cuda/conv3x3_staging.cuh, shared with the mma.sync kernels).
 
 // Block tile: kRows x kCols output pixels of one image times kN output channels, kWarpgroups
 // warpgroups. The tile has kRows * 2 m64 tiles (64 consecutive columns of one row); m64 tile

@@ -21,7 +21,7 @@ struct Conv3x3Policy {
     Auto,       // Hopper: the shared-operand wgmma kernel in TF32 (conv3x3_wgmma_ss), the register-A
                 // one in FP32 (conv3x3_wgmma); other GPUs: the mma.sync kernel
     RegisterA,  // Hopper: the register-A wgmma kernel in TF32 too; other GPUs: mma.sync
-    MmaSync,    // the mma.sync kernel (conv3x3.cu) on every GPU
+    MmaSync,    // the mma.sync kernel (conv3x3_fprop.cu) on every GPU
   };
   // Grad-weight.
   enum class Weight {

@@ -1,7 +1,7 @@
 // The fixed-order reduction of split grad-weight partials, shared by the grad-weight kernels of
-// the 3x3 (conv3x3.cu mma.sync, conv3x3_wgmma_dw.cu wgmma) and 1x1 (conv1x1_backward.cu) fast
-// paths: each block of those writes its slice's sum into part[split], and this kernel adds the
-// slices in split order, so the result is the same bits on every run (no atomics).
+// the 3x3 (conv3x3_wgrad.cu mma.sync, conv3x3_wgmma_dw.cu wgmma) and 1x1 (conv1x1_backward.cu)
+// fast paths: each block of those writes its slice's sum into part[split], and this kernel adds
+// the slices in split order, so the result is the same bits on every run (no atomics).
 #pragma once
 #include <cstdint>
 
