@@ -178,18 +178,58 @@ __global__ void grad_weight_kernel(T* __restrict__ dw,        // (K, C, kd, kh, 
   }
 }
 
-// db[k] = sum over n and output positions of dy[n, k, p]; one block per channel.
+// db[k] = sum over n and output positions of dy[n, k, p], in two fixed-order passes (no atomics):
+// partial sums over slices of the positions, then one block per channel adds its slices in
+// order. One block per channel alone keeps too few loads in flight (a 64-channel layer would
+// use 64 SMs, each thread waiting on one load at a time).
+constexpr int64_t kBiasSlice = 2048;  // positions (NCHW) or rows (NHWC) per partial sum
+
+// NCHW: block (k, slice) sums dy[n, k, p] over one image n and kBiasSlice consecutive p.
+// partials[k][slice], slice = n * slices_per_image + chunk.
 template <class T>
-__global__ void grad_bias_kernel(T* __restrict__ db,        // (K)
-                                 const T* __restrict__ dy,  // (N, K, out) or (N, out, K)
-                                 ConvShape s) {
-  const int64_t P = s.out_volume();
-  for (int64_t k = blockIdx.x; k < s.K; k += gridDim.x) {
+__global__ void grad_bias_partials_nchw(T* __restrict__ partials, const T* __restrict__ dy, ConvShape s,
+                                        int64_t slices_per_image) {
+  const int64_t P = s.out_volume(), slices = s.N * slices_per_image;
+  for (int64_t b = blockIdx.x; b < s.K * slices; b += gridDim.x) {
+    const int64_t k = b / slices, slice = b % slices;
+    const int64_t n = slice / slices_per_image, p0 = (slice % slices_per_image) * kBiasSlice;
+    const int64_t p1 = p0 + kBiasSlice < P ? p0 + kBiasSlice : P;
+    const T* row = dy + (n * s.K + k) * P;
     T acc = T(0);
-    for (int64_t n = 0; n < s.N; ++n)
-      for (int64_t p = threadIdx.x; p < P; p += blockDim.x) acc += dy[y_index(s, n, k, p)];
+#pragma unroll 4
+    for (int64_t p = p0 + threadIdx.x; p < p1; p += blockDim.x) acc += row[p];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partials[b] = acc;
+    __syncthreads();  // block_sum's shared words are reused by the next iteration
+  }
+}
+
+// NHWC: dy is (rows = N * out, K); block (channel group, slice) sums kBiasSlice rows for
+// blockDim.x consecutive channels, one per thread. partials[k][slice].
+template <class T>
+__global__ void grad_bias_partials_nhwc(T* __restrict__ partials, const T* __restrict__ dy, ConvShape s,
+                                        int64_t slices) {
+  const int64_t rows = s.N * s.out_volume(), groups = (s.K + blockDim.x - 1) / blockDim.x;
+  for (int64_t b = blockIdx.x; b < groups * slices; b += gridDim.x) {
+    const int64_t k = (b / slices) * blockDim.x + threadIdx.x, slice = b % slices;
+    if (k >= s.K) continue;
+    const int64_t r0 = slice * kBiasSlice, r1 = r0 + kBiasSlice < rows ? r0 + kBiasSlice : rows;
+    T acc = T(0);
+#pragma unroll 8
+    for (int64_t r = r0; r < r1; ++r) acc += dy[r * s.K + k];
+    partials[k * slices + slice] = acc;
+  }
+}
+
+// db[k] = sum of partials[k][0 .. slices) in a fixed order.
+template <class T>
+__global__ void grad_bias_reduce(T* __restrict__ db, const T* __restrict__ partials, int64_t K, int64_t slices) {
+  for (int64_t k = blockIdx.x; k < K; k += gridDim.x) {
+    T acc = T(0);
+    for (int64_t i = threadIdx.x; i < slices; i += blockDim.x) acc += partials[k * slices + i];
     acc = block_sum(acc);
     if (threadIdx.x == 0) db[k] = acc;
+    __syncthreads();
   }
 }
 
@@ -291,9 +331,24 @@ void conv_grad_bias(const Tensor& db, const Tensor& dy, const ConvShape& s) {
   if (count == 0) return;
   const int dev = db.device().index;
   set_device(dev);
+  cudaStream_t st = stream(dev);
+  const int64_t P = s.out_volume();
+  const int64_t slices_per_image = (P + kBiasSlice - 1) / kBiasSlice;
+  const int64_t slices = s.channels_last() ? (s.N * P + kBiasSlice - 1) / kBiasSlice : s.N * slices_per_image;
+  const Tensor partials = Tensor::empty({s.K * slices}, {.dtype = db.dtype(), .device = db.device()});
   dispatch_floating("conv_grad_bias", db.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
-    grad_bias_kernel<T><<<reduce_blocks(count), kReduceThreads, 0, stream(dev)>>>(db.data<T>(), dy.data<T>(), s);
+    if (s.channels_last()) {
+      const int64_t groups = (s.K + kReduceThreads - 1) / kReduceThreads;
+      grad_bias_partials_nhwc<T><<<reduce_blocks(groups * slices), kReduceThreads, 0, st>>>(partials.data<T>(),
+                                                                                            dy.data<T>(), s, slices);
+    } else {
+      grad_bias_partials_nchw<T><<<reduce_blocks(s.K * slices), kReduceThreads, 0, st>>>(
+          partials.data<T>(), dy.data<T>(), s, slices_per_image);
+    }
+    TG_LAUNCH_CHECK();
+    grad_bias_reduce<T><<<reduce_blocks(count), kReduceThreads, 0, st>>>(db.data<T>(), partials.data<T>(), s.K,
+                                                                         slices);
   });
   TG_LAUNCH_CHECK();
 }

@@ -150,6 +150,8 @@ TEST(CudaConv2d, LargeGridsAndLongReductions) {
       {"forward > 1M outputs", {2, 4, 262, 272}, {8, 4, 3, 3}, {}},
       {"> 65536 weight elements", {1, 128, 5, 5}, {64, 128, 3, 3}, {.padding = {1}}},
       {"long reduction", {8, 2, 128, 130}, {3, 2, 3, 3}, {}},
+      // The bias gradient's partial sums: 4440 rows in 3 slices, 300 channels in 2 groups.
+      {"NHWC bias over slices", {3, 40, 37, 5}, {300, 5, 1, 1}, {.layout = NHWC}},
   });
 }
 
