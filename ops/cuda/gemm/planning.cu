@@ -1,0 +1,137 @@
+// The engine's planning: tile shape and kernel per problem, the reduction split, the
+// fixed-order reduction of split partial sums, and the gathers' geometry.
+// Design note: docs/kernels/gemm.md.
+#include <algorithm>
+
+#include "core/cuda_context.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/gemm/planning.h"
+
+namespace tg::cuda::engine {
+namespace {
+
+// Partial sums of a split reduction: at most this many floats of workspace.
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 26;
+constexpr int kMaxSplits = 64;
+constexpr int kMinKTilesPerSplit = 8;
+
+int32_t ceil_div32(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+// The tile whose last wave wastes least: an SM holds one BigTile block or three SmallTile
+// blocks (shared memory), and a SmallTile block does a quarter of the work at a lower rate
+// (more shared-memory reads per product), taken as 3/4 of BigTile's.
+TileShape big_or_small(int64_t M, int64_t N, int sms) {
+  const int64_t big = int64_t(ceil_div32(M, 128)) * ceil_div32(N, 128);
+  const int64_t small = int64_t(ceil_div32(M, 64)) * ceil_div32(N, 64);
+  const double big_time = double((big + sms - 1) / sms) * 4.0;
+  const double small_time = double((small + 3 * sms - 1) / (3 * sms)) * 3.0 / 0.75;
+  return big_time <= small_time ? TileShape::Big : TileShape::Small;
+}
+
+// out(m, n) = sum over splits of partials[s][m][n] (+ bias), in split order.
+__global__ void reduce_partials_kernel(const float* __restrict__ partials, int32_t splits, OutputMap out) {
+  const int64_t total = int64_t(out.M) * out.N;
+  TG_GRID_STRIDE(i, total) {
+    float sum = 0.f;
+    for (int32_t s = 0; s < splits; ++s) sum += partials[s * total + i];
+    out.store(static_cast<int32_t>(i / out.N), static_cast<int32_t>(i % out.N), sum);
+  }
+}
+
+// Runs one planned launch: straight into `out`, or into partial sums reduced afterwards.
+}  // namespace
+
+Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
+               Precision precision, bool gather) {
+  const int sms = sm_count(dev);
+  Plan plan;
+  if (policy.tile == 16 && narrow_ok) plan.shape = TileShape::Narrow;
+  else if (policy.tile == 128) plan.shape = TileShape::Big;
+  else if (policy.tile == 64) plan.shape = TileShape::Small;
+  else if (N <= 16 && narrow_ok) plan.shape = TileShape::Narrow;  // few columns: 16 wide, not 64
+  else plan.shape = big_or_small(M, N, sms);
+  const int tile_m = plan.shape == TileShape::Small ? 64 : 128;
+  const int tile_n = plan.shape == TileShape::Big ? 128 : plan.shape == TileShape::Small ? 64 : 16;
+  // Hopper: BigTile plans run on the wgmma kernel, except TF32 plain matrices. There mma.sync
+  // fits two blocks per SM (the wgmma kernel one) and measured faster: one block's epilogue and
+  // pipeline fill hide behind the other's products. policy.arch forces either kernel.
+  plan.sm90 = plan.shape == TileShape::Big && device_runs_wgmma(dev) && policy.arch != 80 &&
+              (policy.arch == 90 || precision == Precision::FP32 || gather);
+  plan.tiles_m = ceil_div32(M, tile_m);
+  plan.tiles_n = ceil_div32(N, tile_n);
+  const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
+  TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
+  const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, kBK));
+  int64_t splits = 1;
+  if (policy.splits > 0) {
+    splits = policy.splits;
+  } else if (tiles < sms) {
+    // Fill about two blocks per SM, each split keeping a real share of the reduction.
+    splits = std::min<int64_t>((2 * sms + tiles - 1) / tiles, k_tiles / kMinKTilesPerSplit);
+  }
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMaxPartialFloats / std::max<int64_t>(1, M * N)));
+  plan.k_tiles_per_split = ceil_div32(k_tiles, splits);
+  plan.splits = ceil_div32(k_tiles, plan.k_tiles_per_split);  // no empty split
+  return plan;
+}
+
+void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const LaunchFn& launch) {
+  const int dev = device.index;
+  cudaStream_t st = stream(dev);
+  Tensor partials;
+  if (plan.splits > 1) {
+    partials = Tensor::empty({int64_t(plan.splits) * args.M * args.N}, {.dtype = DType::f32, .device = device});
+    args.partials = partials.data<float>();
+  }
+  args.k_tiles_per_split = plan.k_tiles_per_split;
+  args.tiles_n = plan.tiles_n;
+  launch(args, st);
+  if (plan.splits > 1) {
+    reduce_partials_kernel<<<grid_for(int64_t(args.M) * args.N, kThreads), kThreads, 0, st>>>(
+        args.partials, plan.splits, args.out);
+    TG_LAUNCH_CHECK();
+  }
+}
+
+ConvGeometry geometry(const ConvShape& s) {
+  ConvGeometry g{};
+  g.N = int32_t(s.N);
+  g.C = int32_t(s.C);
+  g.K = int32_t(s.K);
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = int32_t(s.in[d]);
+    g.out[d] = int32_t(s.out[d]);
+    g.kernel[d] = int32_t(s.kernel[d]);
+    g.stride[d] = int32_t(s.stride[d]);
+    g.pad[d] = int32_t(s.pad[d]);
+    g.dil[d] = int32_t(s.dilation[d]);
+  }
+  g.in_volume = s.in_volume();
+  g.out_volume = s.out_volume();
+  g.div_out_w = FastDivmod(uint32_t(s.out[2]));
+  g.div_out_h = FastDivmod(uint32_t(s.out[1]));
+  g.div_out_volume = FastDivmod(uint32_t(s.out_volume()));
+  g.div_in_w = FastDivmod(uint32_t(s.in[2]));
+  g.div_in_h = FastDivmod(uint32_t(s.in[1]));
+  g.div_in_volume = FastDivmod(uint32_t(s.in_volume()));
+  g.div_kernel_w = FastDivmod(uint32_t(s.kernel[2]));
+  g.div_kernel_h = FastDivmod(uint32_t(s.kernel[1]));
+  g.div_kernel_volume = FastDivmod(uint32_t(s.kernel_volume()));
+  g.div_C = FastDivmod(uint32_t(s.C));
+  g.div_K = FastDivmod(uint32_t(s.K));
+  return g;
+}
+
+OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
+  OutputMap out{};
+  out.data = data;
+  out.bias = bias;
+  out.M = int32_t(M);
+  out.N = int32_t(N);
+  out.mode = OutputMap::kPlain;
+  out.kvol = 1;
+  return out;
+}
+
+}  // namespace tg::cuda::engine

@@ -1,0 +1,48 @@
+// The engine's host-side planning, shared by its translation units (engine.cu: the public
+// entry points and weight packing; planning.cu: tiles, splits, the split reduction, geometry;
+// dgrad_columns.cu: grad-input for few input channels). Not installed: internal to ops/cuda/gemm.
+// Design note: docs/kernels/gemm.md.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+
+#include "../../../core/precision.h"
+#include "../../../core/tensor.h"
+#include "../../conv.h"
+#include "engine.h"
+#include "kernels.h"
+
+namespace tg::cuda::engine {
+
+constexpr int64_t kIndexLimit = std::numeric_limits<int32_t>::max();
+// Coordinates (input size plus padding, dilated kernel extent) stay far from int32 overflow.
+constexpr int64_t kCoordinateLimit = int64_t{1} << 29;
+constexpr int kThreads = 256;  // the engine's elementwise helper kernels
+
+inline bool fits(int64_t v) { return v >= 0 && v <= kIndexLimit; }
+
+// Tiles, kernel (wgmma or mma.sync) and reduction split for one product C[M][N] over red.
+// narrow_ok: B's k is contiguous (the narrow tile's loader needs it).
+// gather: a convolution (an operand is gathered), not a plain matrix product.
+Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
+               Precision precision, bool gather);
+
+// Runs one planned launch: straight into args.out, or into partial sums (a workspace) that one
+// fixed-order pass reduces into args.out.
+using LaunchFn = std::function<void(const MainloopArgs&, cudaStream_t)>;
+void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const LaunchFn& launch);
+
+// The gathers' 32-bit geometry (with its divisors) of a convolution.
+ConvGeometry geometry(const ConvShape& s);
+// A row-major (M, N) output with an optional per-column bias.
+OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
+
+// Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
+bool columns_pay(const ConvShape& s);
+void grad_input_by_columns(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                           Precision precision, const EnginePolicy& policy);
+
+}  // namespace tg::cuda::engine
