@@ -1,0 +1,138 @@
+// conv_transpose2d / conv_transpose3d: validation, the output size, and the tape entry. The
+// arithmetic is the convolution's (ops/conv.h) with the roles of input and output swapped.
+#include "ops/conv_transpose.h"
+
+#include "autograd/tape.h"
+#include "core/checked.h"
+#include "ops/checks.h"
+#include "ops/elementwise.h"
+
+namespace tg {
+namespace {
+
+std::vector<int64_t> expand(const char* op, const char* name, const std::vector<int64_t>& v, size_t dims,
+                            int64_t min_value) {
+  TG_CHECK(v.size() == 1 || v.size() == dims, op, ": ", name, " has ", v.size(), " values; expected 1 or ", dims,
+           " (one per spatial dim)");
+  std::vector<int64_t> out(dims, v[0]);
+  if (v.size() != 1) out = v;
+  for (int64_t x : out)
+    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive", ", got ",
+             Shape(out));
+  return out;
+}
+
+void check_operands(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                    const ConvTransposeParams& p) {
+  TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
+  check_same_device_dtype(op, x, w);
+  const int64_t rank = int64_t(dims) + 2;
+  TG_CHECK_AS(ShapeError, x.dim() == rank, op, ": expected a ", rank, "-D input, got ", describe(x));
+  TG_CHECK_AS(ShapeError, w.dim() == rank, op, ": expected a ", rank, "-D weight (C_in, C_out, ",
+              dims == 3 ? "kd, kh, kw" : "kh, kw", "), got ", describe(w));
+  TG_CHECK_AS(UnsupportedError, !(dims == 3 && p.layout == Layout::NHWC), op,
+              ": Layout::NHWC is not supported for 3-D (input must be NCDHW), got input ", x.shape());
+  const int64_t channels = p.layout == Layout::NHWC ? x.size(x.dim() - 1) : x.size(1);
+  TG_CHECK_AS(ShapeError, channels == w.size(0), op, ": input ", describe(x), " has ", channels,
+              " channels but the weight ", w.shape(), " expects ", w.size(0), " (weight is (C_in, C_out, k...))");
+  if (b.defined()) {
+    check_same_device_dtype(op, x, b);
+    TG_CHECK_AS(ShapeError, b.dim() == 1 && b.size(0) == w.size(1), op, ": bias ", describe(b),
+                " does not match weight ", w.shape(), ": expected shape [", w.size(1), "]");
+  }
+}
+
+ConvParams conv_params(const ConvTransposeParams& p) {
+  return {.stride = p.stride, .padding = p.padding, .dilation = p.dilation, .layout = p.layout};
+}
+
+Tensor conv_transpose_nd(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                         const ConvTransposeParams& p) {
+  check_operands(op, dims, x, w, b, p);
+  const Shape y_shape = conv_transpose_output_shape(op, x.shape(), w.shape(), p);
+  const ConvParams cp = conv_params(p);
+  Tensor y = conv_backward_input(x, w, y_shape, cp);
+  if (b.defined()) {
+    NoGradGuard no_grad;  // the bias is part of this op's one tape entry
+    const int64_t c_out = w.size(1);
+    Shape b_shape({c_out});
+    if (p.layout != Layout::NHWC) b_shape = dims == 3 ? Shape{c_out, 1, 1, 1} : Shape{c_out, 1, 1};
+    y = add(y, b.reshape(b_shape));
+  }
+  if (should_record({x, w, b})) {
+    Tensor saved_x = w.requires_grad() ? x : Tensor();
+    Tensor saved_w = x.requires_grad() ? w : Tensor();
+    record(op, {x, w, b}, {y}, {saved_x, saved_w},
+           [op, cp, dims, w_shape = w.shape()](const BackwardArgs& args) {
+             const Tensor& dy = args.grad_outputs[0];
+             std::vector<Tensor> grads(3);
+             if (args.needs_grad[0]) {
+               TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               grads[0] = dims == 3 ? conv3d(dy, args.saved[1], Tensor(), cp) : conv2d(dy, args.saved[1], Tensor(), cp);
+             }
+             if (args.needs_grad[1]) {
+               TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               // The convolution's weight gradient with its output gradient = x, its input = dy.
+               grads[1] = conv_backward_weight(args.saved[0], dy, w_shape, cp);
+             }
+             if (args.needs_grad[2]) grads[2] = conv_backward_bias(dy, cp.layout);
+             return grads;
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Shape& w_shape,
+                                  const ConvTransposeParams& p) {
+  TG_CHECK_AS(ShapeError, w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ",
+              w_shape);
+  TG_CHECK_AS(ShapeError, x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
+              " must have the same rank");
+  checked_extent(x_shape.dims(), op);
+  checked_extent(w_shape.dims(), op);
+  const size_t dims = w_shape.rank() - 2;
+  const bool last = p.layout == Layout::NHWC;
+  const auto stride = expand(op, "stride", p.stride, dims, 1);
+  const auto pad = expand(op, "padding", p.padding, dims, 0);
+  const auto out_pad = expand(op, "output_padding", p.output_padding, dims, 0);
+  const auto dil = expand(op, "dilation", p.dilation, dims, 1);
+  std::vector<int64_t> y = {x_shape[0]};
+  if (!last) y.push_back(w_shape[1]);
+  for (size_t d = 0; d < dims; ++d) {
+    const int64_t in = last ? x_shape[1 + d] : x_shape[2 + d], k = w_shape[2 + d];
+    TG_CHECK(out_pad[d] < stride[d] || out_pad[d] < dil[d], op, ": output_padding ", Shape(out_pad),
+             " must be smaller than the stride ", Shape(stride), " or the dilation ", Shape(dil));
+    // (in - 1) * stride - 2 * pad + dil * (k - 1) + output_padding + 1, every step checked.
+    const int64_t grown = checked_mul(in - 1, stride[d], op, ": output size");
+    const int64_t span = checked_add(checked_mul(dil[d], k - 1, op, ": kernel extent"), out_pad[d] + 1, op,
+                                     ": output size");
+    const int64_t out = checked_sub(checked_add(grown, span, op, ": output size"), checked_mul(2, pad[d], op, ": padding"),
+                                    op, ": output size");
+    TG_CHECK_AS(ShapeError, in >= 1 && out >= 1, op, ": input ", x_shape, " with weight ", w_shape, ", stride ",
+                Shape(stride), ", padding ", Shape(pad), " gives an empty output (size ", out, " in spatial dim ", d,
+                ")");
+    y.push_back(out);
+  }
+  if (last) y.push_back(w_shape[1]);
+  const Shape y_shape(y);
+  // The convolution this op transposes must map y back to x's shape.
+  const ConvShape s = make_conv_shape(op, y_shape, w_shape, conv_params(p));
+  TG_CHECK_AS(ShapeError, s.y_shape() == x_shape, op, ": input ", x_shape, " is not the output of a convolution of ",
+              y_shape, " by ", w_shape, " with these parameters");
+  return y_shape;
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
+  return conv_transpose_nd("conv_transpose2d", 2, x, w, bias, p);
+}
+
+Tensor conv_transpose3d(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
+  return conv_transpose_nd("conv_transpose3d", 3, x, w, bias, p);
+}
+
+}  // namespace tg
