@@ -20,7 +20,7 @@
 namespace tg::nn {
 
 struct LayerNormOptions {
-  std::vector<int64_t> normalized_shape;  // the trailing dims normalized together
+  std::vector<int64_t> normalized_shape = {};  // the trailing dims normalized together
   double eps = 1e-5;
   bool elementwise_affine = true;  // weight (and bias) of shape normalized_shape
   bool bias = true;                // PyTorch's bias=False keeps the weight only
