@@ -3,7 +3,7 @@
 // tile, each in a general version (guards for ragged channel counts) and a full-tile version.
 // Design: docs/kernels/conv1x1.md.
 #pragma once
-#include "ops/cuda/conv1x1_tiles.cuh"
+#include "conv1x1_tiles.cuh"
 
 namespace tg::cuda::conv1x1_detail {
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "ops/cuda/conv1x1_tiles.cuh"
+#include "conv1x1_tiles.cuh"
 
 namespace tg::cuda::conv1x1_detail {
 

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/cuda_context.h"
-#include "core/tensor.h"
-#include "ops/conv.h"
-#include "ops/cuda/arch/int_math.h"
-#include "ops/cuda/conv1x1_epilogue.cuh"
+#include "../../core/cuda_context.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
+#include "arch/int_math.h"
+#include "conv1x1_epilogue.cuh"
 
 namespace tg::cuda::conv1x1_detail {
 

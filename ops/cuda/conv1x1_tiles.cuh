@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/cuda/arch/cp_async.cuh"
-#include "ops/cuda/arch/mma_sync.cuh"
-#include "ops/cuda/arch/named_barrier.cuh"
-#include "ops/cuda/arch/shared_memory.cuh"
-#include "ops/cuda/arch/tf32.cuh"
+#include "arch/cp_async.cuh"
+#include "arch/mma_sync.cuh"
+#include "arch/named_barrier.cuh"
+#include "arch/shared_memory.cuh"
+#include "arch/tf32.cuh"
 
 namespace tg::cuda::conv1x1_detail {
 

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/cuda_context.h"
-#include "core/tensor.h"
-#include "ops/cuda/arch/hopper.h"
-#include "ops/cuda/conv3d_gn_mean_mma_tiles.cuh"
-#include "ops/fused.h"
+#include "../../core/cuda_context.h"
+#include "../../core/tensor.h"
+#include "arch/hopper.h"
+#include "conv3d_gn_mean_mma_tiles.cuh"
+#include "../fused.h"
 
 namespace tg::cuda::conv3d_gn_mean_mma_detail {
 

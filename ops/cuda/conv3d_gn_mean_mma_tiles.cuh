@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "ops/cuda/arch/cp_async.cuh"
-#include "ops/cuda/arch/int_math.h"
-#include "ops/cuda/arch/mma_sync.cuh"
-#include "ops/cuda/arch/tf32.cuh"
+#include "arch/cp_async.cuh"
+#include "arch/int_math.h"
+#include "arch/mma_sync.cuh"
+#include "arch/tf32.cuh"
 
 namespace tg::cuda::conv3d_gn_mean_mma_detail {
 

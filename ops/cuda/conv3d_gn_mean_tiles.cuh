@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/cuda_context.h"
-#include "ops/cuda/arch/hopper.h"
-#include "ops/cuda/arch/int_math.h"
-#include "ops/cuda/conv.h"
-#include "ops/cuda/fused.h"
+#include "../../core/cuda_context.h"
+#include "arch/hopper.h"
+#include "arch/int_math.h"
+#include "conv.h"
+#include "fused.h"
 
 namespace tg::cuda::conv3d_gn_mean_detail {
 

@@ -8,8 +8,8 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "ops/conv.h"
+#include "../../core/tensor.h"
+#include "../conv.h"
 
 namespace tg::cuda::conv3x3_detail {
 
