@@ -1,0 +1,230 @@
+// Writing safetensors files atomically (save_file): the header is built and every name checked
+// before the file system is touched; the data goes to a temporary file next to the target
+// (O_TMPFILE where the file system has it), is fsync'ed and renamed over the target; stale
+// temporaries of dead processes are removed. The format: core/safetensors.h.
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <unordered_set>
+
+#include "core/json.h"
+#include "core/safetensors_fd.h"
+
+namespace tg::safetensors {
+
+namespace {
+
+using detail::errno_text;
+using detail::Fd;
+
+std::atomic<int64_t> g_fail_after{-1};
+std::atomic<bool> g_use_tmpfile{true};
+
+// Writes the temporary file; `fail_after` >= 0 simulates a failure after that many bytes.
+class TempWriter {
+ public:
+  TempWriter(int fd, const std::string& path, int64_t fail_after) : fd_(fd), path_(path), fail_after_(fail_after) {}
+  void write(const void* src, uint64_t n) {
+    const char* p = static_cast<const char*>(src);
+    while (n > 0) {
+      uint64_t chunk = n;
+      if (fail_after_ >= 0) {
+        uint64_t left = static_cast<uint64_t>(fail_after_) - std::min<uint64_t>(written_, fail_after_);
+        if (left == 0)
+          TG_FAIL_AS(IOError, "safetensors: writing '", path_, "' failed after ", written_, " bytes (simulated failure)");
+        chunk = std::min(chunk, left);
+      }
+      ssize_t put = ::write(fd_, p, chunk);
+      if (put < 0 && errno == EINTR) continue;
+      TG_CHECK_AS(IOError, put > 0, "safetensors: writing '", path_, "' failed after ", written_, " bytes: ", errno_text());
+      p += put;
+      n -= static_cast<uint64_t>(put);
+      written_ += static_cast<uint64_t>(put);
+    }
+  }
+
+ private:
+  int fd_;
+  const std::string& path_;
+  int64_t fail_after_;
+  uint64_t written_ = 0;
+};
+
+// "<path>.tmp.<pid>.<n>": unique among this process's saves, and says whose it is.
+std::string temp_path_for(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
+std::filesystem::path directory_of(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  return dir.empty() ? std::filesystem::path(".") : dir;
+}
+
+// The pid of a "<target>.tmp.<pid>.<n>" name, or 0 if `name` is not one.
+pid_t temp_owner(const std::string& name, const std::string& prefix) {
+  if (!name.starts_with(prefix)) return 0;
+  const std::string rest = name.substr(prefix.size());
+  const size_t dot = rest.find('.');
+  auto digits = [](std::string_view v) {
+    return !v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == v.npos;
+  };
+  if (dot == std::string::npos || !digits(std::string_view(rest).substr(0, dot)) ||
+      !digits(std::string_view(rest).substr(dot + 1)))
+    return 0;
+  const long long pid = std::stoll(rest.substr(0, dot));
+  return pid > 0 && pid <= INT32_MAX ? static_cast<pid_t>(pid) : 0;
+}
+
+// Removes the temporaries of saves of `path` by processes that no longer exist (killed
+// mid-save). Best effort and silent: a file that cannot be removed stays.
+void remove_stale_temps(const std::string& path) {
+  const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(directory_of(path), ec), end; !ec && it != end; it.increment(ec)) {
+    const pid_t pid = temp_owner(it->path().filename().string(), prefix);
+    // Our own are other threads' saves in progress; EPERM means alive (another user's).
+    if (pid == 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    ::unlink(it->path().c_str());
+  }
+}
+
+// The temporary a save writes: unnamed (O_TMPFILE) where the file system allows, so that
+// it dies with the process, else created under its name.
+struct TempFile {
+  Fd fd{-1};
+  std::string name;  // named once complete (or from the start without O_TMPFILE)
+  bool unnamed = false;
+};
+
+TempFile create_temp(const std::string& path) {
+  TempFile t;
+  t.name = temp_path_for(path);
+  // Naming an O_TMPFILE file goes through /proc/self/fd: without it, do not start one.
+  if (g_use_tmpfile.load() && ::access("/proc/self/fd", X_OK) == 0) {
+    t.fd = Fd(::open(directory_of(path).c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666));
+    t.unnamed = t.fd.get() >= 0;
+  }
+  if (!t.unnamed) {
+    // Unsupported (EOPNOTSUPP, EISDIR...) or refused: the named file gives the error, if any.
+    t.fd = Fd(::open(t.name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+    TG_CHECK_AS(IOError, t.fd.get() >= 0, "safetensors: cannot create '", t.name, "' to save '", path, "': ", errno_text(),
+                " (is the directory writable?)");
+  }
+  return t;
+}
+
+// Gives a complete unnamed temporary its name, ready for the rename.
+void name_temp(TempFile& t, const std::string& path) {
+  if (!t.unnamed) return;
+  const std::string proc = "/proc/self/fd/" + std::to_string(t.fd.get());
+  TG_CHECK_AS(IOError, ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, t.name.c_str(), AT_SYMLINK_FOLLOW) == 0,
+              "safetensors: cannot name the temporary file of '", path, "' as '", t.name, "': ", errno_text());
+  t.unnamed = false;
+}
+
+// Makes the rename itself durable; best effort (some filesystems refuse to fsync a directory).
+void sync_directory_of(const std::string& path) {
+  int fd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Names and metadata must be UTF-8: the format says so, and our reader (as Python's)
+// refuses a file that breaks it.
+void check_utf8(const std::string& s, const char* what) {
+  size_t bad = 0;
+  TG_CHECK(json::valid_utf8(s, &bad), "safetensors::save_file: ", what, " '", json::printable(s),
+           "' is not valid UTF-8 (ill-formed sequence at byte ", bad,
+           "); safetensors names and metadata must be UTF-8");
+}
+
+}  // namespace
+
+void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata) {
+  const int64_t fail_after = g_fail_after.exchange(-1);
+  // Everything is checked and the header built before the file system is touched.
+  std::unordered_set<std::string_view> names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    TG_CHECK(!name.empty(), "safetensors::save_file: tensor ", i, " has an empty name");
+    TG_CHECK(name != "__metadata__", "safetensors::save_file: '__metadata__' is reserved and cannot name a tensor");
+    check_utf8(name, "tensor name");
+    TG_CHECK(t.defined(), "safetensors::save_file: tensor '", name, "' is undefined");
+    TG_CHECK(names.insert(name).second, "safetensors::save_file: two tensors are named '", name, "'");
+  }
+  std::unordered_set<std::string_view> keys;
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, "metadata key");
+    check_utf8(value, "metadata value");
+    TG_CHECK(keys.insert(key).second, "safetensors::save_file: metadata key '", key, "' given twice");
+  }
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (size_t i = 0; i < metadata.size(); ++i) {
+      if (i) header += ',';
+      header += json::quote(metadata[i].first);
+      header += ':';
+      header += json::quote(metadata[i].second);
+    }
+    header += "}";
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    if (i || !metadata.empty()) header += ",";
+    header += json::quote(name) + ":{\"dtype\":\"" + dtype_code(t.dtype()) + "\",\"shape\":[";
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (d) header += ',';
+      header += std::to_string(t.size(d));
+    }
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
+    offset += t.nbytes();
+  }
+  header += "}";
+  // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+
+  remove_stale_temps(path);
+  TempFile tmp = create_temp(path);
+  try {
+    TempWriter out(tmp.fd.get(), tmp.name, fail_after);
+    out.write(len_bytes, 8);
+    out.write(header.data(), header.size());
+    for (const auto& [name, t] : tensors) {
+      // GPU tensors come to the host one at a time; detach so no tape records the copy.
+      Tensor host = t.device().is_cpu() ? t : t.detach().to(Device::cpu());
+      out.write(host.raw_data(), host.nbytes());
+    }
+    TG_CHECK_AS(IOError, ::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
+    name_temp(tmp, path);
+    TG_CHECK_AS(IOError, tmp.fd.close() == 0, "safetensors: closing '", tmp.name, "' failed: ", errno_text());
+    TG_CHECK_AS(IOError, ::rename(tmp.name.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp.name, "' to '", path,
+                "' failed: ", errno_text());
+  } catch (...) {
+    tmp.fd.close();
+    if (!tmp.unnamed) ::unlink(tmp.name.c_str());
+    throw;
+  }
+  sync_directory_of(path);
+}
+
+namespace testing {
+void fail_next_write_after(int64_t bytes) { g_fail_after.store(bytes); }
+void set_use_tmpfile(bool on) { g_use_tmpfile.store(on); }
+}  // namespace testing
+
+}  // namespace tg::safetensors
