@@ -1,0 +1,101 @@
+// CPU reference of the pooling family (ops/pool.h): one loop nest over the (D, H, W) output
+// of each (n, c) plane, the windows from pool_window. Averages are summed in double. The
+// backward scatters each output's gradient into its window (the CUDA kernels gather
+// instead), so the two backends reach the same values by different routes.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/dtype_dispatch.h"
+#include "ops/cpu/shape_pool_kernels.h"
+
+namespace tg::cpu {
+
+namespace {
+
+// Calls f(o, wd, wh, ww) for every output position o (flat in the plane) and its windows.
+template <class F>
+void for_each_window(const PoolProblem& p, F&& f) {
+  int64_t o = 0;
+  for (int64_t od = 0; od < p.out[0]; ++od) {
+    const PoolWindow wd = pool_window(p, 0, od);
+    for (int64_t oh = 0; oh < p.out[1]; ++oh) {
+      const PoolWindow wh = pool_window(p, 1, oh);
+      for (int64_t ow = 0; ow < p.out[2]; ++ow, ++o) f(o, wd, wh, pool_window(p, 2, ow));
+    }
+  }
+}
+
+}  // namespace
+
+void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, const PoolProblem& p) {
+  check_pool_forward_buffers(out, indices, x, p);
+  const int64_t planes = p.N * p.C, in_plane = p.in_plane(), out_plane = p.out_plane();
+  const int64_t H = p.in[1], W = p.in[2];
+  dispatch_floating("pool_forward", x.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    int64_t* idx = p.kind == PoolKind::max ? indices.data<int64_t>() : nullptr;
+    for (int64_t nc = 0; nc < planes; ++nc) {
+      const T* xp = x.data<T>() + nc * in_plane;  // (D, H, W)
+      T* yp = out.data<T>() + nc * out_plane;      // (oD, oH, oW)
+      for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
+        if (p.kind == PoolKind::max) {
+          // PyTorch's rule: start at the window's first real element with -inf, take a
+          // strictly greater value (ties keep the first) or any NaN.
+          int64_t best_i = (wd.begin * H + wh.begin) * W + ww.begin;
+          double best = -std::numeric_limits<double>::infinity();
+          for (int64_t d = wd.begin; d < wd.end; ++d)
+            for (int64_t h = wh.begin; h < wh.end; ++h)
+              for (int64_t w = ww.begin; w < ww.end; ++w) {
+                const int64_t i = (d * H + h) * W + w;
+                const double v = xp[i];
+                if (v > best || std::isnan(v)) {
+                  best = v;
+                  best_i = i;
+                }
+              }
+          yp[o] = static_cast<T>(best);
+          idx[nc * out_plane + o] = best_i;
+        } else {
+          double s = 0;
+          for (int64_t d = wd.begin; d < wd.end; ++d)
+            for (int64_t h = wh.begin; h < wh.end; ++h)
+              for (int64_t w = ww.begin; w < ww.end; ++w) s += xp[(d * H + h) * W + w];
+          yp[o] = static_cast<T>(s / double(wd.divisor * wh.divisor * ww.divisor));
+        }
+      });
+    }
+  });
+}
+
+void pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
+  check_pool_backward_buffers(dx, dy, indices, p);
+  const int64_t planes = p.N * p.C, in_plane = p.in_plane(), out_plane = p.out_plane();
+  const int64_t H = p.in[1], W = p.in[2];
+  dispatch_floating("pool_backward", dy.dtype(), [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    const int64_t* idx = p.kind == PoolKind::max ? indices.data<int64_t>() : nullptr;
+    std::vector<double> acc(static_cast<size_t>(in_plane));
+    for (int64_t nc = 0; nc < planes; ++nc) {
+      const T* gp = dy.data<T>() + nc * out_plane;  // (oD, oH, oW)
+      T* dxp = dx.data<T>() + nc * in_plane;        // (D, H, W)
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
+        if (p.kind == PoolKind::max) {
+          const int64_t i = idx[nc * out_plane + o];
+          TG_CHECK_AS(ShapeError, i >= 0 && i < in_plane, "max_pool_backward: index ", i,
+                      " is outside the input plane of ", in_plane, " elements");
+          acc[static_cast<size_t>(i)] += gp[o];
+          return;
+        }
+        const double g = double(gp[o]) / double(wd.divisor * wh.divisor * ww.divisor);
+        for (int64_t d = wd.begin; d < wd.end; ++d)
+          for (int64_t h = wh.begin; h < wh.end; ++h)
+            for (int64_t w = ww.begin; w < ww.end; ++w) acc[static_cast<size_t>((d * H + h) * W + w)] += g;
+      });
+      for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+    }
+  });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,212 @@
+// The pooling family's public functions: validation, device dispatch, the tape entries.
+#include "ops/pool.h"
+
+#include <string>
+
+#include "autograd/tape.h"
+#include "ops/checks.h"
+#include "ops/cpu/shape_pool_kernels.h"
+#include "ops/dispatch.h"
+#if TG_CUDA
+#include "ops/cuda/shape_pool_kernels.h"
+#endif
+
+namespace tg {
+
+namespace {
+
+const char* dim_name(int spatial, int d) {
+  static const char* names3[] = {"D", "H", "W"};
+  return names3[d + (spatial == 2 ? 1 : 0)];
+}
+
+// A list of one value for every spatial dim, or one per dim (checked by the caller), as
+// `spatial` values.
+std::vector<int64_t> expand(const std::vector<int64_t>& v, int spatial) {
+  return v.size() == 1 ? std::vector<int64_t>(static_cast<size_t>(spatial), v[0]) : v;
+}
+
+void check_list(const char* op, const char* name, const std::vector<int64_t>& v, int spatial, int64_t min_value) {
+  TG_CHECK(v.size() == 1 || v.size() == static_cast<size_t>(spatial), op, ": ", name, " has ", v.size(),
+           " values; expected 1 or ", spatial);
+  for (int64_t x : v)
+    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive", ", got ",
+             Shape(v));
+}
+
+void check_input(const char* op, int spatial, const Tensor& x) {
+  check_floating(op, x);
+  TG_CHECK_AS(ShapeError, x.dim() == spatial + 2, op, ": expected a ", spatial + 2, "-D input ",
+              spatial == 2 ? "(N, C, H, W)" : "(N, C, D, H, W)", ", got ", describe(x));
+}
+
+const char* kind_name(const PoolProblem& p) {
+  if (p.kind == PoolKind::max) return p.spatial == 2 ? "max_pool2d" : "max_pool3d";
+  if (p.kind == PoolKind::avg) return p.spatial == 2 ? "avg_pool2d" : "avg_pool3d";
+  return p.spatial == 2 ? "adaptive_avg_pool2d" : "adaptive_avg_pool3d";
+}
+
+MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolParams& params) {
+  const PoolProblem p = make_pool_problem(op, PoolKind::max, spatial, x, params);
+  const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
+  Tensor out = Tensor::empty(pool_output_shape(p), opts);
+  Tensor indices = Tensor::empty(pool_output_shape(p), {.dtype = DType::i64, .device = x.device()});
+  TG_DISPATCH(x.device(), pool_forward(out, indices, x, p));
+  if (should_record({x})) {
+    // Only the argmax is needed: the input itself can be freed after the forward.
+    record(op, {x}, {out}, {indices}, [p](const BackwardArgs& args) {
+      return std::vector<Tensor>{max_pool_backward(args.grad_outputs[0], args.saved[0], p)};
+    });
+  }
+  return {out, indices};
+}
+
+Tensor avg_pool(const char* op, const Tensor& x, const PoolProblem& p) {
+  Tensor out = Tensor::empty(pool_output_shape(p), {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), pool_forward(out, Tensor(), x, p));
+  if (should_record({x})) {
+    record(op, {x}, {out}, {}, [p](const BackwardArgs& args) {
+      return std::vector<Tensor>{avg_pool_backward(args.grad_outputs[0], p)};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_pool_params(const char* op, int spatial, const PoolParams& p) {
+  TG_CHECK(!p.kernel_size.empty(), op, ": kernel_size is required");
+  check_list(op, "kernel_size", p.kernel_size, spatial, 1);
+  if (!p.stride.empty()) check_list(op, "stride", p.stride, spatial, 1);
+  check_list(op, "padding", p.padding, spatial, 0);
+  const std::vector<int64_t> k = expand(p.kernel_size, spatial), pad = expand(p.padding, spatial);
+  for (int d = 0; d < spatial; ++d)
+    TG_CHECK(pad[d] <= k[d] / 2, op, ": padding ", Shape(p.padding), " should be at most half of kernel_size ",
+             Shape(p.kernel_size), " (dim ", dim_name(spatial, d), ")");
+}
+
+PoolProblem make_pool_problem(const char* op, PoolKind kind, int spatial, const Tensor& x, const PoolParams& params) {
+  check_input(op, spatial, x);
+  check_pool_params(op, spatial, params);
+  const std::vector<int64_t> k = expand(params.kernel_size, spatial);
+  const std::vector<int64_t> s = params.stride.empty() ? k : expand(params.stride, spatial);
+  const std::vector<int64_t> pad = expand(params.padding, spatial);
+  PoolProblem p;
+  p.kind = kind;
+  p.spatial = spatial;
+  p.N = x.size(0);
+  p.C = x.size(1);
+  for (int d = 0; d < spatial; ++d) {
+    const int slot = d + 3 - spatial;
+    p.in[slot] = x.size(2 + d);
+    p.kernel[slot] = k[d];
+    p.stride[slot] = s[d];
+    p.padding[slot] = pad[d];
+    const int64_t padded = checked_add(p.in[slot], checked_mul(2, pad[d], op), op);
+    TG_CHECK_AS(ShapeError, k[d] <= padded, op, ": kernel_size ", Shape(params.kernel_size),
+                " is larger than the padded input in dim ", dim_name(spatial, d), " (", padded, ") of ", describe(x));
+    p.out[slot] = (padded - k[d]) / s[d] + 1;
+  }
+  return p;
+}
+
+PoolProblem make_adaptive_pool_problem(const char* op, int spatial, const Tensor& x,
+                                       const std::vector<int64_t>& output_size) {
+  check_input(op, spatial, x);
+  check_list(op, "output_size", output_size, spatial, 1);
+  TG_CHECK(!output_size.empty(), op, ": output_size is required");
+  const std::vector<int64_t> o = expand(output_size, spatial);
+  PoolProblem p;
+  p.kind = PoolKind::adaptive_avg;
+  p.spatial = spatial;
+  p.N = x.size(0);
+  p.C = x.size(1);
+  for (int d = 0; d < spatial; ++d) {
+    const int slot = d + 3 - spatial;
+    p.in[slot] = x.size(2 + d);
+    p.out[slot] = o[d];
+    TG_CHECK_AS(ShapeError, p.in[slot] >= 1, op, ": input ", describe(x), " is empty in spatial dim ",
+                dim_name(spatial, d));
+    // The window bounds multiply an index by the other size: keep that product in range.
+    checked_mul(checked_add(p.in[slot], 1, op), checked_add(p.out[slot], 1, op), op, ": window bounds of ",
+                describe(x), " to ", Shape(output_size));
+  }
+  return p;
+}
+
+Shape pool_input_shape(const PoolProblem& p) {
+  return p.spatial == 2 ? Shape{p.N, p.C, p.in[1], p.in[2]} : Shape{p.N, p.C, p.in[0], p.in[1], p.in[2]};
+}
+
+Shape pool_output_shape(const PoolProblem& p) {
+  return p.spatial == 2 ? Shape{p.N, p.C, p.out[1], p.out[2]} : Shape{p.N, p.C, p.out[0], p.out[1], p.out[2]};
+}
+
+void check_pool_forward_buffers(const Tensor& out, const Tensor& indices, const Tensor& x, const PoolProblem& p) {
+  const char* op = kind_name(p);
+  check_same_device_dtype(op, out, x);
+  TG_CHECK_AS(ShapeError, x.shape() == pool_input_shape(p) && out.shape() == pool_output_shape(p), op, ": input ",
+              describe(x), " and output ", describe(out), " do not fit the problem (input ", pool_input_shape(p),
+              ", output ", pool_output_shape(p), ")");
+  if (p.kind == PoolKind::max) {
+    TG_CHECK(indices.defined(), op, ": max pooling needs an indices buffer");
+    TG_CHECK_AS(DTypeError, indices.dtype() == DType::i64, op, ": indices must be i64, got ", describe(indices));
+    TG_CHECK_AS(DeviceError, indices.device() == x.device(), op, ": indices ", describe(indices), " and input ",
+                describe(x), " are on different devices");
+    TG_CHECK_AS(ShapeError, indices.shape() == out.shape(), op, ": indices ", describe(indices),
+                " do not match the output ", describe(out));
+  }
+}
+
+void check_pool_backward_buffers(const Tensor& dx, const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
+  const std::string op = std::string(kind_name(p)) + "_backward";
+  check_same_device_dtype(op.c_str(), dx, dy);
+  TG_CHECK_AS(ShapeError, dy.shape() == pool_output_shape(p), op, ": gradient ", describe(dy),
+              " does not match the output shape ", pool_output_shape(p));
+  TG_CHECK_AS(ShapeError, dx.shape() == pool_input_shape(p), op, ": gradient buffer ", describe(dx),
+              " does not match the input shape ", pool_input_shape(p));
+  if (p.kind == PoolKind::max) {
+    TG_CHECK(indices.defined(), op, ": max pooling's backward needs the indices");
+    TG_CHECK_AS(DTypeError, indices.dtype() == DType::i64, op, ": indices must be i64, got ", describe(indices));
+    TG_CHECK_AS(DeviceError, indices.device() == dy.device(), op, ": indices ", describe(indices), " and gradient ",
+                describe(dy), " are on different devices");
+    TG_CHECK_AS(ShapeError, indices.shape() == dy.shape(), op, ": indices ", describe(indices),
+                " do not match the gradient ", describe(dy));
+  }
+}
+
+Tensor max_pool2d(const Tensor& x, const PoolParams& p) { return max_pool("max_pool2d", 2, x, p).output; }
+Tensor max_pool3d(const Tensor& x, const PoolParams& p) { return max_pool("max_pool3d", 3, x, p).output; }
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const PoolParams& p) { return max_pool("max_pool2d", 2, x, p); }
+MaxPoolResult max_pool3d_with_indices(const Tensor& x, const PoolParams& p) { return max_pool("max_pool3d", 3, x, p); }
+
+Tensor avg_pool2d(const Tensor& x, const PoolParams& p) {
+  return avg_pool("avg_pool2d", x, make_pool_problem("avg_pool2d", PoolKind::avg, 2, x, p));
+}
+Tensor avg_pool3d(const Tensor& x, const PoolParams& p) {
+  return avg_pool("avg_pool3d", x, make_pool_problem("avg_pool3d", PoolKind::avg, 3, x, p));
+}
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size) {
+  return avg_pool("adaptive_avg_pool2d", x, make_adaptive_pool_problem("adaptive_avg_pool2d", 2, x, output_size));
+}
+Tensor adaptive_avg_pool3d(const Tensor& x, const std::vector<int64_t>& output_size) {
+  return avg_pool("adaptive_avg_pool3d", x, make_adaptive_pool_problem("adaptive_avg_pool3d", 3, x, output_size));
+}
+
+Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
+  TG_CHECK(p.kind == PoolKind::max, "max_pool_backward: the problem is not a max pooling");
+  check_floating("max_pool_backward", dy);
+  Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), pool_backward(dx, dy, indices, p));
+  return dx;
+}
+
+Tensor avg_pool_backward(const Tensor& dy, const PoolProblem& p) {
+  TG_CHECK(p.kind != PoolKind::max, "avg_pool_backward: the problem is a max pooling");
+  check_floating("avg_pool_backward", dy);
+  Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), pool_backward(dx, dy, Tensor(), p));
+  return dx;
+}
+
+}  // namespace tg

@@ -1,0 +1,120 @@
+// Pooling over NCHW (2-D) and NCDHW (3-D) tensors: max (with the argmax kept for backward),
+// average (count_include_pad = true, PyTorch's default) and adaptive average.
+//
+//   Tensor y = tg::max_pool2d(x, {.kernel_size = {3}, .stride = {2}, .padding = {1}});
+//   Tensor z = tg::avg_pool3d(x, {.kernel_size = {2, 2, 2}});        // stride = kernel
+//   Tensor g = tg::adaptive_avg_pool2d(x, {1, 1});                   // global average
+//
+// Output size per dim: floor((in + 2 padding - kernel) / stride) + 1 (no ceil_mode, no
+// dilation). As PyTorch, padding may be at most half the kernel, so every max window holds
+// at least one real element (padding counts as -inf), and an output size below 1 is an error.
+// Max ties pick the first maximum in window order; a NaN in the window wins, as in PyTorch.
+// Adaptive windows: start = floor(i * in / out), end = ceil((i + 1) * in / out).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "../core/random.h"  // TG_HOST_DEVICE
+#include "../core/tensor.h"
+
+namespace tg {
+
+// One value for every spatial dim, or one per dim. An empty stride means stride = kernel.
+struct PoolParams {
+  std::vector<int64_t> kernel_size;
+  std::vector<int64_t> stride = {};
+  std::vector<int64_t> padding = {0};
+};
+
+enum class PoolKind { max, avg, adaptive_avg };
+
+// The problem size shared by the public ops, the CPU reference and the CUDA kernels.
+// Spatial arrays are (D, H, W); a 2-D problem has D = 1, kernel 1, stride 1, padding 0 in
+// that slot, which makes it exactly a 3-D problem. Adaptive problems ignore kernel, stride
+// and padding.
+struct PoolProblem {
+  PoolKind kind = PoolKind::max;
+  int spatial = 2;  // 2 or 3: the rank of the user's problem, for messages and shapes
+  int64_t N = 0, C = 0;
+  int64_t in[3] = {1, 1, 1};
+  int64_t out[3] = {1, 1, 1};
+  int64_t kernel[3] = {1, 1, 1};
+  int64_t stride[3] = {1, 1, 1};
+  int64_t padding[3] = {0, 0, 0};
+  int64_t in_plane() const { return in[0] * in[1] * in[2]; }
+  int64_t out_plane() const { return out[0] * out[1] * out[2]; }
+};
+
+// The window [begin, end) of output position o along spatial dim k, clipped to the input,
+// and the divisor it contributes to an average (the unclipped size with count_include_pad,
+// the window's size for adaptive pooling). Shared by both backends so they cannot disagree.
+struct PoolWindow {
+  int64_t begin, end, divisor;
+};
+TG_HOST_DEVICE PoolWindow pool_window(const PoolProblem& p, int k, int64_t o) {
+  if (p.kind == PoolKind::adaptive_avg) {
+    const int64_t b = (o * p.in[k]) / p.out[k];
+    const int64_t e = ((o + 1) * p.in[k] + p.out[k] - 1) / p.out[k];
+    return {b, e, e - b};
+  }
+  int64_t b = o * p.stride[k] - p.padding[k];
+  int64_t e = b + p.kernel[k];
+  const int64_t limit = p.in[k] + p.padding[k];
+  if (e > limit) e = limit;
+  const int64_t divisor = e - b;  // count_include_pad: padded positions count
+  if (b < 0) b = 0;
+  if (e > p.in[k]) e = p.in[k];
+  return {b, e, divisor};
+}
+
+// The output positions [first, last) along dim k whose windows contain input position i:
+// what a backward that gathers (rather than scatters) loops over.
+TG_HOST_DEVICE void pool_inverse_window(const PoolProblem& p, int k, int64_t i, int64_t& first, int64_t& last) {
+  if (p.kind == PoolKind::adaptive_avg) {
+    first = (i * p.out[k]) / p.in[k];
+    last = ((i + 1) * p.out[k] + p.in[k] - 1) / p.in[k];
+    return;
+  }
+  // o * stride - padding <= i < o * stride - padding + kernel
+  const int64_t hi = i + p.padding[k];  // >= 0
+  const int64_t lo = hi - p.kernel[k] + 1;
+  first = lo <= 0 ? 0 : (lo + p.stride[k] - 1) / p.stride[k];
+  last = hi / p.stride[k] + 1;
+  if (last > p.out[k]) last = p.out[k];
+  if (first > last) first = last;
+}
+
+// Validates x (rank spatial + 2, floating) and the parameters, naming `op` and the shapes.
+PoolProblem make_pool_problem(const char* op, PoolKind kind, int spatial, const Tensor& x, const PoolParams& p);
+PoolProblem make_adaptive_pool_problem(const char* op, int spatial, const Tensor& x,
+                                       const std::vector<int64_t>& output_size);
+// The parameters alone (lengths, signs, padding at most half the kernel): what a module
+// can check when it is built, before it sees an input.
+void check_pool_params(const char* op, int spatial, const PoolParams& p);
+Shape pool_input_shape(const PoolProblem& p);
+Shape pool_output_shape(const PoolProblem& p);
+
+struct MaxPoolResult {
+  Tensor output;
+  Tensor indices;  // i64, the output's shape: flat positions in the input's (D*)H*W plane
+};
+
+Tensor max_pool2d(const Tensor& x, const PoolParams& p);
+Tensor max_pool3d(const Tensor& x, const PoolParams& p);
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, const PoolParams& p);
+MaxPoolResult max_pool3d_with_indices(const Tensor& x, const PoolParams& p);
+Tensor avg_pool2d(const Tensor& x, const PoolParams& p);
+Tensor avg_pool3d(const Tensor& x, const PoolParams& p);
+// output_size: one value for every spatial dim, or one per dim.
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size);
+Tensor adaptive_avg_pool3d(const Tensor& x, const std::vector<int64_t>& output_size);
+
+// The gradient of the input from the output's, as the tape calls them.
+Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProblem& p);
+Tensor avg_pool_backward(const Tensor& dy, const PoolProblem& p);  // avg and adaptive_avg
+
+// The kernels' buffer checks, called first by both backends.
+void check_pool_forward_buffers(const Tensor& out, const Tensor& indices, const Tensor& x, const PoolProblem& p);
+void check_pool_backward_buffers(const Tensor& dx, const Tensor& dy, const Tensor& indices, const PoolProblem& p);
+
+}  // namespace tg
