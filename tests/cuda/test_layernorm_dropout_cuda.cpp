@@ -3,6 +3,10 @@
 // the launchers into NaN-poisoned outputs in f32 and f64, bitwise determinism, the empty
 // batch; dropout's masks and gradients bit for bit equal to the CPU's for the same seed, and
 // the typed device errors.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
 #include "ops/cuda/dropout.h"
@@ -205,7 +209,7 @@ TEST(DropoutCuda, StatisticsModulesAndGlobalGenerator) {
   for (float v : y.to_vector<float>()) {
     if (v == 0.0f) continue;
     ++kept;
-    ASSERT_EQ(v, static_cast<float>(1.0 / 0.8));
+    ASSERT_EQ(v, static_cast<float>(1.0 * (1.0 / (1.0 - 0.2))));
   }
   EXPECT_NEAR(double(kept) / double(n), 0.8, 2e-3);
   // Without a seed: the same draws as on the CPU after the same manual_seed.
@@ -221,4 +225,70 @@ TEST(DropoutCuda, StatisticsModulesAndGlobalGenerator) {
   EXPECT_NE(d(xg).to_vector<float>(), d(xg).to_vector<float>());
   d.eval();
   EXPECT_TRUE(d(xg).same(xg));
+}
+
+// ---- past 2^31 elements: every index and offset is 64-bit ---------------------------------
+
+namespace {
+
+// Raw copies run on the legacy stream, which does not wait for the framework's.
+std::vector<float> tail_of(const Tensor& t, int64_t count) {
+  synchronize(kGpu);
+  std::vector<float> out(static_cast<size_t>(count));
+  EXPECT_EQ(cudaMemcpy(out.data(), t.data<float>() + (t.numel() - count), count * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return out;
+}
+
+}  // namespace
+
+TEST(LayerNormCuda, RowsPast2To31Elements) {
+  TG_REQUIRE_GPU();
+  manual_seed(204);
+  // Warp rows and block rows; the last row starts past element 2^31.
+  for (Shape s : {Shape{(int64_t{1} << 21) + 1, 1024}, Shape{(int64_t{1} << 11) + 1, int64_t{1} << 20}}) {
+    SCOPED_TRACE(s.str());
+    const LayerNormProblem p{.M = s[0], .D = s[1], .eps = 1e-5};
+    Tensor x = random(s, f32, kGpu);
+    ASSERT_GT(x.numel(), int64_t{1} << 31);
+    Tensor y = poisoned(s, f32), mean = poisoned({p.M}, f32), rstd = poisoned({p.M}, f32);
+    cuda::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), p);
+    // Every row of y sums to 0: also false for an unwritten (NaN) element anywhere.
+    EXPECT_NEAR(sum(y).item(), 0.0, 1e-6 * double(x.numel()));
+    const LayerNormProblem row{.M = 1, .D = p.D, .eps = 1e-5};
+    const Tensor rx = from_vector(tail_of(x, p.D), {1, p.D});
+    EXPECT_LE(rel_l2(from_vector(tail_of(y, p.D), {1, p.D}), layer_norm(rx, {p.D})), kTol);
+    y = Tensor();
+
+    Tensor dy = random(s, f32, kGpu);
+    Tensor dx = poisoned(s, f32), db = poisoned({p.D}, f32);
+    cuda::layer_norm_backward(dx, Tensor(), db, dy, x, Tensor(), mean, rstd, p);
+    EXPECT_NEAR(sum(dx).item(), 0.0, 1e-6 * double(x.numel()));  // without a weight, rows of dx sum to 0
+    EXPECT_TRUE(std::isfinite(sum(db).item()));
+    Tensor rdx = Tensor::empty({1, p.D});
+    cpu::layer_norm_backward(rdx, Tensor(), Tensor(), from_vector(tail_of(dy, p.D), {1, p.D}), rx, Tensor(),
+                             from_vector(tail_of(mean, 1), {1}), from_vector(tail_of(rstd, 1), {1}), row);
+    EXPECT_LE(rel_l2(from_vector(tail_of(dx, p.D), {1, p.D}), rdx), kTol);
+  }
+}
+
+TEST(DropoutCuda, Past2To31Elements) {
+  TG_REQUIRE_GPU();
+  // Elements, and channels of 1024 whose last one starts past element 2^31.
+  for (int64_t inner : {int64_t{1}, int64_t{1024}}) {
+    SCOPED_TRACE(inner);
+    const int64_t units = inner == 1 ? (int64_t{1} << 31) + 7 : (int64_t{1} << 21) + 1;
+    const int64_t n = units * inner;
+    Tensor x = ones({n}, {.device = kGpu});
+    Tensor y = poisoned({n}, f32);
+    const DropoutProblem q{.units = units, .inner = inner, .p = 0.5, .seed = 3};
+    cuda::dropout_apply(y, x, q);
+    EXPECT_NEAR(sum(y).item() / double(n), 1.0, 1e-2);  // NaN fails too
+    const auto t = tail_of(y, 16);
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t u = (n - 16 + i) / inner;
+      EXPECT_EQ(t[size_t(i)], dropout_keeps(q, u) ? 2.0f : 0.0f) << "element " << n - 16 + i;
+    }
+  }
 }

@@ -2,6 +2,10 @@
 // (up, down, fractional) and by size, with and without align_corners, forward and backward
 // through the tape (f32 GPU vs f64 CPU), the launchers into NaN-poisoned outputs in f32 and
 // f64, bitwise determinism of the gather backward, and a typed error.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
 #include "ops/cuda/upsample.h"
@@ -114,4 +118,30 @@ TEST(UpsampleCuda, ModuleAndDeviceErrors) {
   EXPECT_LE(rel_l2(up(x), upsample_bilinear2d(ref_of(x), {2}, true)), kTol);
   UpsampleProblem p{.NC = 6, .in = {1, 5, 7}, .out = {1, 10, 14}};
   EXPECT_THROW(cuda::upsample_forward(Tensor::empty({2, 3, 10, 14}), x, p), DeviceError);
+}
+
+TEST(UpsampleCuda, OutputPast2To31Elements) {
+  TG_REQUIRE_GPU();
+  manual_seed(304);
+  Tensor x = random({1, 2, 16385, 16384}, f32, kGpu).requires_grad_();
+  Tensor y;
+  {
+    Tape tape;
+    y = upsample_nearest(x, {2});
+    ASSERT_GT(y.numel(), int64_t{1} << 31);
+    tape.backward(y, ones(y.shape(), {.device = kGpu}));
+  }
+  synchronize(kGpu);
+  std::vector<float> xt(4), yt(8), gt(4);
+  ASSERT_EQ(cudaMemcpy(xt.data(), x.data<float>() + (x.numel() - 4), 4 * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(yt.data(), y.data<float>() + (y.numel() - 8), 8 * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gt.data(), x.grad().data<float>() + (x.numel() - 4), 4 * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(yt[size_t(i)], xt[size_t(i / 2)]) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(gt[size_t(i)], 4.0f) << i;  // each input read by a 2x2 block
+  EXPECT_NEAR(sum(y).item(), 4.0 * sum(x.detach()).item(), 1e-6 * double(y.numel()));
+  EXPECT_NEAR(sum(x.grad()).item(), 4.0 * double(x.numel()), 1e-6 * 4.0 * double(x.numel()));
 }
