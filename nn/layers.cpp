@@ -8,6 +8,7 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/shape.h"
 
 namespace tg::nn {
 namespace {
@@ -167,9 +168,7 @@ Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
 Tensor Flatten::forward(const Tensor& x) {
   TG_CHECK(x.defined() && x.dim() >= 1, "Flatten: expected a tensor with a batch dim, got ", describe(x));
-  int64_t features = 1;
-  for (int64_t d = 1; d < x.dim(); ++d) features = checked_mul(features, x.size(d), "Flatten: ", describe(x));
-  return x.reshape({x.size(0), features});
+  return flatten(x, start_dim_, end_dim_);
 }
 
 Tensor MeanPool::forward(const Tensor& x) {

@@ -85,7 +85,13 @@ class ReLU : public Module {
 // (N, d1, d2, ...) -> (N, d1 * d2 * ...), a view.
 class Flatten : public Module {
  public:
+  // PyTorch's nn.Flatten(start_dim = 1, end_dim = -1): dims start..end (negative from the end)
+  // become one (ops/shape.h flatten; a view recorded on the tape).
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : start_dim_(start_dim), end_dim_(end_dim) {}
   Tensor forward(const Tensor& x) override;
+
+ private:
+  int64_t start_dim_, end_dim_;
 };
 
 // Mean over every dim after the first two: (N, C, *) -> (N, C). Global average pooling

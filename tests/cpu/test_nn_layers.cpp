@@ -45,6 +45,10 @@ TEST(Layers, ForwardShapes) {
   EXPECT_EQ(nn::MeanPool()(random({2, 24, 3, 5, 7}, f32)).shape(), Shape({2, 24}));
   TG_EXPECT_ERROR(nn::MeanPool()(random({2, 24}, f32)), "MeanPool", "[2, 24]");
   EXPECT_EQ(nn::Flatten()(random({2, 3, 5, 7}, f32)).shape(), Shape({2, 105}));
+  EXPECT_EQ(nn::Flatten(0)(random({2, 3, 5, 7}, f32)).shape(), Shape({210}));
+  EXPECT_EQ(nn::Flatten(1, 2)(random({2, 3, 5, 7}, f32)).shape(), Shape({2, 15, 7}));
+  EXPECT_EQ(nn::Flatten(-3, -2)(random({2, 3, 5, 7}, f32)).shape(), Shape({2, 15, 7}));
+  TG_EXPECT_ERROR(nn::Flatten(1, 7)(random({2, 3}, f32)), "flatten");
   EXPECT_EQ(small_cnn()->forward(random({4, 3, 9, 7}, f32)).shape(), Shape({4, 5}));
   nn::Sequential empty;
   Tensor x = random({3});
