@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "core/shape.h"
 #include "core/tensor.h"
+#include "core/threads.h"
 #include "core/timer.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"

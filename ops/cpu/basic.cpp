@@ -1,8 +1,11 @@
 // CPU reference kernels of the basic ops: elementwise, reductions, permute, cast.
+// Threads split the output elements (ops/cpu/parallel.h); a sum's elements are summed by one
+// thread each, and a sum to a single value adds fixed chunks in order (chunked_sum).
 #include <cstring>
 
 #include "ops/broadcast.h"
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/kernels.h"
 #include "ops/reduce_index.h"
 
@@ -24,15 +27,19 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
       }
     };
     if (a.shape() == out.shape() && b.shape() == out.shape()) {
-      for (int64_t i = 0; i < n; ++i) po[i] = apply(pa[i], pb[i]);
+      parallel_ranges(n, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) po[i] = apply(pa[i], pb[i]);
+      });
       return;
     }
     BroadcastIndex ix = make_broadcast_index(out.shape(), a.shape(), b.shape());
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t ia, ib;
-      ix.offsets(i, ia, ib);
-      po[i] = apply(pa[ia], pb[ib]);
-    }
+    parallel_ranges(n, 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        int64_t ia, ib;
+        ix.offsets(i, ia, ib);
+        po[i] = apply(pa[ia], pb[ib]);
+      }
+    });
   });
 }
 
@@ -42,7 +49,9 @@ void affine(const Tensor& out, const Tensor& a, double scale, double shift) {
     const T* pa = a.data<T>();
     T* po = out.data<T>();
     const T s = static_cast<T>(scale), h = static_cast<T>(shift);
-    for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = pa[i] * s + h;
+    parallel_ranges(a.numel(), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) po[i] = pa[i] * s + h;
+    });
   });
 }
 
@@ -51,7 +60,9 @@ void relu(const Tensor& out, const Tensor& x) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();
     T* po = out.data<T>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = px[i] > T(0) ? px[i] : T(0);
+    parallel_ranges(x.numel(), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) po[i] = px[i] > T(0) ? px[i] : T(0);
+    });
   });
 }
 
@@ -61,7 +72,9 @@ void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
     const T* px = x.data<T>();
     const T* pg = dy.data<T>();
     T* po = dx.data<T>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = px[i] > T(0) ? pg[i] : T(0);
+    parallel_ranges(x.numel(), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) po[i] = px[i] > T(0) ? pg[i] : T(0);
+    });
   });
 }
 
@@ -70,16 +83,24 @@ void sum(const Tensor& out, const Tensor& x, const ReduceIndex& ix) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();
     T* po = out.data<T>();
-    for (int64_t o = 0; o < ix.out_count; ++o) {
-      const T* base = px + ix.out_base(o);
-      double acc = 0;  // f32 sums accumulate in double: the reference must be the accurate one
+    // f32 sums accumulate in double: the reference must be the accurate one.
+    auto partial = [&](const T* base, int64_t r0, int64_t r1) {
+      double acc = 0;
       if (ix.red_rank == 1 && ix.red_strides[0] == 1) {
-        for (int64_t r = 0; r < ix.red_count; ++r) acc += base[r];
+        for (int64_t r = r0; r < r1; ++r) acc += base[r];
       } else {
-        for (int64_t r = 0; r < ix.red_count; ++r) acc += base[ix.red_offset(r)];
+        for (int64_t r = r0; r < r1; ++r) acc += base[ix.red_offset(r)];
       }
-      po[o] = static_cast<T>(acc);
+      return acc;
+    };
+    if (ix.out_count == 1) {  // one total: fixed chunks, added in order
+      const T* base = px + ix.out_base(0);
+      po[0] = static_cast<T>(chunked_sum(ix.red_count, 1, [&](int64_t r0, int64_t r1) { return partial(base, r0, r1); }));
+      return;
     }
+    parallel_for(ix.out_count, ix.red_count, [&](int64_t o) {
+      po[o] = static_cast<T>(partial(px + ix.out_base(o), 0, ix.red_count));
+    });
   });
 }
 
@@ -95,10 +116,12 @@ void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dim
   const std::size_t elem = dtype_size(x.dtype());
   const char* src = static_cast<const char*>(x.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
-    int64_t off = ReduceIndex::unravel(i, rank, sizes, strides);
-    std::memcpy(dst + i * elem, src + off * elem, elem);
-  }
+  parallel_ranges(x.numel(), 4, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t off = ReduceIndex::unravel(i, rank, sizes, strides);
+      std::memcpy(dst + i * elem, src + off * elem, elem);
+    }
+  });
 }
 
 void cast(const Tensor& out, const Tensor& x) {
@@ -108,7 +131,9 @@ void cast(const Tensor& out, const Tensor& x) {
     dispatch_any(out.dtype(), [&](auto* dtag) {
       using D = TG_ELEMENT_TYPE(dtag);
       D* pd = static_cast<D*>(out.raw_data());
-      for (int64_t i = 0, n = x.numel(); i < n; ++i) pd[i] = static_cast<D>(ps[i]);
+      parallel_ranges(x.numel(), 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) pd[i] = static_cast<D>(ps[i]);
+      });
     });
   });
 }

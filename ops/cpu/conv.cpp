@@ -7,6 +7,13 @@
 //   of the kernel window in the order of the weight's trailing dims, so W viewed as (K, C*kvol)
 //   multiplies it directly:  y_chunk (K, len) = W (K, C*kvol) * col (C*kvol, len).
 // Both layouts use the same col; only the gather (strides of x) and the view of y differ.
+//
+// Threads (ops/cpu/parallel.h): forward splits the (sample, chunk) pairs, grad-input the
+// samples (a sample's chunks add into overlapping windows of dx, in chunk order), grad-bias
+// the channels. Grad-weight sums over every pair: the pairs are cut into at most
+// kFixedGroups consecutive groups (a count fixed by the problem), each group's partial sum
+// is a GEMM accumulation of its own, and the partials are added in group order. Chunks are
+// sized by the problem alone, so every GEMM, and every result, is the same for any threads.
 #include "ops/cpu/conv.h"
 
 #include <Eigen/Dense>
@@ -15,6 +22,7 @@
 #include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 
 namespace tg::cpu {
 namespace {
@@ -128,28 +136,40 @@ int64_t chunk_length(const ConvShape& s) {
 
 int64_t column_buffer_size(const ConvShape& s) { return s.C * s.kernel_volume() * chunk_length(s); }
 
-// Runs body(n, p0, len, geometry) over every chunk of every sample.
-template <class Body>
-void for_each_chunk(const ConvShape& s, Body&& body) {
-  const int64_t P = s.out_volume(), chunk = chunk_length(s);
-  for (int64_t n = 0; n < s.N; ++n)
-    for (int64_t p0 = 0; p0 < P; p0 += chunk) {
-      const int64_t len = std::min(chunk, P - p0);
+// The (sample, chunk) pairs in order: pair i is chunk i % chunks of sample i / chunks.
+struct ChunkGrid {
+  int64_t P, chunk, chunks, pairs;
+  explicit ChunkGrid(const ConvShape& s)
+      : P(s.out_volume()), chunk(chunk_length(s)), chunks((P + chunk - 1) / chunk), pairs(s.N * chunks) {}
+  // Runs body(n, p0, len, geometry) for pairs [begin, end).
+  template <class Body>
+  void run(const ConvShape& s, int64_t begin, int64_t end, Body&& body) const {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = i / chunks, p0 = (i % chunks) * chunk, len = std::min(chunk, P - p0);
       body(n, p0, len, ChunkGeometry(s, p0, len));
     }
+  }
+};
+
+// Multiply-adds of one chunk's GEMM: the cost hint for the thread count.
+int64_t chunk_cost(const ConvShape& s, const ChunkGrid& grid) {
+  return std::max<int64_t>(1, s.K * s.C * s.kernel_volume()) * grid.chunk;
 }
 
 template <class T>
 void forward_impl(T* y, const T* x, const T* w, const T* b, const ConvShape& s) {
   const int64_t CK = s.C * s.kernel_volume();
   Eigen::Map<const RowMat<T>> wmat(w, s.K, CK);  // (K, C*kvol)
-  std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
-  for_each_chunk(s, [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
-    im2col(col.data(), x + n * s.C * s.in_volume(), s, g, len);
-    Eigen::Map<const RowMat<T>> cmat(col.data(), CK, len);
-    with_output_chunk(y + n * s.K * s.out_volume(), s, p0, len, [&](auto& ymat) {
-      ymat.noalias() = wmat * cmat;
-      if (b) ymat.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(b, s.K);
+  const ChunkGrid grid(s);
+  parallel_ranges(grid.pairs, chunk_cost(s, grid), [&](int64_t begin, int64_t end) {
+    std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));  // this thread's
+    grid.run(s, begin, end, [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
+      im2col(col.data(), x + n * s.C * s.in_volume(), s, g, len);
+      Eigen::Map<const RowMat<T>> cmat(col.data(), CK, len);
+      with_output_chunk(y + n * s.K * s.out_volume(), s, p0, len, [&](auto& ymat) {
+        ymat.noalias() = wmat * cmat;
+        if (b) ymat.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(b, s.K);
+      });
     });
   });
 }
@@ -158,27 +178,50 @@ template <class T>
 void grad_input_impl(T* dx, const T* dy, const T* w, const ConvShape& s) {
   const int64_t CK = s.C * s.kernel_volume();
   Eigen::Map<const RowMat<T>> wmat(w, s.K, CK);
-  std::fill(dx, dx + s.N * s.C * s.in_volume(), T(0));  // overlapping windows accumulate
-  std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
-  for_each_chunk(s, [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
-    Eigen::Map<RowMat<T>> cmat(col.data(), CK, len);
-    with_output_chunk(dy + n * s.K * s.out_volume(), s, p0, len,
-                      [&](auto& dymat) { cmat.noalias() = wmat.transpose() * dymat; });
-    col2im_add(dx + n * s.C * s.in_volume(), col.data(), s, g, len);
+  const ChunkGrid grid(s);
+  parallel_ranges(s.N, grid.chunks * chunk_cost(s, grid), [&](int64_t n0, int64_t n1) {
+    T* dx0 = dx + n0 * s.C * s.in_volume();
+    std::fill(dx0, dx0 + (n1 - n0) * s.C * s.in_volume(), T(0));  // overlapping windows accumulate
+    std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
+    grid.run(s, n0 * grid.chunks, n1 * grid.chunks, [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
+      Eigen::Map<RowMat<T>> cmat(col.data(), CK, len);
+      with_output_chunk(dy + n * s.K * s.out_volume(), s, p0, len,
+                        [&](auto& dymat) { cmat.noalias() = wmat.transpose() * dymat; });
+      col2im_add(dx + n * s.C * s.in_volume(), col.data(), s, g, len);
+    });
   });
 }
 
 template <class T>
 void grad_weight_impl(T* dw, const T* dy, const T* x, const ConvShape& s) {
-  const int64_t CK = s.C * s.kernel_volume();
-  Eigen::Map<RowMat<T>> dwmat(dw, s.K, CK);
-  dwmat.setZero();
-  std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
-  for_each_chunk(s, [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
-    im2col(col.data(), x + n * s.C * s.in_volume(), s, g, len);
-    Eigen::Map<const RowMat<T>> cmat(col.data(), CK, len);
-    with_output_chunk(dy + n * s.K * s.out_volume(), s, p0, len,
-                      [&](auto& dymat) { dwmat.noalias() += dymat * cmat.transpose(); });
+  const int64_t CK = s.C * s.kernel_volume(), wsize = s.K * CK;
+  const ChunkGrid grid(s);
+  // Group q sums pairs [q * pairs / groups, (q + 1) * pairs / groups) into its own buffer
+  // (group 0 into dw itself).
+  const int64_t groups = std::min(kFixedGroups, std::max<int64_t>(grid.pairs, 1));
+  std::vector<T> partial(static_cast<size_t>((groups - 1) * wsize));
+  auto group_out = [&](int64_t q) { return q == 0 ? dw : partial.data() + (q - 1) * wsize; };
+  const int64_t per_group = (grid.pairs + groups - 1) / groups * chunk_cost(s, grid);
+  parallel_ranges(groups, per_group, [&](int64_t q0, int64_t q1) {
+    std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
+    for (int64_t q = q0; q < q1; ++q) {
+      Eigen::Map<RowMat<T>> dwmat(group_out(q), s.K, CK);
+      dwmat.setZero();
+      grid.run(s, q * grid.pairs / groups, (q + 1) * grid.pairs / groups,
+               [&](int64_t n, int64_t p0, int64_t len, const ChunkGeometry& g) {
+                 im2col(col.data(), x + n * s.C * s.in_volume(), s, g, len);
+                 Eigen::Map<const RowMat<T>> cmat(col.data(), CK, len);
+                 with_output_chunk(dy + n * s.K * s.out_volume(), s, p0, len,
+                                   [&](auto& dymat) { dwmat.noalias() += dymat * cmat.transpose(); });
+               });
+    }
+  });
+  // dw = ((g0 + g1) + g2) + ...: each element adds the groups in order.
+  parallel_ranges(wsize, groups, [&](int64_t i0, int64_t i1) {
+    for (int64_t q = 1; q < groups; ++q) {
+      const T* pq = group_out(q);
+      for (int64_t i = i0; i < i1; ++i) dw[i] += pq[i];
+    }
   });
 }
 
@@ -186,14 +229,14 @@ template <class T>
 void grad_bias_impl(T* db, const T* dy, const ConvShape& s) {
   const int64_t P = s.out_volume();
   const SampleStrides ys = strides_of(s, s.K, P);
-  for (int64_t k = 0; k < s.K; ++k) {
+  parallel_for(s.K, s.N * P, [&](int64_t k) {
     double acc = 0;  // the reference sums in double, like tg::cpu::sum
     for (int64_t n = 0; n < s.N; ++n) {
       const T* dyn = dy + n * s.K * P + k * ys.channel;
       for (int64_t p = 0; p < P; ++p) acc += dyn[p * ys.position];
     }
     db[k] = static_cast<T>(acc);
-  }
+  });
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // CPU reference of conv3d_group_norm_mean: it materializes y with the CPU convolution (the
 // reference needs clarity, not memory thrift) and does the closed-form statistics in double.
 // The formulas are derived in ops/fused.h; the CUDA kernels implement the same ones.
+// Threads: the convolutions (ops/cpu/conv.cpp) and the per-(n, k) loops over the volume;
+// the closed-form steps over (N, K) numbers are serial.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "ops/cpu/conv.h"
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/fused.h"
 
 namespace tg::cpu {
@@ -41,7 +44,7 @@ void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, c
   dispatch_floating("conv3d_gn_mean_stats", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* yp = y.data<T>();  // (N, K, V)
-    for (int64_t nk = 0; nk < NK; ++nk) {
+    parallel_for(NK, 2 * V, [&](int64_t nk) {
       double a = 0, q = 0;
       for (int64_t v = 0; v < V; ++v) {
         const double e = yp[nk * V + v];
@@ -50,7 +53,7 @@ void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, c
       }
       s1[nk] = a;
       s2[nk] = q;
-    }
+    });
   });
 }
 
@@ -150,12 +153,12 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
     T* d = dy.data<T>();  // (N, K, V)
     const T* a = A.data<T>();  // (N, K)
     const T* bb = B.data<T>(); // (N, G)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < K; ++c) {
-        const T ac = a[n * K + c], bg = bb[n * G + c / cpg];
-        T* row = d + (n * K + c) * V;
-        for (int64_t v = 0; v < V; ++v) row[v] = ac + bg * row[v];
-      }
+    parallel_for(N * K, V, [&](int64_t nc) {
+      const int64_t n = nc / K, c = nc % K;
+      const T ac = a[n * K + c], bg = bb[n * G + c / cpg];
+      T* row = d + (n * K + c) * V;
+      for (int64_t v = 0; v < V; ++v) row[v] = ac + bg * row[v];
+    });
   });
   if (dw.defined()) conv_grad_weight(dw, dy, x, p.conv);
   if (dx.defined()) conv_grad_input(dx, dy, w, p.conv);

@@ -5,10 +5,14 @@
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy
 // The CUDA kernels use the same formulas.
+//
+// Threads split the rows (forward, and dx in backward); dweight and dbias are a second pass
+// that splits the columns, each summing its rows in order.
 #include <cmath>
 #include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/layer_norm.h"
 
 namespace tg::cpu {
@@ -21,19 +25,23 @@ void layer_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     const T* pw = weight.defined() ? weight.data<T>() : nullptr;  // (D)
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;      // (D)
     const int64_t D = p.D;
-    for (int64_t r = 0; r < p.M; ++r) {
-      const T* xr = x.data<T>() + r * D;  // (D)
-      T* yr = y.data<T>() + r * D;        // (D)
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    T* pmean = mean.data<T>();
+    T* prstd = rstd.data<T>();
+    parallel_for(p.M, 3 * D, [&](int64_t r) {
+      const T* xr = px + r * D;  // (D)
+      T* yr = py + r * D;        // (D)
       double s = 0, ss = 0;
       for (int64_t i = 0; i < D; ++i) s += xr[i];
       const double mu = s / double(D);
       for (int64_t i = 0; i < D; ++i) ss += (xr[i] - mu) * (xr[i] - mu);
       const double rs = 1.0 / std::sqrt(ss / double(D) + p.eps);
-      mean.data<T>()[r] = static_cast<T>(mu);
-      rstd.data<T>()[r] = static_cast<T>(rs);
+      pmean[r] = static_cast<T>(mu);
+      prstd[r] = static_cast<T>(rs);
       for (int64_t i = 0; i < D; ++i)
         yr[i] = static_cast<T>((xr[i] - mu) * rs * (pw ? double(pw[i]) : 1.0) + (pb ? double(pb[i]) : 0.0));
-    }
+    });
   });
 }
 
@@ -45,33 +53,52 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     using T = TG_ELEMENT_TYPE(tag);
     const T* pw = weight.defined() ? weight.data<T>() : nullptr;  // (D)
     const int64_t D = p.D;
-    std::vector<double> wsum(static_cast<size_t>(D), 0.0), bsum(static_cast<size_t>(D), 0.0);
-    for (int64_t r = 0; r < p.M; ++r) {
-      const T* xr = x.data<T>() + r * D;    // (D)
-      const T* dyr = dy.data<T>() + r * D;  // (D)
-      const double mu = mean.data<T>()[r], rs = rstd.data<T>()[r];
-      double sg = 0, sgx = 0;  // sum(g), sum(g * xhat)
-      for (int64_t i = 0; i < D; ++i) {
-        const double xhat = (xr[i] - mu) * rs;
-        const double g = double(dyr[i]) * (pw ? double(pw[i]) : 1.0);
-        sg += g;
-        sgx += g * xhat;
-        wsum[static_cast<size_t>(i)] += double(dyr[i]) * xhat;
-        bsum[static_cast<size_t>(i)] += double(dyr[i]);
-      }
-      if (!dx.defined()) continue;
-      const double a = sg / double(D), b = sgx / double(D);
-      T* dxr = dx.data<T>() + r * D;
-      for (int64_t i = 0; i < D; ++i) {
-        const double xhat = (xr[i] - mu) * rs;
-        const double g = double(dyr[i]) * (pw ? double(pw[i]) : 1.0);
-        dxr[i] = static_cast<T>(rs * (g - a - xhat * b));
-      }
+    const T* px = x.data<T>();    // (M, D)
+    const T* pdy = dy.data<T>();  // (M, D)
+    const T* pmean = mean.data<T>();
+    const T* prstd = rstd.data<T>();
+    if (dx.defined()) {
+      T* pdx = dx.data<T>();
+      parallel_for(p.M, 4 * D, [&](int64_t r) {
+        const T* xr = px + r * D;
+        const T* dyr = pdy + r * D;
+        const double mu = pmean[r], rs = prstd[r];
+        double sg = 0, sgx = 0;  // sum(g), sum(g * xhat)
+        for (int64_t i = 0; i < D; ++i) {
+          const double xhat = (xr[i] - mu) * rs;
+          const double g = double(dyr[i]) * (pw ? double(pw[i]) : 1.0);
+          sg += g;
+          sgx += g * xhat;
+        }
+        const double a = sg / double(D), b = sgx / double(D);
+        T* dxr = pdx + r * D;
+        for (int64_t i = 0; i < D; ++i) {
+          const double xhat = (xr[i] - mu) * rs;
+          const double g = double(dyr[i]) * (pw ? double(pw[i]) : 1.0);
+          dxr[i] = static_cast<T>(rs * (g - a - xhat * b));
+        }
+      });
     }
-    if (dweight.defined())
-      for (int64_t i = 0; i < D; ++i) dweight.data<T>()[i] = static_cast<T>(wsum[static_cast<size_t>(i)]);
-    if (dbias.defined())
-      for (int64_t i = 0; i < D; ++i) dbias.data<T>()[i] = static_cast<T>(bsum[static_cast<size_t>(i)]);
+    if (!dweight.defined() && !dbias.defined()) return;
+    T* pdw = dweight.defined() ? dweight.data<T>() : nullptr;
+    T* pdb = dbias.defined() ? dbias.data<T>() : nullptr;
+    parallel_ranges(D, 2 * p.M, [&](int64_t i0, int64_t i1) {
+      std::vector<double> wsum(static_cast<size_t>(i1 - i0), 0.0), bsum(static_cast<size_t>(i1 - i0), 0.0);
+      for (int64_t r = 0; r < p.M; ++r) {
+        const T* xr = px + r * D;
+        const T* dyr = pdy + r * D;
+        const double mu = pmean[r], rs = prstd[r];
+        for (int64_t i = i0; i < i1; ++i) {
+          const double xhat = (xr[i] - mu) * rs;
+          wsum[static_cast<size_t>(i - i0)] += double(dyr[i]) * xhat;
+          bsum[static_cast<size_t>(i - i0)] += double(dyr[i]);
+        }
+      }
+      for (int64_t i = i0; i < i1; ++i) {
+        if (pdw) pdw[i] = static_cast<T>(wsum[static_cast<size_t>(i - i0)]);
+        if (pdb) pdb[i] = static_cast<T>(bsum[static_cast<size_t>(i - i0)]);
+      }
+    });
   });
 }
 

@@ -1,9 +1,13 @@
-// CPU reference of the losses: loops with double accumulation.
+// CPU reference of the losses: loops with double accumulation. Threads split the elements
+// (rows for cross-entropy); a loss's total adds fixed chunks in order (chunked_sum), so it is
+// the same for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/loss.h"
 #include "ops/loss_pointwise.h"
 
@@ -16,11 +20,14 @@ void mse_loss_forward(const Tensor& out, const Tensor& pred, const Tensor& targe
     const T* p = pred.data<T>();
     const T* t = target.data<T>();
     const int64_t n = pred.numel();
-    double acc = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = double(p[i]) - double(t[i]);
-      acc += d * d;
-    }
+    const double acc = chunked_sum(n, 1, [&](int64_t i0, int64_t i1) {
+      double a = 0;
+      for (int64_t i = i0; i < i1; ++i) {
+        const double d = double(p[i]) - double(t[i]);
+        a += d * d;
+      }
+      return a;
+    });
     out.data<T>()[0] = static_cast<T>(acc / static_cast<double>(n));
   });
 }
@@ -36,11 +43,13 @@ void mse_loss_backward(const Tensor& dpred, const Tensor& dtarget, const Tensor&
     T* dt = dtarget.defined() ? dtarget.data<T>() : nullptr;
     const int64_t n = pred.numel();
     const double k = 2.0 * double(grad_out.data<T>()[0]) / static_cast<double>(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const double g = k * (double(p[i]) - double(t[i]));
-      if (dp) dp[i] = static_cast<T>(g);
-      if (dt) dt[i] = static_cast<T>(-g);
-    }
+    parallel_ranges(n, 2, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const double g = k * (double(p[i]) - double(t[i]));
+        if (dp) dp[i] = static_cast<T>(g);
+        if (dt) dt[i] = static_cast<T>(-g);
+      }
+    });
   });
 }
 
@@ -52,8 +61,9 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
     const T* x = logits.data<T>();            // (N, K)
     const int64_t* t = targets.data<int64_t>();  // (N)
     double* plse = lse.data<double>();        // (N)
-    double total = 0;
-    for (int64_t r = 0; r < N; ++r) {
+    // Per row in parallel (the row's term kept in a buffer), then the total in row order.
+    std::vector<double> term(static_cast<size_t>(N));
+    parallel_for(N, 2 * K, [&](int64_t r) {
       const T* row = x + r * K;
       const double m = *std::max_element(row, row + K);
       double s = 0;
@@ -61,8 +71,10 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
       const double l = m + std::log(s);
       plse[r] = l;
       const bool valid = t[r] >= 0 && t[r] < K;
-      total += valid ? l - double(row[t[r]]) : std::numeric_limits<double>::quiet_NaN();
-    }
+      term[static_cast<size_t>(r)] = valid ? l - double(row[t[r]]) : std::numeric_limits<double>::quiet_NaN();
+    });
+    double total = 0;
+    for (double v : term) total += v;
     out.data<T>()[0] = static_cast<T>(total / static_cast<double>(N));
   });
 }
@@ -78,11 +90,12 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& grad_out, const
     const double* plse = lse.data<double>();     // (N)
     T* dx = dlogits.data<T>();                   // (N, K)
     const double k = double(grad_out.data<T>()[0]) / static_cast<double>(N);
-    for (int64_t r = 0; r < N; ++r)
+    parallel_for(N, 2 * K, [&](int64_t r) {
       for (int64_t j = 0; j < K; ++j) {
         const double softmax = std::exp(double(x[r * K + j]) - plse[r]);
         dx[r * K + j] = static_cast<T>(k * (softmax - (j == t[r] ? 1.0 : 0.0)));
       }
+    });
   });
 }
 
@@ -96,12 +109,17 @@ void pointwise_loss_forward(const Tensor& out, const Tensor& pred, const Tensor&
     const T* y = target.data<T>();  // (n)
     T* o = out.data<T>();          // (n) for none, else (1)
     const int64_t n = pred.numel();
-    double acc = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = pointwise_loss_value<double>(x[i], y[i], p.kind, p.beta);
-      if (p.reduction == Reduction::none) o[i] = static_cast<T>(v);
-      else acc += v;
+    if (p.reduction == Reduction::none) {
+      parallel_ranges(n, 4, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) o[i] = static_cast<T>(pointwise_loss_value<double>(x[i], y[i], p.kind, p.beta));
+      });
+      return;
     }
+    const double acc = chunked_sum(n, 4, [&](int64_t i0, int64_t i1) {
+      double a = 0;
+      for (int64_t i = i0; i < i1; ++i) a += pointwise_loss_value<double>(x[i], y[i], p.kind, p.beta);
+      return a;
+    });
     if (p.reduction == Reduction::sum) o[0] = static_cast<T>(acc);
     if (p.reduction == Reduction::mean) o[0] = static_cast<T>(acc / static_cast<double>(n));
   });
@@ -119,11 +137,13 @@ void pointwise_loss_backward(const Tensor& dpred, const Tensor& dtarget, const T
     T* dy = dtarget.defined() ? dtarget.data<T>() : nullptr;
     const int64_t n = pred.numel();
     const double scale = p.reduction == Reduction::mean ? 1.0 / static_cast<double>(n) : 1.0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double gi = double(g[p.reduction == Reduction::none ? i : 0]) * scale;
-      if (dx) dx[i] = static_cast<T>(gi * pointwise_loss_dpred<double>(x[i], y[i], p.kind, p.beta));
-      if (dy) dy[i] = static_cast<T>(gi * pointwise_loss_dtarget<double>(x[i], y[i], p.kind, p.beta));
-    }
+    parallel_ranges(n, 8, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const double gi = double(g[p.reduction == Reduction::none ? i : 0]) * scale;
+        if (dx) dx[i] = static_cast<T>(gi * pointwise_loss_dpred<double>(x[i], y[i], p.kind, p.beta));
+        if (dy) dy[i] = static_cast<T>(gi * pointwise_loss_dtarget<double>(x[i], y[i], p.kind, p.beta));
+      }
+    });
   });
 }
 

@@ -5,10 +5,14 @@
 // Both sums follow from per-(n, c) sums db = sum_hw dy and ds = sum_hw dy (x - mean), which
 // also give dbeta_c = sum_n db and dgamma_c = sum_n rstd ds. The CUDA kernels use the
 // same decomposition, so the two backends agree term by term.
+//
+// Threads split the (n, g) groups, which are independent; dgamma and dbeta sum the per-(n, c)
+// terms over n afterwards, serially in n's order.
 #include <cmath>
 #include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/norm.h"
 
 namespace tg::cpu {
@@ -25,7 +29,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
     const T* pb = beta.defined() ? beta.data<T>() : nullptr;    // (C)
     const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
-    for (int64_t ng = 0; ng < p.N * G; ++ng) {
+    parallel_for(p.N * G, 3 * M, [&](int64_t ng) {
       const T* xg = px + ng * M;  // a group is contiguous: D channels of HW
       double s = 0, ss = 0;
       for (int64_t i = 0; i < M; ++i) s += xg[i];
@@ -41,7 +45,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
         for (int64_t i = d * HW; i < (d + 1) * HW; ++i)
           py[ng * M + i] = static_cast<T>((xg[i] - mu) * scale + shift);
       }
-    }
+    });
   });
 }
 
@@ -57,8 +61,11 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
     const T* pr = rstd.data<T>();  // (N, G)
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
     const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
-    std::vector<double> gsum(static_cast<size_t>(p.C), 0.0), bsum(static_cast<size_t>(p.C), 0.0);
-    for (int64_t ng = 0; ng < p.N * G; ++ng) {
+    // Per-(n, c) terms of dgamma (rstd * ds) and dbeta (db), summed over n at the end.
+    std::vector<double> gterm(static_cast<size_t>(p.N * p.C)), bterm(static_cast<size_t>(p.N * p.C));
+    T* pdx = dx.defined() ? dx.data<T>() : nullptr;
+    parallel_for(p.N * G, 4 * M, [&](int64_t ng) {
+      const int64_t n = ng / G;
       const int64_t g = ng % G;
       const double mu = pm[ng], rs = pr[ng];
       const T* xg = px + ng * M;
@@ -74,13 +81,13 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
         const double gc = pg ? double(pg[c]) : 1.0;
         sum_g += gc * b;
         sum_gx += gc * s;
-        gsum[c] += rs * s;
-        bsum[c] += b;
+        gterm[static_cast<size_t>(n * p.C + c)] = rs * s;
+        bterm[static_cast<size_t>(n * p.C + c)] = b;
       }
-      if (!dx.defined()) continue;
+      if (!pdx) return;
       const double A = sum_g / static_cast<double>(M);
       const double B = rs * sum_gx / static_cast<double>(M);
-      T* dxg = dx.data<T>() + ng * M;
+      T* dxg = pdx + ng * M;
       for (int64_t d = 0; d < D; ++d) {
         const double gc = pg ? double(pg[g * D + d]) : 1.0;
         for (int64_t i = d * HW; i < (d + 1) * HW; ++i) {
@@ -88,11 +95,16 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
           dxg[i] = static_cast<T>(rs * (gc * dyg[i] - A - xhat * B));
         }
       }
+    });
+    for (int64_t c = 0; c < p.C; ++c) {
+      double gsum = 0, bsum = 0;
+      for (int64_t n = 0; n < p.N; ++n) {
+        gsum += gterm[static_cast<size_t>(n * p.C + c)];
+        bsum += bterm[static_cast<size_t>(n * p.C + c)];
+      }
+      if (dgamma.defined()) dgamma.data<T>()[c] = static_cast<T>(gsum);
+      if (dbeta.defined()) dbeta.data<T>()[c] = static_cast<T>(bsum);
     }
-    if (dgamma.defined())
-      for (int64_t c = 0; c < p.C; ++c) dgamma.data<T>()[c] = static_cast<T>(gsum[c]);
-    if (dbeta.defined())
-      for (int64_t c = 0; c < p.C; ++c) dbeta.data<T>()[c] = static_cast<T>(bsum[c]);
   });
 }
 

@@ -1,12 +1,14 @@
 // CPU reference of the pooling family (ops/pool.h): one loop nest over the (D, H, W) output
 // of each (n, c) plane, the windows from pool_window. Averages are summed in double. The
 // backward scatters each output's gradient into its window (the CUDA kernels gather
-// instead), so the two backends reach the same values by different routes.
+// instead), so the two backends reach the same values by different routes. Threads split
+// the (n, c) planes, forward and backward (a plane's scatter stays on one thread).
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/shape_pool_kernels.h"
 
 namespace tg::cpu {
@@ -35,9 +37,12 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
   dispatch_floating("pool_forward", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     int64_t* idx = p.kind == PoolKind::max ? indices.data<int64_t>() : nullptr;
-    for (int64_t nc = 0; nc < planes; ++nc) {
-      const T* xp = x.data<T>() + nc * in_plane;  // (D, H, W)
-      T* yp = out.data<T>() + nc * out_plane;      // (oD, oH, oW)
+    const T* px = x.data<T>();
+    T* py = out.data<T>();
+    const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
+    parallel_for(planes, in_plane + out_plane * window, [&](int64_t nc) {
+      const T* xp = px + nc * in_plane;  // (D, H, W)
+      T* yp = py + nc * out_plane;       // (oD, oH, oW)
       for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
         if (p.kind == PoolKind::max) {
           // PyTorch's rule: start at the window's first real element with -inf, take a
@@ -64,7 +69,7 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
           yp[o] = static_cast<T>(s / double(wd.divisor * wh.divisor * ww.divisor));
         }
       });
-    }
+    });
   });
 }
 
@@ -75,26 +80,33 @@ void pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, co
   dispatch_floating("pool_backward", dy.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const int64_t* idx = p.kind == PoolKind::max ? indices.data<int64_t>() : nullptr;
-    std::vector<double> acc(static_cast<size_t>(in_plane));
-    for (int64_t nc = 0; nc < planes; ++nc) {
-      const T* gp = dy.data<T>() + nc * out_plane;  // (oD, oH, oW)
-      T* dxp = dx.data<T>() + nc * in_plane;        // (D, H, W)
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
-        if (p.kind == PoolKind::max) {
-          const int64_t i = idx[nc * out_plane + o];
-          TG_CHECK_AS(ShapeError, i >= 0 && i < in_plane, "max_pool_backward: index ", i,
-                      " is outside the input plane of ", in_plane, " elements");
-          acc[static_cast<size_t>(i)] += gp[o];
-          return;
-        }
-        const double g = double(gp[o]) / double(wd.divisor * wh.divisor * ww.divisor);
-        for (int64_t d = wd.begin; d < wd.end; ++d)
-          for (int64_t h = wh.begin; h < wh.end; ++h)
-            for (int64_t w = ww.begin; w < ww.end; ++w) acc[static_cast<size_t>((d * H + h) * W + w)] += g;
-      });
-      for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
-    }
+    // Indices are checked before the threads start: an exception cannot leave them.
+    if (idx)
+      for (int64_t e = 0; e < planes * out_plane; ++e)
+        TG_CHECK_AS(ShapeError, idx[e] >= 0 && idx[e] < in_plane, "max_pool_backward: index ", idx[e],
+                    " is outside the input plane of ", in_plane, " elements");
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
+    parallel_ranges(planes, in_plane + out_plane * window, [&](int64_t nc0, int64_t nc1) {
+      std::vector<double> acc(static_cast<size_t>(in_plane));  // this thread's
+      for (int64_t nc = nc0; nc < nc1; ++nc) {
+        const T* gp = pdy + nc * out_plane;  // (oD, oH, oW)
+        T* dxp = pdx + nc * in_plane;        // (D, H, W)
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
+          if (p.kind == PoolKind::max) {
+            acc[static_cast<size_t>(idx[nc * out_plane + o])] += gp[o];
+            return;
+          }
+          const double g = double(gp[o]) / double(wd.divisor * wh.divisor * ww.divisor);
+          for (int64_t d = wd.begin; d < wd.end; ++d)
+            for (int64_t h = wh.begin; h < wh.end; ++h)
+              for (int64_t w = ww.begin; w < ww.end; ++w) acc[static_cast<size_t>((d * H + h) * W + w)] += g;
+        });
+        for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+      }
+    });
   });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/shape_pool_kernels.h"
 
 namespace tg::cpu {
@@ -10,11 +11,13 @@ namespace tg::cpu {
 namespace {
 
 // Calls f(big_row, small_row) for every (o, j): the offsets of the rows that correspond.
+// Rows are disjoint in both tensors (step >= 1), so threads split them.
 template <class F>
 void for_each_row(const SliceProblem& p, F&& f) {
-  for (int64_t o = 0; o < p.outer; ++o)
-    for (int64_t j = 0; j < p.length; ++j)
-      f((o * p.dim_size + p.start + j * p.step) * p.inner, (o * p.length + j) * p.inner);
+  parallel_for(p.outer * p.length, p.inner, [&](int64_t oj) {
+    const int64_t o = oj / p.length, j = oj % p.length;
+    f((o * p.dim_size + p.start + j * p.step) * p.inner, (o * p.length + j) * p.inner);
+  });
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-// CPU reference of softmax and log_softmax: per row, max and sum of exp in double.
+// CPU reference of softmax and log_softmax: per row, max and sum of exp in double. Threads
+// split the rows, (outer, inner) pairs, each computed whole by one thread.
 #include <cmath>
 #include <limits>
 
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/unary_kernels.h"
 
 namespace tg::cpu {
@@ -15,8 +17,8 @@ void softmax(const Tensor& out, const Tensor& x, const SoftmaxProblem& p) {
     const int64_t D = p.dim_size, inner = p.inner;
     const T* px = x.data<T>();  // (outer, D, inner)
     T* po = out.data<T>();
-    for (int64_t o = 0; o < p.outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
+    parallel_for(p.outer * inner, 3 * D, [&](int64_t oi) {
+        const int64_t o = oi / inner, i = oi % inner;
         const T* row = px + o * D * inner + i;  // (D), inner apart
         T* dst = po + o * D * inner + i;
         double m = -std::numeric_limits<double>::infinity();
@@ -31,7 +33,7 @@ void softmax(const Tensor& out, const Tensor& x, const SoftmaxProblem& p) {
           // to the ulp of 1000 and lose the small result's digits.
           dst[j * inner] = static_cast<T>(p.log ? (v - m) - log_s : std::exp(v - m) / s);
         }
-      }
+      });
   });
 }
 
@@ -44,8 +46,8 @@ void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, const
     const T* y0 = y.data<T>();  // (outer, D, inner)
     const T* g0 = dy.data<T>();
     T* d0 = dx.data<T>();
-    for (int64_t o = 0; o < p.outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
+    parallel_for(p.outer * inner, 2 * D, [&](int64_t oi) {
+        const int64_t o = oi / inner, i = oi % inner;
         const int64_t base = o * D * inner + i;
         const T* py = y0 + base;
         const T* pg = g0 + base;
@@ -59,7 +61,7 @@ void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, const
           const double g = double(pg[j * inner]), v = double(py[j * inner]);
           pd[j * inner] = static_cast<T>(p.log ? g - std::exp(v) * s : v * (g - s));
         }
-      }
+      });
   });
 }
 

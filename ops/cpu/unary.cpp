@@ -1,6 +1,8 @@
 // CPU reference of the unary family: the shared formulas (ops/unary_math.h) evaluated in
 // double for every dtype, so that the f32 reference carries no f32 rounding but the last.
+// Threads split the elements.
 #include "core/dtype_dispatch.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/unary_kernels.h"
 #include "ops/unary_math.h"
 
@@ -18,7 +20,9 @@ void unary(const Tensor& out, const Tensor& x, const UnaryParams& p) {
     const int64_t n = x.numel();
     unary_math::visit(unary_math::fn_of(p), [&](auto fn) {
       constexpr unary_math::Fn F = decltype(fn)::value;
-      for (int64_t i = 0; i < n; ++i) po[i] = static_cast<T>(unary_math::forward<F, double>(double(px[i]), s));
+      parallel_ranges(n, 8, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) po[i] = static_cast<T>(unary_math::forward<F, double>(double(px[i]), s));
+      });
     });
   });
 }
@@ -36,8 +40,10 @@ void unary_backward(const Tensor& dx, const Tensor& dy, const Tensor& saved, con
     const int64_t n = saved.numel();
     unary_math::visit(unary_math::fn_of(p), [&](auto fn) {
       constexpr unary_math::Fn F = decltype(fn)::value;
-      for (int64_t i = 0; i < n; ++i)
-        po[i] = static_cast<T>(unary_math::backward<F, double>(double(pg[i]), double(pv[i]), s));
+      parallel_ranges(n, 8, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          po[i] = static_cast<T>(unary_math::backward<F, double>(double(pg[i]), double(pv[i]), s));
+      });
     });
   });
 }
