@@ -74,7 +74,20 @@ void make_conv_parameters(const char* layer, const Options& o, size_t dims, Tens
   default_init(weight, bias);
 }
 
+// A transposed convolution's weight (in, out, k...) and optional bias (out), allocated and
+// initialized like a convolution's (default_init takes fan_in from the weight's second dim).
+template <int Dims>
+void make_conv_transpose_parameters(const char* layer, const ConvTransposeOptions<Dims>& o, TensorOptions t,
+                                    Tensor& weight, Tensor& bias) {
+  const Shape w_shape = conv_weight_shape(o.in_channels, o.out_channels, o.kernel_size, Dims);
+  checked_tensor_bytes(layer, w_shape, t.dtype);
+  weight = Tensor::empty(w_shape, t);
+  if (o.bias) bias = Tensor::empty({o.out_channels}, t);
+  default_init(weight, bias);
+}
+
 }  // namespace
+
 
 // ---- Linear -----------------------------------------------------------------------------
 
@@ -199,5 +212,39 @@ Tensor Sequential::forward(const Tensor& x) {
   for (const auto& [name, m] : named_children()) y = m->forward(y);
   return y;
 }
+
+// ---- ConvTranspose2d / ConvTranspose3d --------------------------------------------------
+
+template <int Dims>
+ConvTranspose<Dims>::ConvTranspose(ConvTransposeOptions<Dims> o, TensorOptions t) : options_(std::move(o)) {
+  const char* layer = Dims == 2 ? "ConvTranspose2d" : "ConvTranspose3d";
+  check_conv_options(layer, options_, Dims);
+  check_per_dim(layer, "output_padding", options_.output_padding, Dims, 0);
+  for (size_t d = 0; d < Dims; ++d) {
+    auto at = [d](const std::vector<int64_t>& v) { return v.size() == 1 ? v[0] : v[d]; };
+    TG_CHECK(at(options_.output_padding) < at(options_.stride) || at(options_.output_padding) < at(options_.dilation),
+             layer, ": output_padding must be smaller than the stride or the dilation in each dim");
+  }
+  TG_CHECK(Dims == 2 || options_.layout == Layout::NCHW, layer, ": only the channels-first layout (N, C, D, H, W) "
+           "is supported; leave layout at Layout::NCHW");
+  check_tensor_options(layer, t);
+  make_conv_transpose_parameters(layer, options_, t, weight, bias);
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+}
+
+template <int Dims>
+ConvTransposeParams ConvTranspose<Dims>::params() const {
+  return {.stride = options_.stride, .padding = options_.padding, .output_padding = options_.output_padding,
+          .dilation = options_.dilation, .layout = options_.layout};
+}
+
+template <int Dims>
+Tensor ConvTranspose<Dims>::forward(const Tensor& x) {
+  return Dims == 2 ? conv_transpose2d(x, weight, bias, params()) : conv_transpose3d(x, weight, bias, params());
+}
+
+template class ConvTranspose<2>;
+template class ConvTranspose<3>;
 
 }  // namespace tg::nn

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "../ops/conv_transpose.h"
 #include "module.h"
 #include "options.h"
 
@@ -62,6 +63,29 @@ class Conv3d : public Module {
  private:
   Conv3dOptions options_;
 };
+
+// Transposed convolution (ops/conv_transpose.h), Dims = 2 or 3: x (N, in, *) -> (N, out, *').
+// weight (in, out, k...), bias (out), PyTorch's names and default initialization (fan_in from
+// the weight's second dim, out * prod(k), as PyTorch computes it).
+//   nn::ConvTranspose2d up({.in_channels = 64, .out_channels = 32, .kernel_size = 2, .stride = 2});
+template <int Dims>
+class ConvTranspose : public Module {
+ public:
+  explicit ConvTranspose(ConvTransposeOptions<Dims> options, TensorOptions tensor_options = {});
+  Tensor forward(const Tensor& x) override;
+  const ConvTransposeOptions<Dims>& options() const { return options_; }
+  ConvTransposeParams params() const;
+
+  Tensor weight;
+  Tensor bias;
+
+ private:
+  ConvTransposeOptions<Dims> options_;
+};
+extern template class ConvTranspose<2>;
+extern template class ConvTranspose<3>;
+using ConvTranspose2d = ConvTranspose<2>;
+using ConvTranspose3d = ConvTranspose<3>;
 
 // x (N, C, *) -> same shape. weight = gamma (C) = 1, bias = beta (C) = 0 when affine.
 class GroupNorm : public Module {

@@ -134,6 +134,49 @@ inline GroupNormOptions::Builder GroupNormOptions::make(int64_t num_groups, int6
   return b;
 }
 
+// ConvTranspose2d / ConvTranspose3d (Dims = 2 or 3): a convolution's options plus
+// output_padding (below the stride or the dilation in each dim, as PyTorch requires).
+template <int Dims>
+struct ConvTransposeOptions {
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  PerDim kernel_size = {};  // required
+  PerDim stride = 1;
+  PerDim padding = 0;
+  PerDim output_padding = 0;
+  PerDim dilation = 1;
+  bool bias = true;
+  Layout layout = Layout::NCHW;  // NHWC: channels-last input and output (2-D only)
+
+  struct Builder;
+  static Builder make(int64_t in_channels, int64_t out_channels, PerDim kernel_size);
+};
+
+template <int Dims>
+struct ConvTransposeOptions<Dims>::Builder : ConvTransposeOptions<Dims> {
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, int64_t, in_channels)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, int64_t, out_channels)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, PerDim, kernel_size)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, PerDim, stride)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, PerDim, padding)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, PerDim, output_padding)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, PerDim, dilation)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, bool, bias)
+  TG_OPTIONS_SETTER(ConvTransposeOptions<Dims>, Layout, layout)
+};
+
+template <int Dims>
+typename ConvTransposeOptions<Dims>::Builder ConvTransposeOptions<Dims>::make(int64_t in_channels,
+                                                                              int64_t out_channels,
+                                                                              PerDim kernel_size) {
+  Builder b;
+  b.in_channels(in_channels).out_channels(out_channels).kernel_size(std::move(kernel_size));
+  return b;
+}
+
+using ConvTranspose2dOptions = ConvTransposeOptions<2>;
+using ConvTranspose3dOptions = ConvTransposeOptions<3>;
+
 #undef TG_OPTIONS_SETTER
 
 }  // namespace tg::nn

@@ -23,19 +23,6 @@ const char* dim_name(int spatial_dims, int d) {
   return spatial_dims == 2 ? k2[d] : k3[d];
 }
 
-// Expands a per-dim parameter (one value for all dims, or one per dim) and checks it.
-std::vector<int64_t> per_dim(const char* op, const char* name, const std::vector<int64_t>& v, int dims,
-                             int64_t min_value) {
-  TG_CHECK(v.size() == 1 || v.size() == static_cast<size_t>(dims), op, ": ", name, " has ", v.size(),
-           " values; expected 1 or ", dims, " (one per spatial dim)");
-  std::vector<int64_t> out(static_cast<size_t>(dims), v[0]);
-  if (v.size() != 1) out = v;
-  for (int64_t x : out) {
-    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive",
-             ", got ", Shape(out));
-  }
-  return out;
-}
 
 const char* rank_description(int spatial_dims, Layout layout) {
   if (spatial_dims == 3) return "(N, C, D, H, W)";
@@ -102,6 +89,19 @@ Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& 
 
 }  // namespace
 
+std::vector<int64_t> conv_per_dim(const char* op, const char* name, const std::vector<int64_t>& v, int dims,
+                             int64_t min_value) {
+  TG_CHECK(v.size() == 1 || v.size() == static_cast<size_t>(dims), op, ": ", name, " has ", v.size(),
+           " values; expected 1 or ", dims, " (one per spatial dim)");
+  std::vector<int64_t> out(static_cast<size_t>(dims), v[0]);
+  if (v.size() != 1) out = v;
+  for (int64_t x : out) {
+    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive",
+             ", got ", Shape(out));
+  }
+  return out;
+}
+
 Shape ConvShape::x_shape() const {
   if (spatial_dims == 3) return Shape{N, C, in[0], in[1], in[2]};
   return channels_last() ? Shape{N, in[1], in[2], C} : Shape{N, C, in[1], in[2]};
@@ -129,9 +129,9 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
   TG_CHECK_AS(UnsupportedError, !(dims == 3 && p.layout == Layout::NHWC), op,
               ": Layout::NHWC is not supported for 3-D convolution (input must be NCDHW), got input ", x_shape);
   const bool last = p.layout == Layout::NHWC;
-  const auto stride = per_dim(op, "stride", p.stride, dims, 1);
-  const auto pad = per_dim(op, "padding", p.padding, dims, 0);
-  const auto dil = per_dim(op, "dilation", p.dilation, dims, 1);
+  const auto stride = conv_per_dim(op, "stride", p.stride, dims, 1);
+  const auto pad = conv_per_dim(op, "padding", p.padding, dims, 0);
+  const auto dil = conv_per_dim(op, "dilation", p.dilation, dims, 1);
 
   ConvShape s;
   s.spatial_dims = dims;

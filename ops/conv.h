@@ -66,6 +66,11 @@ inline int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int6
   return span / stride + 1;
 }
 
+// A per-dim parameter (one value for every spatial dim, or one per dim) expanded to `dims`
+// values, each at least min_value; tg::Error naming `op` and `name` otherwise.
+std::vector<int64_t> conv_per_dim(const char* op, const char* name, const std::vector<int64_t>& v, int dims,
+                                  int64_t min_value);
+
 // Validates a convolution's geometry (ranks, channels, per-dim params, kernel extent) and
 // returns its ConvShape. `op` names the caller in error messages; the spatial rank is
 // taken from the weight (4 -> conv2d, 5 -> conv3d).

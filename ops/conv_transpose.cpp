@@ -10,18 +10,6 @@
 namespace tg {
 namespace {
 
-std::vector<int64_t> expand(const char* op, const char* name, const std::vector<int64_t>& v, size_t dims,
-                            int64_t min_value) {
-  TG_CHECK(v.size() == 1 || v.size() == dims, op, ": ", name, " has ", v.size(), " values; expected 1 or ", dims,
-           " (one per spatial dim)");
-  std::vector<int64_t> out(dims, v[0]);
-  if (v.size() != 1) out = v;
-  for (int64_t x : out)
-    TG_CHECK(x >= min_value, op, ": ", name, " must be ", min_value == 0 ? "non-negative" : "positive", ", got ",
-             Shape(out));
-  return out;
-}
-
 void check_operands(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
                     const ConvTransposeParams& p) {
   TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
@@ -97,10 +85,10 @@ Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Sh
   checked_extent(w_shape.dims(), op);
   const size_t dims = w_shape.rank() - 2;
   const bool last = p.layout == Layout::NHWC;
-  const auto stride = expand(op, "stride", p.stride, dims, 1);
-  const auto pad = expand(op, "padding", p.padding, dims, 0);
-  const auto out_pad = expand(op, "output_padding", p.output_padding, dims, 0);
-  const auto dil = expand(op, "dilation", p.dilation, dims, 1);
+  const auto stride = conv_per_dim(op, "stride", p.stride, int(dims), 1);
+  const auto pad = conv_per_dim(op, "padding", p.padding, int(dims), 0);
+  const auto out_pad = conv_per_dim(op, "output_padding", p.output_padding, int(dims), 0);
+  const auto dil = conv_per_dim(op, "dilation", p.dilation, int(dims), 1);
   std::vector<int64_t> y = {x_shape[0]};
   if (!last) y.push_back(w_shape[1]);
   for (size_t d = 0; d < dims; ++d) {

@@ -36,7 +36,6 @@
 #include "ops/upsample.h"
 #include "nn/activations.h"
 #include "nn/checkpoint.h"
-#include "nn/conv_transpose.h"
 #include "nn/fused.h"
 #include "nn/init.h"
 #include "nn/layers.h"

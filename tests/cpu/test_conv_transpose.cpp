@@ -2,7 +2,7 @@
 // input element adds x * w to the outputs its taps reach), f64 gradients against central
 // differences, the output-size formula, errors, and the modules' parameters.
 #include "common/test_util.h"
-#include "nn/conv_transpose.h"
+#include "nn/layers.h"
 #include "ops/conv_transpose.h"
 
 using namespace tg;
