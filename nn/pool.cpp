@@ -16,16 +16,24 @@ std::vector<int64_t> checked_output_size(const char* op, int spatial, std::vecto
 
 }  // namespace
 
-MaxPool2d::MaxPool2d(PoolOptions options) : options_(std::move(options)) { check_pool_params("MaxPool2d", 2, options_); }
+MaxPool2d::MaxPool2d(PoolOptions options) : options_(std::move(options)) {
+  check_pool_params("MaxPool2d", PoolKind::max, 2, options_);
+}
 Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, options_); }
 
-MaxPool3d::MaxPool3d(PoolOptions options) : options_(std::move(options)) { check_pool_params("MaxPool3d", 3, options_); }
+MaxPool3d::MaxPool3d(PoolOptions options) : options_(std::move(options)) {
+  check_pool_params("MaxPool3d", PoolKind::max, 3, options_);
+}
 Tensor MaxPool3d::forward(const Tensor& x) { return max_pool3d(x, options_); }
 
-AvgPool2d::AvgPool2d(PoolOptions options) : options_(std::move(options)) { check_pool_params("AvgPool2d", 2, options_); }
+AvgPool2d::AvgPool2d(PoolOptions options) : options_(std::move(options)) {
+  check_pool_params("AvgPool2d", PoolKind::avg, 2, options_);
+}
 Tensor AvgPool2d::forward(const Tensor& x) { return avg_pool2d(x, options_); }
 
-AvgPool3d::AvgPool3d(PoolOptions options) : options_(std::move(options)) { check_pool_params("AvgPool3d", 3, options_); }
+AvgPool3d::AvgPool3d(PoolOptions options) : options_(std::move(options)) {
+  check_pool_params("AvgPool3d", PoolKind::avg, 3, options_);
+}
 Tensor AvgPool3d::forward(const Tensor& x) { return avg_pool3d(x, options_); }
 
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::vector<int64_t> output_size)

@@ -2,6 +2,8 @@
 // (empty state dicts, as in PyTorch); nn::Flatten is in nn/layers.h.
 //
 //   nn::MaxPool2d pool({.kernel_size = {3}, .stride = {2}, .padding = {1}});
+//   nn::MaxPool2d dilated({.kernel_size = {3}, .dilation = {2}, .ceil_mode = true});
+//   nn::AvgPool2d avg({.kernel_size = {3}, .padding = {1}, .count_include_pad = false});
 //   nn::AdaptiveAvgPool2d gap({1, 1});
 //
 // Options are validated when the module is built; shapes against the input at forward.
@@ -14,7 +16,10 @@
 
 namespace tg::nn {
 
-// kernel_size, stride (empty: = kernel_size) and padding, as PyTorch's pooling modules.
+// As PyTorch's pooling modules, same names and defaults: kernel_size, stride (empty: =
+// kernel_size), padding (0), ceil_mode (false); MaxPool's dilation (1); AvgPool's
+// count_include_pad (true). An AvgPool refuses a dilation other than 1 (PyTorch's has none);
+// a MaxPool ignores count_include_pad. divisor_override is not supported.
 using PoolOptions = PoolParams;
 
 class MaxPool2d : public Module {

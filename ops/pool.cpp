@@ -40,6 +40,13 @@ void check_input(const char* op, int spatial, const Tensor& x) {
               spatial == 2 ? "(N, C, H, W)" : "(N, C, D, H, W)", ", got ", describe(x));
 }
 
+// " dilation [..]" when some dilation is not 1, for messages.
+std::string with_dilation(const std::vector<int64_t>& dilation) {
+  for (int64_t d : dilation)
+    if (d != 1) return " dilation " + Shape(dilation).str();
+  return "";
+}
+
 const char* kind_name(const PoolProblem& p) {
   if (p.kind == PoolKind::max) return p.spatial == 2 ? "max_pool2d" : "max_pool3d";
   if (p.kind == PoolKind::avg) return p.spatial == 2 ? "avg_pool2d" : "avg_pool3d";
@@ -74,38 +81,66 @@ Tensor avg_pool(const char* op, const Tensor& x, const PoolProblem& p) {
 
 }  // namespace
 
-void check_pool_params(const char* op, int spatial, const PoolParams& p) {
+void check_pool_params(const char* op, PoolKind kind, int spatial, const PoolParams& p) {
   TG_CHECK(!p.kernel_size.empty(), op, ": kernel_size is required");
   check_list(op, "kernel_size", p.kernel_size, spatial, 1);
   if (!p.stride.empty()) check_list(op, "stride", p.stride, spatial, 1);
   check_list(op, "padding", p.padding, spatial, 0);
+  check_list(op, "dilation", p.dilation, spatial, 1);
   const std::vector<int64_t> k = expand(p.kernel_size, spatial), pad = expand(p.padding, spatial);
-  for (int d = 0; d < spatial; ++d)
-    TG_CHECK(pad[d] <= k[d] / 2, op, ": padding ", Shape(p.padding), " should be at most half of kernel_size ",
-             Shape(p.kernel_size), " (dim ", dim_name(spatial, d), ")");
+  const std::vector<int64_t> dil = expand(p.dilation, spatial);
+  if (kind != PoolKind::max)
+    for (int64_t d : dil)
+      TG_CHECK(d == 1, op, ": dilation ", Shape(p.dilation),
+               " is not supported (average pooling has none, as in PyTorch)");
+  for (int d = 0; d < spatial; ++d) {
+    // The dilated extent, checked so that it cannot overflow in the window arithmetic.
+    const int64_t extent = checked_add(checked_mul(dil[d], k[d] - 1, op), 1, op);
+    TG_CHECK(pad[d] <= extent / 2, op, ": padding ", Shape(p.padding), " should be at most half of ",
+             dil[d] == 1 ? "kernel_size " : "the dilated kernel (dilation * (kernel_size - 1) + 1) of kernel_size ",
+             Shape(p.kernel_size), with_dilation(p.dilation), " (dim ", dim_name(spatial, d), ")");
+  }
 }
 
 PoolProblem make_pool_problem(const char* op, PoolKind kind, int spatial, const Tensor& x, const PoolParams& params) {
   check_input(op, spatial, x);
-  check_pool_params(op, spatial, params);
+  check_pool_params(op, kind, spatial, params);
   const std::vector<int64_t> k = expand(params.kernel_size, spatial);
   const std::vector<int64_t> s = params.stride.empty() ? k : expand(params.stride, spatial);
   const std::vector<int64_t> pad = expand(params.padding, spatial);
+  const std::vector<int64_t> dil = expand(params.dilation, spatial);
   PoolProblem p;
   p.kind = kind;
   p.spatial = spatial;
   p.N = x.size(0);
   p.C = x.size(1);
+  p.count_include_pad = params.count_include_pad;
   for (int d = 0; d < spatial; ++d) {
     const int slot = d + 3 - spatial;
     p.in[slot] = x.size(2 + d);
     p.kernel[slot] = k[d];
     p.stride[slot] = s[d];
     p.padding[slot] = pad[d];
+    p.dilation[slot] = dil[d];
+    // PyTorch's pooling_output_shape (see ops/pool.h).
     const int64_t padded = checked_add(p.in[slot], checked_mul(2, pad[d], op), op);
-    TG_CHECK_AS(ShapeError, k[d] <= padded, op, ": kernel_size ", Shape(params.kernel_size),
+    const int64_t extent = dil[d] * (k[d] - 1) + 1;  // checked by check_pool_params
+    const int64_t n = checked_add(padded - extent, params.ceil_mode ? s[d] - 1 : 0, op);
+    TG_CHECK_AS(ShapeError, n >= 0, op, ": kernel_size ", Shape(params.kernel_size), with_dilation(params.dilation),
                 " is larger than the padded input in dim ", dim_name(spatial, d), " (", padded, ") of ", describe(x));
-    p.out[slot] = (padded - k[d]) / s[d] + 1;
+    int64_t out = n / s[d] + 1;
+    if (params.ceil_mode && (out - 1) * s[d] >= p.in[slot] + pad[d]) --out;
+    TG_CHECK_AS(ShapeError, out >= 1, op, ": output size ", out, " in dim ", dim_name(spatial, d), " of ",
+                describe(x), " is too small");
+    p.out[slot] = out;
+    // Dilated windows over padding can miss every real element (a -inf max in PyTorch).
+    for (int64_t o = 0; kind == PoolKind::max && dil[d] > 1 && o < out; ++o) {
+      const PoolWindow w = pool_window(p, slot, o);
+      TG_CHECK_AS(ShapeError, w.begin < w.end, op, ": the window of output position ", o, " in dim ",
+                  dim_name(spatial, d), " holds no element of ", describe(x), " (kernel_size ",
+                  Shape(params.kernel_size), ", dilation ", Shape(params.dilation), ", padding ",
+                  Shape(params.padding), ")");
+    }
   }
   return p;
 }

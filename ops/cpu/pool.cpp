@@ -49,9 +49,9 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
           // strictly greater value (ties keep the first) or any NaN.
           int64_t best_i = (wd.begin * H + wh.begin) * W + ww.begin;
           double best = -std::numeric_limits<double>::infinity();
-          for (int64_t d = wd.begin; d < wd.end; ++d)
-            for (int64_t h = wh.begin; h < wh.end; ++h)
-              for (int64_t w = ww.begin; w < ww.end; ++w) {
+          for (int64_t d = wd.begin; d < wd.end; d += wd.step)
+            for (int64_t h = wh.begin; h < wh.end; h += wh.step)
+              for (int64_t w = ww.begin; w < ww.end; w += ww.step) {
                 const int64_t i = (d * H + h) * W + w;
                 const double v = xp[i];
                 if (v > best || std::isnan(v)) {
@@ -63,9 +63,9 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
           idx[nc * out_plane + o] = best_i;
         } else {
           double s = 0;
-          for (int64_t d = wd.begin; d < wd.end; ++d)
-            for (int64_t h = wh.begin; h < wh.end; ++h)
-              for (int64_t w = ww.begin; w < ww.end; ++w) s += xp[(d * H + h) * W + w];
+          for (int64_t d = wd.begin; d < wd.end; d += wd.step)
+            for (int64_t h = wh.begin; h < wh.end; h += wh.step)
+              for (int64_t w = ww.begin; w < ww.end; w += ww.step) s += xp[(d * H + h) * W + w];
           yp[o] = static_cast<T>(s / double(wd.divisor * wh.divisor * ww.divisor));
         }
       });
@@ -100,9 +100,10 @@ void pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, co
             return;
           }
           const double g = double(gp[o]) / double(wd.divisor * wh.divisor * ww.divisor);
-          for (int64_t d = wd.begin; d < wd.end; ++d)
-            for (int64_t h = wh.begin; h < wh.end; ++h)
-              for (int64_t w = ww.begin; w < ww.end; ++w) acc[static_cast<size_t>((d * H + h) * W + w)] += g;
+          for (int64_t d = wd.begin; d < wd.end; d += wd.step)
+            for (int64_t h = wh.begin; h < wh.end; h += wh.step)
+              for (int64_t w = ww.begin; w < ww.end; w += ww.step)
+                acc[static_cast<size_t>((d * H + h) * W + w)] += g;
         });
         for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
       }

@@ -1,8 +1,10 @@
 // CUDA kernels of the pooling family (ops/pool.h). Forward: a thread per output element
 // walks its window (pool_window, shared with the CPU reference). Backward: a thread per
-// input element gathers from the outputs whose windows hold it (pool_inverse_window), so
-// no atomics: the result is deterministic, and the outputs are visited in the CPU's
-// scatter order with the same double accumulation. 64-bit indices throughout.
+// input element gathers from the outputs whose windows span it (pool_inverse_window; max
+// pooling takes those whose saved argmax is this element, average pooling has no dilation
+// so every window spanning it holds it), so no atomics: the result is deterministic, and
+// the outputs are visited in the CPU's scatter order with the same double accumulation.
+// 64-bit indices throughout.
 #include <cmath>
 
 #include "core/cuda_context.h"
@@ -36,9 +38,9 @@ __global__ void pool_forward_kernel(T* __restrict__ out, int64_t* __restrict__ i
       // PyTorch's rule, as the CPU: first real element with -inf, strictly greater or NaN.
       int64_t best_i = (wd.begin * H + wh.begin) * W + ww.begin;
       double best = -INFINITY;
-      for (int64_t d = wd.begin; d < wd.end; ++d)
-        for (int64_t h = wh.begin; h < wh.end; ++h)
-          for (int64_t w = ww.begin; w < ww.end; ++w) {
+      for (int64_t d = wd.begin; d < wd.end; d += wd.step)
+        for (int64_t h = wh.begin; h < wh.end; h += wh.step)
+          for (int64_t w = ww.begin; w < ww.end; w += ww.step) {
             const int64_t j = (d * H + h) * W + w;
             const double v = xp[j];
             if (v > best || isnan(v)) {
@@ -50,9 +52,9 @@ __global__ void pool_forward_kernel(T* __restrict__ out, int64_t* __restrict__ i
       indices[i] = best_i;
     } else {
       double s = 0;
-      for (int64_t d = wd.begin; d < wd.end; ++d)
-        for (int64_t h = wh.begin; h < wh.end; ++h)
-          for (int64_t w = ww.begin; w < ww.end; ++w) s += xp[(d * H + h) * W + w];
+      for (int64_t d = wd.begin; d < wd.end; d += wd.step)
+        for (int64_t h = wh.begin; h < wh.end; h += wh.step)
+          for (int64_t w = ww.begin; w < ww.end; w += ww.step) s += xp[(d * H + h) * W + w];
       out[i] = static_cast<T>(s / double(wd.divisor * wh.divisor * ww.divisor));
     }
   }
