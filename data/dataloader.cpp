@@ -301,6 +301,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   TG_CHECK(options_.prefetch_factor >= 1 && options_.prefetch_factor <= 1024,
            "DataLoader: prefetch_factor must be in [1, 1024], got ", options_.prefetch_factor);
   TG_CHECK(dataset_->size() >= 0, "DataLoader: the dataset reports a negative size ", dataset_->size());
+  TG_CHECK(options_.num_shards >= 1, "DataLoader: num_shards must be at least 1, got ", options_.num_shards);
+  TG_CHECK(options_.shard >= 0 && options_.shard < options_.num_shards, "DataLoader: shard must be in [0, ",
+           options_.num_shards, ") for num_shards ", options_.num_shards, ", got ", options_.shard);
   const Device d = options_.device;
   if (d.is_cuda()) {
     const int count = cuda_device_count();
@@ -322,8 +325,14 @@ DataLoader::~DataLoader() {
   stage_.reset();
 }
 
+int64_t DataLoader::shard_size() const {
+  const int64_t n = dataset_->size(), s = options_.num_shards;
+  // Padded up to a multiple of s, or with drop_last cut down to one.
+  return options_.drop_last ? n / s : n / s + (n % s != 0);
+}
+
 int64_t DataLoader::num_batches() const {
-  const int64_t n = dataset_->size(), b = options_.batch_size;
+  const int64_t n = shard_size(), b = options_.batch_size;
   return options_.drop_last ? n / b : n / b + (n % b != 0);
 }
 
@@ -336,16 +345,26 @@ std::vector<int64_t> DataLoader::order(int64_t epoch) const {
   TG_CHECK(epoch >= 0, "DataLoader::order: epoch must be >= 0, got ", epoch);
   std::vector<int64_t> v(static_cast<std::size_t>(dataset_->size()));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(i);
-  if (!options_.shuffle) return v;
-  // One stream per (seed, epoch): the seed is mixed first, so seeds s and s+1 do not give
-  // shifted copies of each other's epochs.
-  uint64_t mix = options_.seed;
-  uint64_t state = splitmix64(mix) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull);
-  for (std::size_t i = v.size(); i > 1; --i) {  // Fisher-Yates
-    const auto j = static_cast<std::size_t>(uniform_below(state, i));
-    std::swap(v[i - 1], v[j]);
+  if (options_.shuffle) {
+    // One stream per (seed, epoch): the seed is mixed first, so seeds s and s+1 do not give
+    // shifted copies of each other's epochs.
+    uint64_t mix = options_.seed;
+    uint64_t state = splitmix64(mix) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull);
+    for (std::size_t i = v.size(); i > 1; --i) {  // Fisher-Yates
+      const auto j = static_cast<std::size_t>(uniform_below(state, i));
+      std::swap(v[i - 1], v[j]);
+    }
   }
-  return v;
+  const int64_t shards = options_.num_shards;
+  if (shards == 1) return v;
+  // Every shard sees the same permutation v: element k of the padded (or cut) epoch,
+  // v[k mod n], goes to shard k mod shards. Padding wraps around v as many times as needed
+  // (more than once only when the dataset is smaller than the number of shards).
+  const int64_t n = static_cast<int64_t>(v.size()), per_shard = shard_size();
+  std::vector<int64_t> mine(static_cast<std::size_t>(per_shard));
+  for (int64_t i = 0; i < per_shard; ++i)
+    mine[static_cast<std::size_t>(i)] = v[static_cast<std::size_t>((options_.shard + i * shards) % n)];
+  return mine;
 }
 
 DataLoader::Iterator DataLoader::begin() {

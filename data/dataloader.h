@@ -18,6 +18,20 @@
 // batches do not depend on the number of workers. With drop_last the final short batch is
 // left out.
 //
+// Shards (data-parallel training, PyTorch's DistributedSampler). With num_shards = S > 1
+// each rank builds its loader with the same dataset, seed and epoch and its own shard r.
+// Every rank draws the same epoch permutation from (seed, epoch); it is padded by repeating
+// its start until its length divides by S (with drop_last the tail is cut instead, so that
+// no example is seen twice), and shard r takes elements r, r + S, r + 2S, ... of it. The
+// shards of an epoch are then disjoint except for the padding, cover the whole dataset
+// (less the cut tail with drop_last), and have equal lengths, so every rank makes the same
+// number of batches and the ranks' collectives stay matched. Batches are made from the
+// shard as from a whole epoch, and drop_last also keeps its batch meaning there. order(e)
+// and num_batches() are the shard's. set_epoch must be called alike on every rank.
+//
+//   tg::data::DataLoader loader(train, {.batch_size = 64, .shuffle = true, .seed = 1,
+//                                       .num_shards = pg.size(), .shard = pg.rank()});
+//
 // Workers. With num_workers = 0 a batch is made on the consumer's thread when it is asked
 // for. With N workers, N threads make batches ahead of the consumer, at most
 // N * prefetch_factor of them waiting (a bounded queue: memory stays bounded however slow
@@ -51,7 +65,10 @@ struct DataLoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;
   uint64_t seed = 0;
-  bool drop_last = false;   // leave out the final batch when it is short
+  bool drop_last = false;   // leave out the final batch when it is short (and cut, not
+                            // pad, an epoch to a multiple of num_shards)
+  int64_t num_shards = 1;   // the epoch is split into this many shards (ranks)...
+  int64_t shard = 0;        // ...and this loader hands out shard `shard` in [0, num_shards)
   int num_workers = 0;      // threads making batches ahead; 0: on the consumer's thread
   int prefetch_factor = 2;  // batches waiting per worker (the queue's bound)
   Device device = Device::cpu();  // where batches are handed out
@@ -66,7 +83,8 @@ struct Batch {
 
 class DataLoader {
  public:
-  // Throws tg::Error for batch_size < 1, num_workers < 0 or prefetch_factor < 1, and
+  // Throws tg::Error for batch_size < 1, num_workers < 0, prefetch_factor < 1,
+  // num_shards < 1 or shard outside [0, num_shards), and
   // DeviceError for a device this build or machine cannot use.
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   // Borrows the dataset: it must outlive the loader.
@@ -75,8 +93,10 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Batches per epoch.
+  // Batches per epoch (of this loader's shard).
   int64_t num_batches() const;
+  // Examples per epoch in this loader's shard (the dataset's size without shards).
+  int64_t shard_size() const;
   int64_t size() const { return num_batches(); }
   const DataLoaderOptions& options() const { return options_; }
   const Dataset& dataset() const { return *dataset_; }
@@ -85,7 +105,8 @@ class DataLoader {
   // repeats or skips epochs (e.g. when resuming training).
   int64_t epoch() const { return epoch_; }
   void set_epoch(int64_t epoch);
-  // The dataset indices of epoch `epoch`, in the order its batches hold them.
+  // The dataset indices of epoch `epoch`, in the order its batches hold them (this
+  // loader's shard only, with its padding).
   std::vector<int64_t> order(int64_t epoch) const;
 
   struct End {};

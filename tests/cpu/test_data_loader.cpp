@@ -1,6 +1,7 @@
 // data/ DataLoader: every index once per epoch, seeded order per epoch, drop_last, workers
 // giving the same batches as none, exceptions reaching the consumer with their type, a
-// bounded queue, and shutdown or restart in the middle of an epoch.
+// bounded queue, shutdown or restart in the middle of an epoch, and shards for
+// data-parallel training (DistributedSampler's split).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -218,6 +219,135 @@ TEST(data_loader, DestroyedOrRestartedMidEpoch) {
     ds->throw_at = -1;
   }
   SUCCEED();
+}
+
+// ---- shards -----------------------------------------------------------------------------
+
+// The epochs of shards 0..S-1 of one configuration, as the batches' indices (which are the
+// shard's order, less a short last batch with drop_last).
+std::vector<std::vector<int64_t>> shard_epochs(std::shared_ptr<Indexed> ds, DataLoaderOptions o, int64_t epoch) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < o.num_shards; ++r) {
+    o.shard = r;
+    DataLoader loader(ds, o);
+    loader.set_epoch(epoch);
+    out.push_back(flatten(epoch_targets(loader)));
+    const auto order = loader.order(epoch);
+    EXPECT_EQ(static_cast<int64_t>(order.size()), loader.shard_size());
+    EXPECT_EQ(out.back(), std::vector(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(out.back().size())));
+    if (!o.drop_last) {
+      EXPECT_EQ(out.back().size(), order.size());
+    }
+  }
+  return out;
+}
+
+TEST(data_loader, ShardsCoverTheEpochDisjointlyWithPadding) {
+  for (int64_t n : {103, 100, 3, 1}) {
+    auto ds = std::make_shared<Indexed>(n);
+    for (int64_t shards : {2, 3, 4}) {
+      for (int workers : {0, 2}) {
+        const DataLoaderOptions o{.batch_size = 5, .shuffle = true, .seed = 7, .num_shards = shards,
+                                  .num_workers = workers};
+        const auto parts = shard_epochs(ds, o, 0);
+        const int64_t per = (n + shards - 1) / shards;  // padded up to a multiple of shards
+        std::vector<int64_t> all;
+        for (const auto& p : parts) {
+          EXPECT_EQ(static_cast<int64_t>(p.size()), per) << "n " << n << " shards " << shards;
+          all.insert(all.end(), p.begin(), p.end());
+        }
+        // Every index at least once; only the padding (per * shards - n of them) repeats.
+        std::set<int64_t> distinct(all.begin(), all.end());
+        EXPECT_EQ(static_cast<int64_t>(distinct.size()), n) << "n " << n << " shards " << shards;
+        EXPECT_EQ(*distinct.begin(), 0);
+        EXPECT_EQ(*distinct.rbegin(), n - 1);
+        EXPECT_EQ(static_cast<int64_t>(all.size()) - n, per * shards - n);
+        // Element k of the common permutation (wrapping around for the padding) is shard
+        // k mod S's element k / S: the padding repeats the permutation's start.
+        DataLoader whole(ds, {.batch_size = 5, .shuffle = true, .seed = 7});
+        const auto perm = whole.order(0);
+        for (int64_t k = 0; k < per * shards; ++k)
+          EXPECT_EQ(parts[static_cast<std::size_t>(k % shards)][static_cast<std::size_t>(k / shards)],
+                    perm[static_cast<std::size_t>(k % n)]);
+      }
+    }
+  }
+}
+
+TEST(data_loader, ShardsWithDropLastCutTheTail) {
+  auto ds = std::make_shared<Indexed>(103);
+  const auto parts = shard_epochs(ds, {.batch_size = 4, .shuffle = true, .seed = 3, .drop_last = true,
+                                       .num_shards = 4}, 2);
+  std::vector<int64_t> all;
+  for (const auto& p : parts) {
+    EXPECT_EQ(p.size(), 24u);  // 103 / 4 = 25 per shard, batches of 4 with the short one dropped
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  std::set<int64_t> distinct(all.begin(), all.end());
+  EXPECT_EQ(distinct.size(), all.size());  // no padding: disjoint
+  // The shards' orders: 25 each, disjoint, the permutation's first 100 (its tail of 3 cut).
+  DataLoader whole(ds, {.batch_size = 4, .shuffle = true, .seed = 3});
+  const auto perm = whole.order(2);
+  for (int64_t r = 0; r < 4; ++r) {
+    DataLoader one(ds, {.batch_size = 4, .shuffle = true, .seed = 3, .drop_last = true, .num_shards = 4, .shard = r});
+    EXPECT_EQ(one.shard_size(), 25);
+    EXPECT_EQ(one.num_batches(), 6);
+    const auto order = one.order(2);
+    ASSERT_EQ(order.size(), 25u);
+    for (std::size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], perm[static_cast<std::size_t>(r) + 4 * i]);
+  }
+  // Fewer examples than shards: every shard is empty, and so is every epoch.
+  DataLoader tiny(std::make_shared<Indexed>(3), {.batch_size = 4, .drop_last = true, .num_shards = 4});
+  EXPECT_EQ(tiny.num_batches(), 0);
+  EXPECT_TRUE(epoch_targets(tiny).empty());
+}
+
+TEST(data_loader, ShardsFollowSeedAndEpoch) {
+  auto ds = std::make_shared<Indexed>(50);
+  const DataLoaderOptions o{.batch_size = 6, .shuffle = true, .seed = 11, .num_shards = 3};
+  const auto e0 = shard_epochs(ds, o, 0);
+  EXPECT_EQ(shard_epochs(ds, o, 0), e0);  // the same (seed, epoch) on every rank: the same shards
+  EXPECT_NE(shard_epochs(ds, o, 1), e0);  // set_epoch gives new ones
+  DataLoaderOptions other = o;
+  other.seed = 12;
+  EXPECT_NE(shard_epochs(ds, other, 0), e0);
+  // Consecutive epochs of one loader are those of set_epoch.
+  DataLoaderOptions second = o;
+  second.shard = 1;
+  DataLoader loader(ds, second);
+  EXPECT_EQ(flatten(epoch_targets(loader)), e0[1]);
+  EXPECT_EQ(flatten(epoch_targets(loader)), shard_epochs(ds, o, 1)[1]);
+  // Without shuffle the shards interleave 0, 1, 2, ...: 50 is padded to 51 with index 0,
+  // which lands in shard 2 (2, 5, ..., 47, 0).
+  DataLoader plain(ds, {.batch_size = 6, .num_shards = 3, .shard = 2});
+  const auto p = flatten(epoch_targets(plain));
+  ASSERT_EQ(p.size(), 17u);
+  for (std::size_t i = 0; i + 1 < p.size(); ++i) EXPECT_EQ(p[i], static_cast<int64_t>(2 + 3 * i));
+  EXPECT_EQ(p.back(), 0);
+}
+
+TEST(data_loader, OneShardIsTheWholeEpoch) {
+  auto ds = std::make_shared<Indexed>(37);
+  for (bool drop : {false, true}) {
+    DataLoader sharded(ds, {.batch_size = 5, .shuffle = true, .seed = 4, .drop_last = drop, .num_shards = 1});
+    DataLoader plain(ds, {.batch_size = 5, .shuffle = true, .seed = 4, .drop_last = drop});
+    EXPECT_EQ(sharded.num_batches(), plain.num_batches());
+    EXPECT_EQ(sharded.shard_size(), 37);
+    EXPECT_EQ(epoch_targets(sharded), epoch_targets(plain));
+    EXPECT_EQ(epoch_targets(sharded), epoch_targets(plain));
+  }
+}
+
+TEST(data_loader, BadShardOptions) {
+  auto ds = std::make_shared<Indexed>(5);
+  std::string msg = message_of<tg::Error>([&] { DataLoader(ds, {.num_shards = 0}); });
+  EXPECT_TRUE(contains(msg, "DataLoader") && contains(msg, "num_shards") && contains(msg, "got 0")) << msg;
+  msg = message_of<tg::Error>([&] { DataLoader(ds, {.num_shards = 4, .shard = 4}); });
+  EXPECT_TRUE(contains(msg, "DataLoader") && contains(msg, "[0, 4)") && contains(msg, "got 4")) << msg;
+  msg = message_of<tg::Error>([&] { DataLoader(ds, {.num_shards = 2, .shard = -1}); });
+  EXPECT_TRUE(contains(msg, "shard must be in [0, 2)") && contains(msg, "got -1")) << msg;
+  msg = message_of<tg::Error>([&] { DataLoader(ds, {.shard = 1}); });
+  EXPECT_TRUE(contains(msg, "num_shards 1")) << msg;
 }
 
 TEST(data_loader, OptionsAndTensorDataset) {
