@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""PyTorch DistributedDataParallel baseline for examples/ddp_train.cpp.
+
+The same network as examples/common/resnet.h (ResNet-18-style, GroupNorm in place of
+BatchNorm), the same per-rank batch, image size, optimizer and precision, one process per GPU,
+launched by torchrun:
+
+    torchrun --standalone --nproc_per_node 4 bench/ddp/torch_ddp.py --batch 64 --size 64
+
+Each rank trains on one fixed random batch of its own (ddp_train --data fixed does the same),
+so that the timings are those of the training step alone: forward, backward with DDP's
+bucketed gradient all-reduce, SGD step. The steps after --warmup are timed with CUDA events
+between barriers; the slowest rank's time is taken. Rank 0 prints one JSON line:
+
+    {"framework":"pytorch","gpus":4,"step_ms":...,"images_per_s":...,...}
+
+images_per_s counts the global batch (gpus x --batch) per step. --cpu runs the same on CPU
+processes (gloo, wall-clock timing): a smoke test of the script where no GPU is at hand.
+"""
+import argparse
+import json
+import os
+import time
+
+# NVLink SHARP (NVLS) multicast is off on these machines for every process (see
+# bench/ddp/run.sh); set here too so that a direct torchrun launch behaves the same.
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+
+import torch  # noqa: E402  (after the environment above)
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=64, help="images per GPU per step")
+    p.add_argument("--size", type=int, default=64, help="image height and width")
+    p.add_argument("--width", type=int, default=64, help="channels of layer1 (64: ResNet-18)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--steps", type=int, default=50, help="training steps, warm-up included")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--precision", choices=("fp32", "tf32"), default="tf32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", action="store_true", help="gloo on CPU processes (a smoke test, not a benchmark)")
+    a = p.parse_args()
+    if a.steps <= a.warmup:
+        p.error("--steps must exceed --warmup")
+    if a.width < 2 or a.width % 2:
+        p.error("--width must be even and at least 2")
+    return a
+
+
+# examples/common/resnet.h: conv 3x3 in->w s1 (no bias) -> GroupNorm -> relu -> layer1..4 of two
+# BasicBlocks (w, 2w, 4w, 8w channels; the first block of layers 2-4 has stride 2 and a 1x1
+# stride-2 conv + GroupNorm shortcut) -> mean over H, W -> Linear 8w->classes (with bias).
+# Every conv is bias-free with padding k // 2; every GroupNorm has eps 1e-5 and an affine
+# weight and bias; groups = min(32, w / 2) as in examples/ddp_train.cpp. Names follow
+# tapegrad's (conv1, gn1, layerN.M.conv1, layerN.M.downsample.0, fc).
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride, groups):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(groups, cout, eps=1e-5)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(groups, cout, eps=1e-5)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                            nn.GroupNorm(groups, cout, eps=1e-5))
+
+    def forward(self, x):
+        y = self.gn2(self.conv2(F.relu(self.gn1(self.conv1(x)))))
+        return F.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet18GN(nn.Module):
+    def __init__(self, in_channels, classes, width, groups):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
+        self.gn1 = nn.GroupNorm(groups, width, eps=1e-5)
+        cin = width
+        for i in range(4):
+            cout = width << i
+            stride = 1 if i == 0 else 2
+            setattr(self, f"layer{i + 1}",
+                    nn.Sequential(BasicBlock(cin, cout, stride, groups), BasicBlock(cout, cout, 1, groups)))
+            cin = cout
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        h = F.relu(self.gn1(self.conv1(x)))
+        for i in range(1, 5):
+            h = getattr(self, f"layer{i}")(h)
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+def main():
+    a = parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if a.cpu:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    tf32 = a.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True  # the shapes never change: pick the fastest kernels once
+
+    torch.manual_seed(a.seed)  # DDP broadcasts rank 0's weights in any case
+    groups = min(32, a.width // 2)
+    model = ResNet18GN(3, a.classes, a.width, groups).to(device)
+    # bucket_cap_mb 25 as tapegrad's default.
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=None if a.cpu else [local_rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum)
+
+    g = torch.Generator(device=device)
+    g.manual_seed(1000 + a.seed * 7919 + rank)  # a different batch per rank
+    x = torch.randn(a.batch, 3, a.size, a.size, device=device, generator=g)
+    y = torch.randint(0, a.classes, (a.batch,), device=device, generator=g)
+
+    def step():
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)  # as tapegrad's zero_grad: the grads are dropped
+        return loss
+
+    for _ in range(a.warmup):
+        step()
+    timed = a.steps - a.warmup
+    if a.cpu:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(timed):
+            loss = step()
+        elapsed_ms = 1e3 * (time.perf_counter() - t0)
+    else:
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(timed):
+            loss = step()
+        end.record()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+    ms = torch.tensor([elapsed_ms], device=device, dtype=torch.float64)
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank's window
+    print(f"[rank {rank}] loss {loss.item():.4f}", flush=True)
+    if rank == 0:
+        step_ms = ms.item() / timed
+        print(json.dumps({
+            "framework": "pytorch",
+            "gpus": world,
+            "device": "cpu" if a.cpu else torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "batch_per_rank": a.batch,
+            "size": a.size,
+            "width": a.width,
+            "precision": a.precision,
+            "steps_timed": timed,
+            "step_ms": round(step_ms, 3),
+            "images_per_s": round(world * a.batch * 1e3 / step_ms, 1),
+        }, separators=(",", ":")), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
