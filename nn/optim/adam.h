@@ -53,12 +53,18 @@ class Adam : public Optimizer {
   const AdamOptions& options(size_t group = 0) const;  // the group's resolved options
   const AdamOptions& defaults() const { return defaults_; }
   const char* name() const override { return name_; }
+  bool has_momentum() const override { return true; }  // beta1: what a schedule cycles
 
  protected:
   Adam(AdamOptions defaults, bool decoupled_weight_decay, const char* name);
   double group_lr(size_t group) const override { return options(group).lr; }
   void store_group_lr(size_t group, double lr) override { groups_.at(group).lr = lr; }
   double group_weight_decay(size_t group) const override { return options(group).weight_decay; }
+  double group_momentum(size_t group) const override { return options(group).beta1; }
+  void check_group_momentum(size_t group, double value) const override {
+    check_range(group_name(group).c_str(), "beta1", value, 0, 1, true);
+  }
+  void store_group_momentum(size_t group, double value) override { groups_.at(group).beta1 = value; }
   std::vector<std::string> buffer_names(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
   bool has_step_state() const override { return true; }
   bool buffer_non_negative(size_t b) const override { return b == 1; }  // exp_avg_sq

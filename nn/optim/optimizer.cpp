@@ -86,6 +86,28 @@ void Optimizer::set_scheduled_lr(size_t group, double lr) {
   store_group_lr(group, lr);
 }
 
+double Optimizer::momentum(size_t group) const {
+  check_group("momentum", group);
+  return group_momentum(group);
+}
+
+void Optimizer::validate_momentum(size_t group, double value) const {
+  check_group("validate_momentum", group);
+  check_group_momentum(group, value);
+}
+
+void Optimizer::set_momentum(size_t group, double value) {
+  check_group("set_momentum", group);
+  check_group_momentum(group, value);
+  store_group_momentum(group, value);
+}
+
+double Optimizer::group_momentum(size_t) const { TG_FAIL(name(), " has no momentum or beta1"); }
+
+void Optimizer::check_group_momentum(size_t, double) const { TG_FAIL(name(), " has no momentum or beta1"); }
+
+void Optimizer::store_group_momentum(size_t, double) { TG_FAIL(name(), " has no momentum or beta1"); }
+
 void Optimizer::check_lr(const char* optimizer, double lr) {
   TG_CHECK(std::isfinite(lr) && lr > 0, optimizer, ": invalid learning rate ", lr,
            " (it must be positive and finite", lr == 0 ? "; an lr of 0 would leave every parameter unchanged" : "",

@@ -76,6 +76,17 @@ class Optimizer {
   // which set_lr refuses as a likely mistake. Throws tg::Error unless finite and >= 0.
   void set_scheduled_lr(size_t group, double lr);
 
+  // The momentum a schedule may cycle (PyTorch's OneCycleLR with cycle_momentum): SGD's
+  // momentum, Adam's and AdamW's beta1 (a PyTorch group's "momentum" or betas[0]).
+  // has_momentum() says whether the optimizer has one; the others throw tg::Error if not.
+  // set_momentum checks the value as the optimizer's constructor checks that option (SGD:
+  // in [0, 1), and > 0 in a nesterov group; beta1: in [0, 1)) and changes nothing if it
+  // throws; validate_momentum only checks.
+  virtual bool has_momentum() const { return false; }
+  double momentum(size_t group) const;
+  void set_momentum(size_t group, double value);
+  void validate_momentum(size_t group, double value) const;
+
   // Per-parameter state for checkpoints, keyed by the parameter's index as in PyTorch's
   // optimizer state_dict: "3.momentum_buffer", "3.exp_avg", "3.exp_avg_sq", and for
   // optimizers that count steps "3.step" (a one-element f64 CPU tensor). Only parameters
@@ -120,6 +131,10 @@ class Optimizer {
   virtual double group_lr(size_t group) const = 0;
   virtual void store_group_lr(size_t group, double lr) = 0;
   virtual double group_weight_decay(size_t group) const = 0;
+  // Group g's momentum (see has_momentum), for optimizers that have one; the defaults throw.
+  virtual double group_momentum(size_t group) const;
+  virtual void check_group_momentum(size_t group, double value) const;  // throws tg::Error if invalid
+  virtual void store_group_momentum(size_t group, double value);
 
   struct ParamState {
     int64_t steps = 0;            // updates this parameter received

@@ -25,9 +25,17 @@ void LRScheduler::apply(int64_t step) {
            " param groups but the scheduler was built for ", base_lrs_.size(),
            " (build the scheduler after adding every group)");
   std::vector<double> lrs;
-  for (size_t g = 0; g < base_lrs_.size(); ++g) lrs.push_back(lr_at(g, step));
+  std::vector<std::optional<double>> momenta;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) {
+    lrs.push_back(lr_at(g, step));
+    momenta.push_back(compute_momentum(g, step));
+    if (momenta.back()) opt_.validate_momentum(g, *momenta.back());
+  }
   // All computed and checked: set them.
-  for (size_t g = 0; g < lrs.size(); ++g) opt_.set_scheduled_lr(g, lrs[g]);
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    opt_.set_scheduled_lr(g, lrs[g]);
+    if (momenta[g]) opt_.set_momentum(g, *momenta[g]);
+  }
   step_ = step;
 }
 
@@ -107,11 +115,23 @@ OneCycleLR::OneCycleLR(Optimizer& opt, OneCycleLROptions o) : LRScheduler(opt), 
            " must be finite and > 0");
   TG_CHECK(std::isfinite(o.final_div_factor) && o.final_div_factor > 0, "OneCycleLR: final_div_factor ",
            o.final_div_factor, " must be finite and > 0");
+  TG_CHECK(o.anneal_strategy == AnnealStrategy::cos || o.anneal_strategy == AnnealStrategy::linear,
+           "OneCycleLR: unknown anneal_strategy ", static_cast<int>(o.anneal_strategy));
   const double total = static_cast<double>(o.total_steps), up = o.pct_start * total - 1;
   const double last = total - 1, mid = o.three_phase ? 2 * o.pct_start * total - 2 : up;
   TG_CHECK(up > 0 && mid >= up && last > mid, "OneCycleLR: pct_start ", o.pct_start, " with total_steps ",
            o.total_steps, " leaves a phase of no steps (phases end at steps ", up,
            o.three_phase ? ", " + std::to_string(mid) : std::string(), " and ", last, ")");
+  phase_ends_ = o.three_phase ? std::vector<double>{up, mid, last} : std::vector<double>{up, last};
+  if (o.cycle_momentum) {
+    TG_CHECK(opt.has_momentum(), "OneCycleLR: cycle_momentum needs an optimizer with a momentum or beta1; ",
+             opt.name(), " has neither (set cycle_momentum = false)");
+    // Both ends pass the optimizer's own check (the values between them then do too).
+    for (size_t g = 0; g < opt.num_param_groups(); ++g) {
+      opt.validate_momentum(g, o.base_momentum);
+      opt.validate_momentum(g, o.max_momentum);
+    }
+  }
   start();
 }
 
@@ -120,30 +140,42 @@ void OneCycleLR::check_step(int64_t step) const {
            o_.total_steps);
 }
 
+void OneCycleLR::locate(int64_t step, size_t& phase, double& pct) const {
+  const double t = static_cast<double>(step);
+  double start_step = 0;
+  for (phase = 0; phase + 1 < phase_ends_.size() && t > phase_ends_[phase]; ++phase) start_step = phase_ends_[phase];
+  pct = (t - start_step) / (phase_ends_[phase] - start_step);
+}
+
+double OneCycleLR::anneal(double from, double to, double pct) const {
+  // Step total_steps lies past the last phase's end (total - 1): pct > 1. The cosine stays
+  // between the phase's ends there; a line would leave them (a negative lr), so it stops.
+  if (o_.anneal_strategy == AnnealStrategy::linear) return (to - from) * std::min(pct, 1.0) + from;
+  return to + (from - to) / 2 * (std::cos(std::numbers::pi * pct) + 1);
+}
+
 double OneCycleLR::compute(double max_lr, int64_t step) const {
   const double initial = max_lr / o_.div_factor, min_lr = initial / o_.final_div_factor;
-  const double total = static_cast<double>(o_.total_steps), t = static_cast<double>(step);
-  struct Phase {
-    double end_step, start_lr, end_lr;
-  };
-  std::vector<Phase> phases;
+  size_t phase = 0;
+  double pct = 0;
+  locate(step, phase, pct);
   if (o_.three_phase) {
-    phases = {{o_.pct_start * total - 1, initial, max_lr},
-              {2 * o_.pct_start * total - 2, max_lr, initial},
-              {total - 1, initial, min_lr}};
-  } else {
-    phases = {{o_.pct_start * total - 1, initial, max_lr}, {total - 1, max_lr, min_lr}};
+    const double from[3] = {initial, max_lr, initial}, to[3] = {max_lr, initial, min_lr};
+    return anneal(from[phase], to[phase], pct);
   }
-  double start_step = 0;
-  for (size_t i = 0; i < phases.size(); ++i) {
-    const Phase& p = phases[i];
-    if (t <= p.end_step || i + 1 == phases.size()) {
-      const double pct = (t - start_step) / (p.end_step - start_step);
-      return p.end_lr + (p.start_lr - p.end_lr) / 2 * (std::cos(std::numbers::pi * pct) + 1);
-    }
-    start_step = p.end_step;
-  }
-  return min_lr;  // not reached: the last phase always returns
+  const double from[2] = {initial, max_lr}, to[2] = {max_lr, min_lr};
+  return anneal(from[phase], to[phase], pct);
+}
+
+std::optional<double> OneCycleLR::compute_momentum(size_t /*group*/, int64_t step) const {
+  if (!o_.cycle_momentum) return std::nullopt;
+  const double base = o_.base_momentum, max = o_.max_momentum;
+  size_t phase = 0;
+  double pct = 0;
+  locate(step, phase, pct);
+  // Against the lr: down while it rises, up while it falls (three_phase: flat at the end).
+  const double from[3] = {max, base, max}, to[3] = {base, max, max};
+  return anneal(from[phase], to[phase], pct);
 }
 
 }  // namespace tg::nn

@@ -8,11 +8,14 @@
 //   for (...) { ...; opt.step(); sched.step(); }
 //
 // A schedule may reach an lr of 0 (warmup from 0, cosine to eta_min = 0): it sets lrs
-// through Optimizer::set_scheduled_lr, which accepts 0 where set_lr refuses it.
+// through Optimizer::set_scheduled_lr, which accepts 0 where set_lr refuses it. OneCycleLR
+// also sets each group's momentum (SGD) or beta1 (Adam, AdamW) by Optimizer::set_momentum.
 // Scheduler state is the step count alone: save last_step() beside a checkpoint and call
-// set_last_step on a scheduler built with the same options over the restored optimizer.
+// set_last_step on a scheduler built with the same options over the restored optimizer
+// (which sets the lrs and any cycled momentum of that step).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "optimizer.h"
@@ -26,8 +29,9 @@ class LRScheduler {
   LRScheduler& operator=(const LRScheduler&) = delete;
 
   virtual const char* name() const = 0;
-  // Advances one step and sets every group's lr. Throws tg::Error if the optimizer's number
-  // of groups changed since construction, or past a schedule's last step (OneCycleLR).
+  // Advances one step and sets every group's lr (and momentum, for a schedule that cycles
+  // it). Throws tg::Error, changing nothing, if the optimizer's number of groups changed
+  // since construction, or past a schedule's last step (OneCycleLR).
   void step();
   int64_t last_step() const { return step_; }  // PyTorch's last_epoch: 0 after construction
   void set_last_step(int64_t step);            // sets the lrs of that step (resuming)
@@ -42,6 +46,9 @@ class LRScheduler {
   void start();  // the last line of every derived constructor: applies step 0
   // The formula: the lr of a group whose base lr is `base_lr` at `step` (>= 0, checked).
   virtual double compute(double base_lr, int64_t step) const = 0;
+  // The momentum (or beta1) of group g at `step` for a schedule that cycles it; nullopt
+  // leaves the optimizer's as it is.
+  virtual std::optional<double> compute_momentum(size_t /*group*/, int64_t /*step*/) const { return std::nullopt; }
   virtual void check_step(int64_t /*step*/) const {}
 
  private:
@@ -124,18 +131,32 @@ class WarmupCosineLR : public LRScheduler {
   WarmupCosineLROptions o_;
 };
 
-// PyTorch's OneCycleLR with cosine annealing, on the lr only (cycle_momentum = False). Each
-// group's lr at construction is its max_lr. With initial = max_lr / div_factor and
-// min = initial / final_div_factor, the phases end at step (floats, as PyTorch):
+// PyTorch's OneCycleLR. Each group's lr at construction is its max_lr. With initial =
+// max_lr / div_factor and min = initial / final_div_factor, the phases end at step (floats,
+// as PyTorch):
 //   two-phase:   pct_start * total - 1 (initial -> max_lr), total - 1 (max_lr -> min)
 //   three_phase: pct_start * total - 1 (initial -> max_lr), 2 * pct_start * total - 2
 //                (max_lr -> initial), total - 1 (initial -> min)
-// and within a phase from step s0 to s1, with pct = (step - s0) / (s1 - s0):
-//   lr = end + (start - end) / 2 * (1 + cos(pi * pct))
+// and within a phase from step s0 to s1, with pct = (step - s0) / (s1 - s0), from a to b:
+//   cos:    b + (a - b) / 2 * (1 + cos(pi * pct))
+//   linear: a + (b - a) * min(pct, 1)
+// (pct passes 1 only at step total_steps, one past the last phase: PyTorch's line goes on
+// there, below min_lr and to a negative lr; the cosine is PyTorch's everywhere.)
+// With cycle_momentum (the default, as PyTorch) the momentum (SGD) or beta1 (Adam, AdamW)
+// of every group moves the other way in the same phases by the same anneal: max_momentum ->
+// base_momentum while the lr rises, back to max_momentum while it falls (three_phase: and
+// stays at max_momentum in the last phase). It is set to max_momentum at construction.
+// Both must pass the optimizer's check for that option (in [0, 1); SGD's nesterov needs > 0).
+// An optimizer without momentum needs cycle_momentum = false (PyTorch's ValueError).
 // Stepping past total_steps throws tg::Error, as PyTorch's ValueError.
+enum class AnnealStrategy { cos, linear };
 struct OneCycleLROptions {
   int64_t total_steps = 0;  // >= 2, required
   double pct_start = 0.3;   // in (0, 1); every phase must span more than one step
+  AnnealStrategy anneal_strategy = AnnealStrategy::cos;
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;
+  double max_momentum = 0.95;
   double div_factor = 25;
   double final_div_factor = 1e4;
   bool three_phase = false;
@@ -147,10 +168,15 @@ class OneCycleLR : public LRScheduler {
 
  protected:
   double compute(double base_lr, int64_t step) const override;
+  std::optional<double> compute_momentum(size_t group, int64_t step) const override;
   void check_step(int64_t step) const override;
 
  private:
+  // The phase holding `step` and the fraction of it done.
+  void locate(int64_t step, size_t& phase, double& pct) const;
+  double anneal(double from, double to, double pct) const;
   OneCycleLROptions o_;
+  std::vector<double> phase_ends_;
 };
 
 }  // namespace tg::nn

@@ -56,6 +56,12 @@ const SGDOptions& SGD::options(size_t group) const {
   return groups_[group];
 }
 
+void SGD::check_group_momentum(size_t group, double value) const {
+  SGDOptions o = options(group);
+  o.momentum = value;
+  check(group_name(group), o);
+}
+
 std::vector<std::string> SGD::buffer_names(size_t param_index) const {
   if (groups_[param_group_of(param_index)].momentum == 0) return {};
   return {"momentum_buffer"};

@@ -49,11 +49,18 @@ class SGD : public Optimizer {
   const SGDOptions& options(size_t group = 0) const;  // the group's resolved options
   const SGDOptions& defaults() const { return defaults_; }
   const char* name() const override { return "SGD"; }
+  // The group's momentum is what a schedule cycles (Optimizer::set_momentum). Turning it on
+  // in a group that had none starts the buffer at the next step, as PyTorch; setting it to 0
+  // drops the buffers at the next step (PyTorch keeps them, unused).
+  bool has_momentum() const override { return true; }
 
  protected:
   double group_lr(size_t group) const override { return options(group).lr; }
   void store_group_lr(size_t group, double lr) override { groups_.at(group).lr = lr; }
   double group_weight_decay(size_t group) const override { return options(group).weight_decay; }
+  double group_momentum(size_t group) const override { return options(group).momentum; }
+  void check_group_momentum(size_t group, double value) const override;
+  void store_group_momentum(size_t group, double value) override { groups_.at(group).momentum = value; }
   std::vector<std::string> buffer_names(size_t param_index) const override;
   bool has_step_state() const override { return false; }
   void update(size_t i, const Tensor& g, ParamState& s) override;
