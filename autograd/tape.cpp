@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "autograd/anomaly.h"  // [anomaly hooks]
+#include "autograd/grad_hooks.h"
 #include "core/accumulate.h"
 
 namespace tg {
@@ -36,6 +37,17 @@ thread_local bool t_stack_gone = false;
 TapeStack::~TapeStack() { t_stack_gone = true; }
 thread_local TapeStack t_stack;
 thread_local bool t_recording_paused = false;
+// The callback list of the backward running on this thread (null when none runs).
+thread_local std::vector<std::function<void()>>* t_backward_callbacks = nullptr;
+struct BackwardCallbackScope {
+  std::vector<std::function<void()>>* previous;
+  explicit BackwardCallbackScope(std::vector<std::function<void()>>* mine) : previous(t_backward_callbacks) {
+    t_backward_callbacks = mine;
+  }
+  ~BackwardCallbackScope() { t_backward_callbacks = previous; }
+  BackwardCallbackScope(const BackwardCallbackScope&) = delete;
+  BackwardCallbackScope& operator=(const BackwardCallbackScope&) = delete;
+};
 
 // The innermost live slot of this thread, after dropping the dead ones; null if none.
 // `dropped` tells whether a dead one was dropped (a tape destroyed on another thread).
@@ -147,11 +159,10 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
     if (!inserted) it->second = sum_of(it->second, g);
   };
 
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    TapeEntry& e = *it;
+  auto process_entry = [&](TapeEntry& e) {
     bool any = false;
     for (const Tensor& o : e.outputs) any = any || grads.count(o.impl());
-    if (!any) continue;  // nothing downstream of this op reached the loss
+    if (!any) return;  // nothing downstream of this op reached the loss
 
     std::vector<bool> needs(e.inputs.size());
     bool needed = false;
@@ -167,7 +178,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
       // A non-leaf output gets no more gradient once its producer is processed.
       if (g != grads.end()) grads.erase(g);
     }
-    if (!needed) continue;
+    if (!needed) return;
     for (size_t i = 0; i < e.saved.size(); ++i) {
       TG_CHECK(!e.saved[i].defined() || e.saved[i].version() == e.saved_versions[i],
                "Tape::backward: a tensor ", describe(e.saved[i]), " saved by '", e.op,
@@ -195,7 +206,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
     // Free what this entry saved as soon as it is no longer needed.
     e.saved.clear();
     e.backward = nullptr;
-  }
+  };
 
   // Leaves accumulate (+=) into grad(); PyTorch semantics across several backward calls.
   // A gradient handed over as is may share storage with another leaf's (add passes one
@@ -203,22 +214,52 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
   // data; only such a one is copied, so that in-place edits of one grad touch nothing else.
   std::unordered_set<const Storage*> taken;
   if (seed.defined()) taken.insert(seed.impl()->storage.get());
-  for (const TapeEntry& e : entries_)
-    for (const Tensor& in : e.inputs)
-      if (in.defined() && in.is_leaf()) taken.insert(in.impl()->storage.get());
-  for (TapeEntry& e : entries_) {
-    for (const Tensor& in : e.inputs) {
-      if (!in.defined() || !in.is_leaf() || !in.requires_grad()) continue;
+  // A leaf's gradient is complete once the walk has passed the earliest entry that takes it
+  // as an input: ready_at[k] lists the leaves whose earliest consumer is entry k. They are
+  // finished there, and their post-accumulate hooks run, while backward goes on.
+  std::vector<std::vector<Tensor>> ready_at(entries_.size());
+  {
+    std::unordered_set<const TensorImpl*> seen;
+    for (size_t k = 0; k < entries_.size(); ++k)
+      for (const Tensor& in : entries_[k].inputs) {
+        if (!in.defined() || !in.is_leaf()) continue;
+        taken.insert(in.impl()->storage.get());
+        if (in.requires_grad() && seen.insert(in.impl()).second) ready_at[k].push_back(in);
+      }
+  }
+  auto finish_leaves = [&](size_t k) {
+    for (const Tensor& in : ready_at[k]) {
       auto g = grads.find(in.impl());
-      if (g == grads.end()) continue;
+      if (g == grads.end()) continue;  // no gradient reached this leaf
       Tensor old = in.grad();
       Tensor next = old.defined() ? sum_of(old, g->second) : g->second;
       if (!taken.insert(next.impl()->storage.get()).second) next = next.clone();
       taken.insert(next.impl()->storage.get());
       in.set_grad(next);
       grads.erase(g);
+      run_post_accumulate_grad_hooks(in);
     }
+  };
+
+  // Callbacks that hooks queue (queue_callback) run once every leaf is finished.
+  std::vector<std::function<void()>> callbacks;
+  BackwardCallbackScope callback_scope(&callbacks);
+  for (size_t k = entries_.size(); k-- > 0;) {
+    process_entry(entries_[k]);
+    finish_leaves(k);
   }
+  // A callback may queue further ones; each runs once, in order.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> fn = std::move(callbacks[i]);
+    fn();
+  }
+}
+
+void Tape::queue_callback(std::function<void()> fn) {
+  TG_CHECK(t_backward_callbacks != nullptr,
+           "Tape::queue_callback: no backward is running on this thread (call it from a gradient hook)");
+  TG_CHECK(static_cast<bool>(fn), "Tape::queue_callback: empty callback");
+  t_backward_callbacks->push_back(std::move(fn));
 }
 
 }  // namespace tg

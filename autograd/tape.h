@@ -81,6 +81,12 @@ class Tape {
   std::function<void(const TapeEntry&)> on_record;
   std::function<void(const TapeEntry&, size_t, const Tensor&)> on_gradient;
 
+  // Schedules fn to run at the end of the backward running on the calling thread, after
+  // every leaf's grad is final (PyTorch's queue_callback). Only from inside a backward (a
+  // gradient hook, autograd/grad_hooks.h); throws tg::Error otherwise. If backward throws,
+  // queued callbacks do not run.
+  static void queue_callback(std::function<void()> fn);
+
   // Adds an entry as is (record() is the usual way in). The caller keeps the tape alive.
   void append(TapeEntry entry);
 

@@ -20,6 +20,8 @@ struct TensorOptions {
   Device device = Device::cpu();
 };
 
+struct GradHooks;  // autograd/grad_hooks.h: hooks run when a leaf's grad is final
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;  // shared between a tensor and its reshaped views
   Shape shape;
@@ -28,6 +30,7 @@ struct TensorImpl {
   bool is_leaf = true;                // false for outputs of ops recorded on a tape
   uint64_t producer_tape = 0;         // Tape::id() of the tape that recorded its op (0: none)
   std::shared_ptr<TensorImpl> grad;   // accumulated by Tape::backward (leaves only)
+  std::shared_ptr<GradHooks> grad_hooks;  // null unless a hook was registered (leaves only)
 };
 
 class Tensor {
