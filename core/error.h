@@ -12,6 +12,8 @@
 //   │                 inconsistent offsets) is a plain Error, a format problem, not I/O
 //   ├ UnsupportedError a valid request this build or this GPU does not implement
 //   ├ CudaError       a CUDA runtime call failed (the call and CUDA's error string)
+//   ├ DistError       a collective failed, timed out waiting for other ranks, or the ranks
+//   │                 disagree (dist/: shapes, parameter lists)
 //   └ OutOfMemory     an allocation failed; the allocator stays usable
 #pragma once
 #include <cstddef>
@@ -47,6 +49,10 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+class DistError : public Error {
  public:
   using Error::Error;
 };

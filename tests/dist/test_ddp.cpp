@@ -1,0 +1,282 @@
+// DistributedDataParallel: N ranks with b examples each must train exactly like one process
+// with the N*b examples (mean loss), for SGD with momentum and for Adam, over several steps;
+// buckets of any size (a parameter larger than a bucket, one bucket per parameter), unused
+// parameters, no_sync accumulation, mismatched models, and rank-0 checkpoints.
+//
+// Tolerance: f64 throughout, so the only differences are the order of the sums (a mean over
+// b examples per rank, then over ranks, against one mean over N*b): relative 1e-12.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "common/fixtures.h"
+#include "common/test_util.h"
+#include "core/safetensors.h"
+#include "dist/ddp.h"
+#include "dist_test_main.h"
+#include "nn/checkpoint.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"
+#include "ops/loss.h"
+
+using namespace tg;
+using namespace tg::test;
+using tg::dist::DistributedDataParallel;
+
+namespace {
+
+constexpr int64_t kPerRank = 3;  // examples per rank and step
+
+std::shared_ptr<nn::Sequential> model(uint64_t seed) {
+  auto m = small_cnn(seed);
+  m->to(f64);
+  m->to(test_device());
+  return m;
+}
+
+// Rows [begin, end) of an (N, ...) tensor, as a new tensor on the test device.
+Tensor rows(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t per_row = t.numel() / t.size(0);
+  std::vector<double> v = t.to_vector<double>();
+  std::vector<double> part(v.begin() + begin * per_row, v.begin() + end * per_row);
+  std::vector<int64_t> dims = t.shape().dims();
+  dims[0] = end - begin;
+  return from_vector(part, Shape(dims), {.dtype = f64}).to(test_device());
+}
+
+// The global batch of a step: the same numbers on every rank.
+std::pair<Tensor, Tensor> global_batch(int step, int64_t count) {
+  manual_seed(5000 + step);
+  return {randn({count, 3, 7, 9}, {.dtype = f64}), randn({count, 5}, {.dtype = f64})};
+}
+
+void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
+  const auto pa = a.parameters(), pb = b.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_LE(rel_l2(pa[i], pb[i]), tol) << "parameter " << i;
+}
+
+std::vector<double> flat_parameters(nn::Module& m) {
+  std::vector<double> out;
+  for (const Tensor& p : m.parameters())
+    for (double v : p.to_vector<double>()) out.push_back(v);
+  return out;
+}
+
+// Trains `steps` steps both ways and returns the DDP replica's parameters. Rank r starts
+// from a different initialisation (seed 7 + 1000 r): DDP must broadcast rank 0's.
+template <class Opt, class Options>
+std::vector<double> train_both_ways(Options options, int steps, dist::DDPOptions ddp_options = {}) {
+  const int S = group().size(), me = group().rank();
+  auto reference = model(7);
+  Opt reference_opt(reference->parameters(), options);
+  auto replica = model(7 + 1000 * me);
+  DistributedDataParallel ddp(group(), replica, ddp_options);
+  Opt opt(ddp.parameters(), options);
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = global_batch(step, S * kPerRank);
+    {
+      Tape tape;
+      tape.backward(mse_loss((*reference)(x.to(test_device())), y.to(test_device())));
+    }
+    reference_opt.step();
+    reference->zero_grad();
+    {
+      Tape tape;
+      tape.backward(mse_loss(ddp(rows(x, me * kPerRank, (me + 1) * kPerRank)),
+                             rows(y, me * kPerRank, (me + 1) * kPerRank)));
+    }
+    opt.step();
+    ddp.zero_grad();
+  }
+  expect_same_parameters(*replica, *reference, 1e-12);
+  return flat_parameters(*replica);
+}
+
+}  // namespace
+
+TEST(DDP, EqualsOneProcessWithTheWholeBatchSGD) {
+  const auto first = train_both_ways<nn::SGD>(nn::SGDOptions{.lr = 0.05, .momentum = 0.9}, 4);
+  // Deterministic: the same run again gives the same bits.
+  const auto second = train_both_ways<nn::SGD>(nn::SGDOptions{.lr = 0.05, .momentum = 0.9}, 4);
+  EXPECT_EQ(first, second);
+}
+
+TEST(DDP, EqualsOneProcessWithTheWholeBatchAdam) {
+  train_both_ways<nn::Adam>(nn::AdamOptions{.lr = 0.01}, 4);
+}
+
+// One bucket per parameter (a cap below every parameter's size), and a cap between sizes so
+// that a parameter larger than a bucket shares none.
+TEST(DDP, AnyBucketSizeGivesTheSameTraining) {
+  train_both_ways<nn::SGD>(nn::SGDOptions{.lr = 0.05}, 3, {.bucket_cap_mb = 1e-9});
+  train_both_ways<nn::SGD>(nn::SGDOptions{.lr = 0.05}, 3, {.bucket_cap_mb = 200.0 / (1 << 20)});
+}
+
+TEST(DDP, BucketsHoldParametersInReverseOrder) {
+  auto m = model(7);
+  const auto names = [&] {
+    std::vector<std::string> n;
+    for (const auto& [name, t] : m->named_parameters()) n.push_back(name);
+    return n;
+  }();
+  {
+    DistributedDataParallel one(group(), m);
+    const auto layout = one.bucket_layout();
+    ASSERT_EQ(layout.size(), 1u);
+    EXPECT_EQ(layout[0], std::vector<std::string>(names.rbegin(), names.rend()));
+  }
+  // 200 bytes = 25 f64: conv weight (162 values) exceeds it and sits alone; small ones pair up.
+  DistributedDataParallel small(group(), m, {.bucket_cap_mb = 200.0 / (1 << 20)});
+  const auto layout = small.bucket_layout();
+  size_t total = 0;
+  for (const auto& b : layout) {
+    total += b.size();
+    ASSERT_FALSE(b.empty());
+  }
+  EXPECT_EQ(total, names.size());
+  EXPECT_GT(layout.size(), 2u);
+  EXPECT_EQ(layout.back(), std::vector<std::string>{"0.weight"});  // 162 f64 > cap: alone, last
+}
+
+namespace {
+
+// Two heads; `b` is used on rank 0 only, `never` by no rank.
+struct Branchy : nn::Module {
+  std::shared_ptr<nn::Linear> a, b, never;
+  bool use_b = false;
+  explicit Branchy(bool use) : use_b(use) {
+    manual_seed(11);
+    a = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 3});
+    b = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 3});
+    never = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 3});
+    register_module("a", a);
+    register_module("b", b);
+    register_module("never", never);
+    to(f64);
+    to(test_device());
+  }
+  Tensor forward(const Tensor& x) override { return use_b ? (*a)(x) + (*b)(x) : (*a)(x); }
+};
+
+Tensor rank_input(int r) {
+  manual_seed(900 + r);
+  return randn({5, 4}, {.dtype = f64}).to(test_device());
+}
+
+}  // namespace
+
+TEST(DDP, UnusedParameters) {
+  const int S = group().size(), me = group().rank();
+  // The expected averages: every rank's local gradients, computed here for all ranks.
+  Branchy ref_a_b(true), ref_a(false);
+  std::vector<double> want_a(12, 0.0), want_b(12, 0.0);  // weights of 3 x 4
+  for (int r = 0; r < S; ++r) {
+    Branchy& m = r == 0 ? ref_a_b : ref_a;
+    m.zero_grad();
+    Tape tape;
+    tape.backward(sum((m)(rank_input(r))));
+    auto ga = m.a->weight.grad().to_vector<double>();
+    ASSERT_EQ(ga.size(), want_a.size());
+    for (size_t i = 0; i < ga.size(); ++i) want_a[i] += ga[i] / S;
+    if (r == 0) {
+      auto gb = m.b->weight.grad().to_vector<double>();
+      ASSERT_EQ(gb.size(), want_b.size());
+      for (size_t i = 0; i < gb.size(); ++i) want_b[i] += gb[i] / S;
+    }
+  }
+  for (bool find_unused : {false, true}) {
+    auto m = std::make_shared<Branchy>(me == 0);
+    DistributedDataParallel ddp(group(), m, {.find_unused_parameters = find_unused});
+    Tape tape;
+    tape.backward(sum(ddp(rank_input(me))));
+    const auto ga = m->a->weight.grad().to_vector<double>();
+    ASSERT_TRUE(m->b->weight.grad().defined()) << "b is used by rank 0: every rank gets the average";
+    const auto gb = m->b->weight.grad().to_vector<double>();
+    ASSERT_EQ(ga.size(), want_a.size());
+    ASSERT_EQ(gb.size(), want_b.size());
+    for (size_t i = 0; i < want_a.size(); ++i) {
+      EXPECT_NEAR(ga[i], want_a[i], 1e-12);
+      EXPECT_NEAR(gb[i], want_b[i], 1e-12);
+    }
+    if (find_unused) {
+      EXPECT_FALSE(m->never->weight.grad().defined()) << "no rank used it: its grad stays undefined";
+    } else {
+      ASSERT_TRUE(m->never->weight.grad().defined());
+      for (double v : m->never->weight.grad().to_vector<double>()) EXPECT_EQ(v, 0.0);
+    }
+  }
+}
+
+// Two micro-batches: the first inside no_sync (local accumulation only), the second synced;
+// the result is the whole batch's mean gradient.
+TEST(DDP, NoSyncAccumulatesLocally) {
+  const int S = group().size(), me = group().rank();
+  auto reference = model(7);
+  auto replica = model(7);
+  DistributedDataParallel ddp(group(), replica);
+  auto [x, y] = global_batch(0, S * kPerRank * 2);
+  {
+    Tape tape;
+    tape.backward(mse_loss((*reference)(x.to(test_device())), y.to(test_device())));
+  }
+  for (int micro = 0; micro < 2; ++micro) {
+    const int64_t begin = (2 * me + micro) * kPerRank;
+    Tape tape;
+    Tensor loss = mse_loss(ddp(rows(x, begin, begin + kPerRank)), rows(y, begin, begin + kPerRank)) * 0.5;
+    if (micro == 0) {
+      auto guard = ddp.no_sync();
+      tape.backward(loss);
+    } else {
+      tape.backward(loss);
+    }
+  }
+  const auto pr = replica->parameters(), pf = reference->parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_l2(pr[i].grad(), pf[i].grad()), 1e-12) << i;
+}
+
+TEST(DDP, MismatchedModelsFailOnEveryRank) {
+  if (group().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int me = group().rank();
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = me == 1 ? 2 : 3}));
+  m->to(test_device());
+  expect_message<DistError>([&] { DistributedDataParallel ddp(group(), m); },
+                            {"do not match", "rank 1 differs from rank 0", "0.weight f32[3, 4]", "0.weight f32[2, 4]"});
+  // The group is still usable.
+  Tensor t = ones({2}, {.device = test_device()});
+  group().all_reduce(t);
+  EXPECT_EQ(t.to_vector<float>()[0], static_cast<float>(group().size()));
+}
+
+// After the DDP is destroyed its hooks are gone: a backward on one rank alone does not
+// start a collective (it would wait for the others forever).
+TEST(DDP, DestroyedWrapperLeavesNoHooks) {
+  auto m = model(7);
+  { DistributedDataParallel ddp(group(), m); }
+  if (group().rank() == 0) {
+    Tape tape;
+    tape.backward(mse_loss((*m)(randn({2, 3, 7, 9}, {.dtype = f64}).to(test_device())),
+                           zeros({2, 5}, {.dtype = f64, .device = test_device()})));
+    EXPECT_TRUE(m->parameters()[0].grad().defined());
+  }
+  group().barrier();
+}
+
+TEST(DDP, CheckpointWrittenByRankZeroOnly) {
+  auto m = model(7 + group().rank());
+  DistributedDataParallel ddp(group(), m);
+  const std::string path = group().broadcast_string(
+      "/tmp/tg_ddp_checkpoint_" + std::to_string(::getpid()) + ".safetensors", 0);
+  dist::save_checkpoint(group(), *m, path);
+  auto loaded = model(99);
+  tg::load(*loaded, path);
+  expect_same_parameters(*loaded, *m, 0.0);
+  group().barrier();
+  if (group().rank() == 0) std::remove(path.c_str());
+}
+
+TG_DIST_TEST_MAIN()
