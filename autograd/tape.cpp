@@ -9,6 +9,7 @@
 #include "autograd/anomaly.h"  // [anomaly hooks]
 #include "autograd/grad_hooks.h"
 #include "core/accumulate.h"
+#include "core/profiler.h"
 
 namespace tg {
 
@@ -22,6 +23,15 @@ struct Tape::Slot {
 };
 
 namespace {
+
+// Gradient accumulation (a tensor used twice, a leaf's grad +=), profiled as its own op:
+// 1 FLOP per element; reads both operands, writes the sum.
+Tensor accumulate_grad(const Tensor& a, const Tensor& b) {
+  profile::OpScope scope("accumulate_grad", [&] {
+    return profile::OpInfo{{&a, &b}, static_cast<double>(a.numel()), 1.5 * profile::bytes_of({&a, &b})};
+  });
+  return sum_of(a, b);
+}
 
 std::atomic<uint64_t> g_next_tape_id{1};  // 0 means "recorded on no tape"
 
@@ -151,12 +161,13 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
   }
   used_ = true;
   NoGradGuard no_grad;  // gradients are not themselves recorded
+  profile::PhaseGuard phase(profile::Phase::backward);  // what runs here is the backward pass
 
   std::unordered_map<TensorImpl*, Tensor> grads;
   grads[loss.impl()] = g0;
   auto accumulate = [&](const Tensor& target, const Tensor& g) {
     auto [it, inserted] = grads.try_emplace(target.impl(), g);
-    if (!inserted) it->second = sum_of(it->second, g);
+    if (!inserted) it->second = accumulate_grad(it->second, g);
   };
 
   auto process_entry = [&](TapeEntry& e) {
@@ -232,7 +243,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
       auto g = grads.find(in.impl());
       if (g == grads.end()) continue;  // no gradient reached this leaf
       Tensor old = in.grad();
-      Tensor next = old.defined() ? sum_of(old, g->second) : g->second;
+      Tensor next = old.defined() ? accumulate_grad(old, g->second) : g->second;
       if (!taken.insert(next.impl()->storage.get()).second) next = next.clone();
       taken.insert(next.impl()->storage.get());
       in.set_grad(next);

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/cpu/conv.h"
 #include "ops/dispatch.h"
@@ -53,10 +54,38 @@ void check_gradient(const char* op, const Tensor& dy, const ConvShape& s, const 
               s.y_shape(), " of input ", x_shape, " and weight ", w_shape);
 }
 
+// Profiler costs (core/profiler.h). Each pass of a convolution (forward, grad of the
+// input, grad of the weight) is 2*N*K*C*(kernel volume)*(output volume) FLOPs; a bias adds
+// (or its grad sums) one per output element. Bytes: every operand read once, every result
+// written once.
+double conv_flops(const ConvShape& s) {
+  return 2.0 * static_cast<double>(s.N) * static_cast<double>(s.K) * static_cast<double>(s.C) *
+         static_cast<double>(s.kernel_volume()) * static_cast<double>(s.out_volume());
+}
+double conv_outputs(const ConvShape& s) {
+  return static_cast<double>(s.N) * static_cast<double>(s.K) * static_cast<double>(s.out_volume());
+}
+// Backward: the passes `needs` asks for (input, weight, bias).
+profile::OpInfo conv_backward_info(const ConvShape& s, const BackwardArgs& a, DType dt) {
+  const double e = static_cast<double>(dtype_size(dt));
+  const double x = static_cast<double>(s.N) * s.C * s.in_volume() * e, w = static_cast<double>(s.K) * s.C * s.kernel_volume() * e;
+  const double y = conv_outputs(s) * e;
+  profile::OpInfo info{{&a.grad_outputs[0], &a.saved[0], &a.saved[1]}, 0, y, true};
+  if (a.needs_grad[0]) info.flops += conv_flops(s), info.bytes += x + w;   // reads w, writes dx
+  if (a.needs_grad[1]) info.flops += conv_flops(s), info.bytes += x + w;   // reads x, writes dw
+  if (a.needs_grad[2]) info.flops += conv_outputs(s), info.bytes += static_cast<double>(s.K) * e;
+  return info;
+}
+
 Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                const ConvParams& p) {
   check_operands(op, spatial_dims, x, w, b, p);
   const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
+  profile::OpScope scope(op, [&] {
+    const double y = conv_outputs(s) * static_cast<double>(dtype_size(x.dtype()));
+    return profile::OpInfo{{&x, &w, &b}, conv_flops(s) + (b.defined() ? conv_outputs(s) : 0),
+                           profile::bytes_of({&x, &w, &b}) + y, true};
+  });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
 
@@ -65,8 +94,10 @@ Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& 
     Tensor saved_x = w.requires_grad() ? x : Tensor();
     Tensor saved_w = x.requires_grad() ? w : Tensor();
     record(op, {x, w, b}, {y}, {saved_x, saved_w},
-           [op, p, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
+           [op, p, s, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
              const Tensor& dy = args.grad_outputs[0];
+             profile::OpScope scope(s.spatial_dims == 2 ? "conv2d (backward)" : "conv3d (backward)",
+                                    [&] { return conv_backward_info(s, args, dy.dtype()); });
              std::vector<Tensor> grads(3);
              if (args.needs_grad[0] && args.needs_grad[1] && args.saved[0].defined() && args.saved[1].defined()) {
                std::tie(grads[0], grads[1]) = conv_backward_input_weight(dy, args.saved[0], args.saved[1], p);
@@ -179,6 +210,10 @@ Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_sha
   check_same_device_dtype(op, dy, w);
   const ConvShape s = make_conv_shape(op, x_shape, w.shape(), p);
   check_gradient(op, dy, s, x_shape, w.shape());
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &w}, conv_flops(s), profile::bytes_of({&dy, &w}) + s.N * s.C * s.in_volume() *
+                           static_cast<double>(dtype_size(dy.dtype())), true};
+  });
   Tensor dx = Tensor::empty(x_shape, {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), conv_grad_input(dx, dy, w, s));
   return dx;
@@ -190,6 +225,10 @@ Tensor conv_backward_weight(const Tensor& dy, const Tensor& x, const Shape& w_sh
   check_same_device_dtype(op, dy, x);
   const ConvShape s = make_conv_shape(op, x.shape(), w_shape, p);
   check_gradient(op, dy, s, x.shape(), w_shape);
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &x}, conv_flops(s), profile::bytes_of({&dy, &x}) + s.K * s.C * s.kernel_volume() *
+                           static_cast<double>(dtype_size(dy.dtype())), true};
+  });
   Tensor dw = Tensor::empty(w_shape, {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), conv_grad_weight(dw, dy, x, s));
   return dw;
@@ -203,6 +242,9 @@ std::pair<Tensor, Tensor> conv_backward_input_weight(const Tensor& dy, const Ten
   check_same_device_dtype(op, dy, w);
   const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
   check_gradient(op, dy, s, x.shape(), w.shape());
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &x, &w}, 2 * conv_flops(s), profile::bytes_of({&dy, &x, &w}) * 2 - profile::bytes_of({&dy}), true};
+  });
   Tensor dx = Tensor::empty(x.shape(), {.dtype = dy.dtype(), .device = dy.device()});
   Tensor dw = Tensor::empty(w.shape(), {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), conv_grad_input_weight(dx, dw, dy, x, w, s));
@@ -222,6 +264,10 @@ Tensor conv_backward_bias(const Tensor& dy, Layout layout) {
   s.K = layout == Layout::NHWC ? dy.size(-1) : dy.size(1);
   s.out[2] = dy.numel() / std::max<int64_t>(1, s.N * s.K);
   if (s.N * s.K == 0) s.out[2] = 0;
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy}, static_cast<double>(dy.numel()),
+                           static_cast<double>((dy.numel() + s.K) * static_cast<int64_t>(dtype_size(dy.dtype())))};
+  });
   Tensor db = Tensor::empty(Shape{s.K}, {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), conv_grad_bias(db, dy, s));
   return db;

@@ -1,6 +1,7 @@
 #include "ops/elementwise.h"
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/broadcast.h"
 #include "ops/checks.h"
 #include "ops/cpu/kernels.h"
@@ -48,10 +49,28 @@ const char* op_name(BinaryOp op) {
   }
 }
 
+// Profiler costs (core/profiler.h): elementwise ops are 1 FLOP per output element (relu,
+// affine and its two operations counted as one); bytes: inputs read once, output written
+// once. Backward: add/sub/relu 1 FLOP per gradient element, mul 2, div 5 (per input whose
+// grad is needed); bytes: the gradient and saved tensors read, the grads written.
+profile::OpInfo elementwise_info(std::initializer_list<const Tensor*> in, const Shape& out, DType dt, double per = 1) {
+  const double n = static_cast<double>(out.numel());
+  return {std::vector<const Tensor*>(in), per * n, profile::bytes_of(in) + n * static_cast<double>(dtype_size(dt))};
+}
+const char* backward_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add (backward)";
+    case BinaryOp::sub: return "sub (backward)";
+    case BinaryOp::mul: return "mul (backward)";
+    default: return "div (backward)";
+  }
+}
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
   check_same_device_dtype(name, a, b);
   Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
+  profile::OpScope scope(name, [&] { return elementwise_info({&a, &b}, out_shape, a.dtype()); });
   Tensor out = Tensor::empty(out_shape, {.dtype = a.dtype(), .device = a.device()});
   TG_DISPATCH(a.device(), binary(op, out, a, b));
   if (should_record({a, b})) {
@@ -60,6 +79,16 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     if (op == BinaryOp::mul || op == BinaryOp::div) saved = {a, b};
     record(name, {a, b}, {out}, saved, [op, sa = a.shape(), sb = b.shape()](const BackwardArgs& args) {
       const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope(backward_name(op), [&] {
+        const double per = op == BinaryOp::mul ? 2 : op == BinaryOp::div ? 5 : 1;
+        const double n = static_cast<double>(g.numel()), e = static_cast<double>(dtype_size(g.dtype()));
+        const int needed = int(args.needs_grad[0]) + int(args.needs_grad[1]);
+        double bytes = profile::bytes_of({&g});
+        if (!args.saved.empty()) bytes += profile::bytes_of({&args.saved[0], &args.saved[1]});
+        if (args.needs_grad[0]) bytes += static_cast<double>(sa.numel()) * e;
+        if (args.needs_grad[1]) bytes += static_cast<double>(sb.numel()) * e;
+        return profile::OpInfo{{&g}, per * n * needed, bytes};
+      });
       Tensor ga, gb;
       switch (op) {
         case BinaryOp::add:
@@ -98,10 +127,13 @@ Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b
 
 Tensor affine(const Tensor& a, double scale, double shift) {
   check_floating("affine", a);
+  profile::OpScope scope("affine", [&] { return elementwise_info({&a}, a.shape(), a.dtype()); });
   Tensor out = Tensor::empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
   TG_DISPATCH(a.device(), affine(out, a, scale, shift));
   if (should_record({a})) {
     record("affine", {a}, {out}, {}, [scale](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope("affine (backward)", [&] { return elementwise_info({&g}, g.shape(), g.dtype()); });
       return std::vector<Tensor>{affine(args.grad_outputs[0], scale, 0.0)};
     });
   }
@@ -110,12 +142,15 @@ Tensor affine(const Tensor& a, double scale, double shift) {
 
 Tensor relu(const Tensor& x) {
   check_floating("relu", x);
+  profile::OpScope scope("relu", [&] { return elementwise_info({&x}, x.shape(), x.dtype()); });
   Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), relu(out, x));
   if (should_record({x})) {
     // Saving the output instead of the input works too (y > 0 iff x > 0) and lets the
     // input be freed; the output is kept alive by the tape anyway.
     record("relu", {x}, {out}, {out}, [](const BackwardArgs& args) {
+      const Tensor &g = args.grad_outputs[0], &y = args.saved[0];
+      profile::OpScope scope("relu (backward)", [&] { return elementwise_info({&g, &y}, g.shape(), g.dtype()); });
       return std::vector<Tensor>{relu_backward(args.grad_outputs[0], args.saved[0])};
     });
   }
@@ -125,6 +160,7 @@ Tensor relu(const Tensor& x) {
 Tensor relu_backward(const Tensor& dy, const Tensor& x) {
   check_same_device_dtype("relu_backward", dy, x);
   TG_CHECK_AS(ShapeError, dy.shape() == x.shape(), "relu_backward: gradient ", describe(dy), " does not match input ", describe(x));
+  profile::OpScope scope("relu_backward", [&] { return elementwise_info({&dy, &x}, x.shape(), x.dtype()); });
   Tensor dx = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), relu_backward(dx, dy, x));
   return dx;

@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
@@ -33,6 +34,23 @@ Tensor grad_right(const Tensor& a, const Tensor& dc, int64_t M, int64_t N, int64
   return run_gemm(a, dc, Tensor(), {.M = K, .N = N, .K = M, .transA = true});
 }
 
+// Profiler costs (core/profiler.h). A product of (M, K) by (K, N) is 2*M*N*K FLOPs; a bias
+// adds, and its grad sums, one per output element. Bytes: every operand read once, every
+// result written once. Backward: the products its needs ask for.
+double gemm_flops(int64_t M, int64_t N, int64_t K) {
+  return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+}
+profile::OpInfo gemm_backward_info(const BackwardArgs& a, int64_t M, int64_t N, int64_t K, bool bias) {
+  const Tensor& dc = a.grad_outputs[0];
+  const double e = static_cast<double>(dtype_size(dc.dtype()));
+  const double A = static_cast<double>(M) * K * e, B = static_cast<double>(K) * N * e;
+  profile::OpInfo info{{&dc, &a.saved[0], &a.saved[1]}, 0, profile::bytes_of({&dc}), true};
+  if (a.needs_grad[0]) info.flops += gemm_flops(M, N, K), info.bytes += A + B;  // reads B, writes dA
+  if (a.needs_grad[1]) info.flops += gemm_flops(M, N, K), info.bytes += A + B;  // reads A, writes dB
+  if (bias && a.needs_grad[2]) info.flops += static_cast<double>(M) * N, info.bytes += static_cast<double>(N) * e;
+  return info;
+}
+
 }  // namespace
 
 void check_gemm_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
@@ -57,9 +75,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   TG_CHECK_AS(ShapeError, a.size(1) == b.size(0), "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ",
               a.size(1), " and ", b.size(0), " differ");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  profile::OpScope scope("matmul", [&] {
+    return profile::OpInfo{{&a, &b}, gemm_flops(M, N, K),
+                           profile::bytes_of({&a, &b}) + static_cast<double>(M * N) * dtype_size(a.dtype()), true};
+  });
   Tensor c = run_gemm(a, b, Tensor(), {.M = M, .N = N, .K = K});
   if (should_record({a, b})) {
     record("matmul", {a, b}, {c}, {a, b}, [M, N, K](const BackwardArgs& args) {
+      profile::OpScope scope("matmul (backward)", [&] { return gemm_backward_info(args, M, N, K, false); });
       const Tensor& dc = args.grad_outputs[0];  // (M, N)
       Tensor da, db;
       if (args.needs_grad[0]) da = grad_left(dc, args.saved[1], M, N, K);
@@ -81,6 +104,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     TG_CHECK_AS(ShapeError, b.dim() == 1 && b.size(0) == w.size(0), "linear: bias ", b.shape(),
                 " does not match weight ", w.shape(), " (expected [", w.size(0), "])");
   }
+  profile::OpScope scope("linear", [&] {
+    const int64_t B = x.dim() == 1 ? 1 : x.size(0), out = w.size(0);
+    return profile::OpInfo{{&x, &w, &b}, gemm_flops(B, out, x.size(-1)) + (b.defined() ? static_cast<double>(B * out) : 0),
+                           profile::bytes_of({&x, &w, &b}) + static_cast<double>(B * out) * dtype_size(x.dtype()), true};
+  });
   // A vector is a batch of one; the reshapes are recorded, so gradients flow through them.
   if (x.dim() == 1) return linear(x.reshape({1, x.size(0)}), w, b).reshape({w.size(0)});
 
@@ -89,6 +117,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = run_gemm(x, w, b, {.M = B, .N = out, .K = in, .transB = true});
   if (should_record({x, w, b})) {
     record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
+      profile::OpScope scope("linear (backward)", [&] { return gemm_backward_info(args, B, out, in, true); });
       const Tensor& dy = args.grad_outputs[0];  // (B, out)
       Tensor dx, dw, db;
       if (args.needs_grad[0] && args.needs_grad[1]) {  // both at once: one pass over dy on the GPU

@@ -1,6 +1,7 @@
 #include "ops/norm.h"
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
@@ -47,6 +48,14 @@ void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, c
              "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
 }
 
+// Profiler costs (core/profiler.h). Forward: 7 FLOPs per element (sum and sum of squares: 3;
+// (x - mean) * rstd * gamma + beta: 4); bytes: x, gamma, beta read; y, mean, rstd written.
+// Backward: 8 FLOPs per element (the two reductions over dy and dy * x-hat, and dx);
+// bytes: dy, x, gamma, mean, rstd read; dx, dgamma, dbeta written.
+static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const Tensor& x, double per, double written) {
+  return {std::vector<const Tensor*>(in), per * static_cast<double>(x.numel()), profile::bytes_of(in) + written};
+}
+
 Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
   check_floating("group_norm", x);
   TG_CHECK_AS(ShapeError, x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));
@@ -67,6 +76,9 @@ Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int6
   TG_CHECK_AS(ShapeError, HW > 0, "group_norm: input ", x.shape(), " has an empty spatial extent");
 
   const GroupNormProblem p{.N = N, .C = C, .HW = HW, .groups = groups, .eps = eps};
+  profile::OpScope scope("group_norm", [&] {
+    return norm_info({&x, &gamma, &beta}, x, 7, static_cast<double>((x.numel() + 2 * N * groups) * dtype_size(x.dtype())));
+  });
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   Tensor y = Tensor::empty(x.shape(), opts);
   Tensor mean = Tensor::empty({N, groups}, opts), rstd = Tensor::empty({N, groups}, opts);
@@ -77,6 +89,12 @@ Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int6
     record("group_norm", {x, gamma, beta}, {y}, {x, gamma, mean, rstd}, [p](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
       const Tensor &xs = args.saved[0], &g = args.saved[1], &m = args.saved[2], &r = args.saved[3];
+      profile::OpScope scope("group_norm (backward)", [&] {
+        const double e = static_cast<double>(dtype_size(xs.dtype()));
+        const double written = (args.needs_grad[0] ? static_cast<double>(xs.numel()) * e : 0) +
+                               (args.needs_grad[1] ? p.C * e : 0) + (args.needs_grad[2] ? p.C * e : 0);
+        return norm_info({&dy, &xs, &g, &m, &r}, xs, 8, written);
+      });
       const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
       Tensor dx, dgamma, dbeta;
       if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);

@@ -1,9 +1,11 @@
 // The pooling family's public functions: validation, device dispatch, the tape entries.
 #include "ops/pool.h"
 
+#include <map>
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/cpu/shape_pool_kernels.h"
 #include "ops/dispatch.h"
@@ -53,15 +55,48 @@ const char* kind_name(const PoolProblem& p) {
   return p.spatial == 2 ? "adaptive_avg_pool2d" : "adaptive_avg_pool3d";
 }
 
+// Profiler costs (core/profiler.h): one FLOP per window tap (a compare or an add), i.e.
+// N*C*(output plane)*(kernel volume); adaptive windows tile the input: N*C*(input plane).
+// The backward does as many (scatter-adds). Bytes: x (or dy, and max pooling's indices)
+// read once, the result written once.
+static double pool_flops(const PoolProblem& p) {
+  const double taps = p.kind == PoolKind::adaptive_avg
+                          ? static_cast<double>(p.in_plane())
+                          : static_cast<double>(p.out_plane()) * p.kernel[0] * p.kernel[1] * p.kernel[2];
+  return static_cast<double>(p.N) * static_cast<double>(p.C) * taps;
+}
+static profile::OpInfo pool_info(const PoolProblem& p, const Tensor& in, const Tensor& indices, bool backward) {
+  const double e = static_cast<double>(dtype_size(in.dtype()));
+  const double plane = static_cast<double>(backward ? p.in_plane() : p.out_plane());
+  double bytes = profile::bytes_of({&in}) + static_cast<double>(p.N) * p.C * plane * e;
+  if (p.kind == PoolKind::max) bytes += static_cast<double>(p.N) * p.C * p.out_plane() * 8;  // i64 argmax
+  return {{&in, &indices}, pool_flops(p), bytes};
+}
+static profile::OpInfo pool_backward_info(const char* op, const PoolProblem& p, const Tensor& dy, const Tensor& indices) {
+  static const std::map<std::string, const char*> names = {
+      {"max_pool2d", "max_pool2d (backward)"},
+      {"max_pool3d", "max_pool3d (backward)"},
+      {"avg_pool2d", "avg_pool2d (backward)"},
+      {"avg_pool3d", "avg_pool3d (backward)"},
+      {"adaptive_avg_pool2d", "adaptive_avg_pool2d (backward)"},
+      {"adaptive_avg_pool3d", "adaptive_avg_pool3d (backward)"}};
+  profile::OpInfo info = pool_info(p, dy, indices, true);
+  const auto it = names.find(op);
+  info.name = it != names.end() ? it->second : "pool (backward)";
+  return info;
+}
+
 MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolParams& params) {
   const PoolProblem p = make_pool_problem(op, PoolKind::max, spatial, x, params);
+  profile::OpScope scope(op, [&] { return pool_info(p, x, Tensor(), false); });
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   Tensor out = Tensor::empty(pool_output_shape(p), opts);
   Tensor indices = Tensor::empty(pool_output_shape(p), {.dtype = DType::i64, .device = x.device()});
   TG_DISPATCH(x.device(), pool_forward(out, indices, x, p));
   if (should_record({x})) {
     // Only the argmax is needed: the input itself can be freed after the forward.
-    record(op, {x}, {out}, {indices}, [p](const BackwardArgs& args) {
+    record(op, {x}, {out}, {indices}, [op, p](const BackwardArgs& args) {
+      profile::OpScope scope(op, [&] { return pool_backward_info(op, p, args.grad_outputs[0], args.saved[0]); });
       return std::vector<Tensor>{max_pool_backward(args.grad_outputs[0], args.saved[0], p)};
     });
   }
@@ -69,10 +104,12 @@ MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolP
 }
 
 Tensor avg_pool(const char* op, const Tensor& x, const PoolProblem& p) {
+  profile::OpScope scope(op, [&] { return pool_info(p, x, Tensor(), false); });
   Tensor out = Tensor::empty(pool_output_shape(p), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), pool_forward(out, Tensor(), x, p));
   if (should_record({x})) {
-    record(op, {x}, {out}, {}, [p](const BackwardArgs& args) {
+    record(op, {x}, {out}, {}, [op, p](const BackwardArgs& args) {
+      profile::OpScope scope(op, [&] { return pool_backward_info(op, p, args.grad_outputs[0], Tensor()); });
       return std::vector<Tensor>{avg_pool_backward(args.grad_outputs[0], p)};
     });
   }
@@ -231,6 +268,7 @@ Tensor adaptive_avg_pool3d(const Tensor& x, const std::vector<int64_t>& output_s
 Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
   TG_CHECK(p.kind == PoolKind::max, "max_pool_backward: the problem is not a max pooling");
   check_floating("max_pool_backward", dy);
+  profile::OpScope scope("max_pool_backward", [&] { return pool_info(p, dy, indices, true); });
   Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), pool_backward(dx, dy, indices, p));
   return dx;
@@ -239,6 +277,7 @@ Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProb
 Tensor avg_pool_backward(const Tensor& dy, const PoolProblem& p) {
   TG_CHECK(p.kind != PoolKind::max, "avg_pool_backward: the problem is a max pooling");
   check_floating("avg_pool_backward", dy);
+  profile::OpScope scope("avg_pool_backward", [&] { return pool_info(p, dy, Tensor(), true); });
   Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), pool_backward(dx, dy, Tensor(), p));
   return dx;

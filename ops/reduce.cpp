@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/cpu/kernels.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
@@ -76,9 +77,20 @@ Shape reduced_shape(const Shape& s, const std::vector<bool>& red, bool keepdim) 
   return Shape(out);
 }
 
+// Profiler costs (core/profiler.h): a reduction is 1 FLOP per input element (mean adds one
+// per output for the scale); expand 0. Bytes: input read once, output written once. The
+// backward of sum/mean is an expand of the gradient (times the scale: 1 FLOP per element),
+// the backward of expand a sum.
+static profile::OpInfo reduce_info(const Tensor& in, const Shape& out, double flops) {
+  return {{&in}, flops, static_cast<double>(in.nbytes() + out.numel() * dtype_size(in.dtype()))};
+}
+
 Tensor sum_impl(const char* op, const Tensor& x, const std::vector<bool>& red, bool keepdim, double scale) {
   check_floating(op, x);
   Shape out_shape = reduced_shape(x.shape(), red, keepdim);
+  profile::OpScope scope(op, [&] {
+    return reduce_info(x, out_shape, static_cast<double>(x.numel()) + (scale != 1.0 ? out_shape.numel() : 0));
+  });
   Tensor out = Tensor::empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
   ReduceIndex ix = make_reduce_index(x.shape(), red);
   {
@@ -88,7 +100,13 @@ Tensor sum_impl(const char* op, const Tensor& x, const std::vector<bool>& red, b
   }
   if (should_record({x})) {
     Shape keep_shape = reduced_shape(x.shape(), red, true);
-    record(op, {x}, {out}, {}, [in_shape = x.shape(), keep_shape, scale](const BackwardArgs& args) {
+    record(op, {x}, {out}, {}, [op, in_shape = x.shape(), keep_shape, scale](const BackwardArgs& args) {
+      profile::OpScope scope(op, [&] {
+        profile::OpInfo info =
+            reduce_info(args.grad_outputs[0], in_shape, scale != 1.0 ? static_cast<double>(in_shape.numel()) : 0);
+        info.name = std::string(op) == "mean" ? "mean (backward)" : "sum (backward)";
+        return info;
+      });
       Tensor g = args.grad_outputs[0].reshape(keep_shape);
       if (scale != 1.0) g = mul(g, scale);
       return std::vector<Tensor>{expand(g, in_shape)};
@@ -155,11 +173,14 @@ Tensor expand(const Tensor& x, const Shape& shape) {
               " does not broadcast to ", shape);
   // Broadcasting x against a zero scalar into an output of the target shape is the
   // expansion: the binary kernel serves both.
+  profile::OpScope scope("expand", [&] { return reduce_info(x, shape, 0); });
   Tensor zero = zeros(Shape{}, {.dtype = x.dtype(), .device = x.device()});
   Tensor out = Tensor::empty(shape, {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), binary(BinaryOp::add, out, x, zero));
   if (should_record({x})) {
     record("expand", {x}, {out}, {}, [in_shape = x.shape()](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope("expand (backward)", [&] { return reduce_info(g, in_shape, static_cast<double>(g.numel())); });
       return std::vector<Tensor>{sum_to(args.grad_outputs[0], in_shape)};
     });
   }

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/precision.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "core/safetensors.h"
 #include "core/shape.h"

@@ -69,6 +69,11 @@ class Adam : public Optimizer {
   bool has_step_state() const override { return true; }
   bool buffer_non_negative(size_t b) const override { return b == 1; }  // exp_avg_sq
   void update(size_t i, const Tensor& g, ParamState& s) override;
+  // exp_avg (3) + exp_avg_sq (4) + sqrt(v) / bc2 + eps (3) + p -= step * m / denom (3) = 13,
+  // plus 2 for weight decay.
+  double update_flops_per_element(size_t i) const override {
+    return 13.0 + (options(param_group_of(i)).weight_decay != 0 ? 2 : 0);
+  }
 
  private:
   AdamOptions defaults_;

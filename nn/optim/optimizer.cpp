@@ -5,6 +5,7 @@
 #include <map>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 
 namespace tg::nn {
 
@@ -133,6 +134,7 @@ int64_t Optimizer::step_count(size_t param_index) const {
 
 void Optimizer::step() {
   NoGradGuard no_grad;  // an update is never part of a forward pass
+  profile::PhaseGuard phase(profile::Phase::optimizer);
   // Validate every grad before touching any parameter: a bad one leaves the model unchanged.
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
@@ -162,7 +164,16 @@ void Optimizer::step() {
     ++s.steps;
     const size_t buffers = buffer_names(i).size();
     if (s.buffers.size() != buffers) s.buffers.resize(buffers);
-    update(i, g, s);
+    {
+      // One update of one parameter, as the profiler sees it: the optimizer declares its
+      // FLOPs per element; bytes = the parameter read and written, the grad read, each
+      // state buffer read and written.
+      profile::OpScope scope(name(), [&] {
+        const double n = static_cast<double>(p.numel()), e = static_cast<double>(dtype_size(p.dtype()));
+        return profile::OpInfo{{&p, &g}, n * update_flops_per_element(i), n * e * (3.0 + 2.0 * buffers)};
+      });
+      update(i, g, s);
+    }
     p.bump_version();
   }
   ++steps_;

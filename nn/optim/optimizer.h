@@ -150,6 +150,9 @@ class Optimizer {
   // Updates params_[i] in place with its grad `g` (same shape, dtype, device; checked).
   // `s.steps` already counts this update.
   virtual void update(size_t i, const Tensor& g, ParamState& s) = 0;
+  // FLOPs per element of parameter i's update, counted from the update formula, for the
+  // profiler (core/profiler.h); 0 for an optimizer that does not say.
+  virtual double update_flops_per_element(size_t /*param_index*/) const { return 0; }
 
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;

@@ -64,6 +64,12 @@ class SGD : public Optimizer {
   std::vector<std::string> buffer_names(size_t param_index) const override;
   bool has_step_state() const override { return false; }
   void update(size_t i, const Tensor& g, ParamState& s) override;
+  // p -= lr * d: 2; weight decay (g + wd * p): 2; momentum (buf = m * buf + (1 - damp) * g): 3;
+  // nesterov (g + m * buf): 2.
+  double update_flops_per_element(size_t i) const override {
+    const SGDOptions& o = options(param_group_of(i));
+    return 2.0 + (o.weight_decay != 0 ? 2 : 0) + (o.momentum != 0 ? 3 : 0) + (o.nesterov ? 2 : 0);
+  }
 
  private:
   static void check(const std::string& who, const SGDOptions& o);

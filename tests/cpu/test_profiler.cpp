@@ -1,0 +1,246 @@
+// tg::Profiler on the CPU: exact FLOP and byte counts of a small model (computed by hand
+// below), calls and phases per op, the trace as JSON, one active profiler at a time, and
+// nothing recorded while none is active.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/json.h"
+#include "core/profiler.h"
+#include "tapegrad/tapegrad.h"
+
+using namespace tg;
+
+namespace {
+
+// x (2, 1, 5, 5) -> Conv2d(1 -> 2, 3x3, bias) -> ReLU -> reshape (2, 18) -> Linear(18 -> 3)
+// -> mse_loss against (2, 3); tape.backward; SGD (lr only) step.
+struct Model {
+  nn::Conv2d conv{{.in_channels = 1, .out_channels = 2, .kernel_size = 3}};
+  nn::Linear fc{{.in_features = 18, .out_features = 3}};
+  Tensor x = randn({2, 1, 5, 5});
+  Tensor target = randn({2, 3});
+
+  void step(nn::Optimizer& opt) {
+    Tape tape;
+    Tensor h = relu(conv.forward(x)).reshape({2, 18});
+    Tensor loss = mse_loss(fc.forward(h), target);
+    tape.backward(loss);
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<Tensor> params() const {
+    std::vector<Tensor> p = conv.parameters();
+    for (const Tensor& t : fc.parameters()) p.push_back(t);
+    return p;
+  }
+};
+
+struct Totals {
+  int calls = 0;
+  double flops = 0, bytes = 0;
+  std::set<profile::Phase> phases;
+};
+
+std::map<std::string, Totals> by_op(const std::vector<Profiler::Record>& recs) {
+  std::map<std::string, Totals> m;
+  for (const auto& r : recs) {
+    Totals& t = m[r.op];
+    ++t.calls;
+    t.flops += r.flops;
+    t.bytes += r.bytes;
+    t.phases.insert(r.phase);
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST(Profiler, ExactCountsCallsAndPhasesOfASmallModel) {
+  Model m;
+  nn::SGD opt(m.params(), {.lr = 0.1});
+  m.step(opt);  // warm-up outside the profiler: nothing of it is recorded
+  Profiler prof;
+  m.step(opt);
+  m.step(opt);
+  prof.stop();
+  const auto ops = by_op(prof.records());
+  // Forward, per step (f32: 4 bytes an element):
+  //   conv2d: 2*N*K*C*R*S*P*Q = 2*2*2*1*3*3*3*3 = 648 + 36 bias adds; bytes (x 50 + w 18 + b 2 + y 36) * 4
+  //   relu: 36 elements; (36 in + 36 out) * 4
+  //   linear: 2*B*in*out = 2*2*18*3 = 216 + 6 bias adds; (x 36 + w 54 + b 3 + y 6) * 4
+  //   mse_loss: 3 per element * 6; (6 + 6) * 4 + the scalar 4
+  // Backward (x and the target need no grad):
+  //   mse_loss: 3 * 6 for dpred; seed 4 + pred 24 + target 24 + dpred 24
+  //   linear: dx and dw 216 each + db 6; dy 24 + 2 * (x 144 + w 216) + db 12
+  //   relu: 36; (dy 36 + y 36 + dx 36) * 4
+  //   conv2d: dw 648 + db 36; dy 144 + (x 200 + dw 72) + db 8
+  // SGD (no momentum, no decay): 2 FLOPs per element; p read and written, g read: 12 bytes
+  // an element; 4 parameters, 77 elements.
+  const std::map<std::string, std::tuple<int, double, double, profile::Phase>> want = {
+      {"conv2d", {2, 684, 424, profile::Phase::forward}},
+      {"relu", {2, 36, 288, profile::Phase::forward}},
+      {"linear", {2, 222, 396, profile::Phase::forward}},
+      {"mse_loss", {2, 18, 52, profile::Phase::forward}},
+      {"mse_loss (backward)", {2, 18, 76, profile::Phase::backward}},
+      {"linear (backward)", {2, 438, 756, profile::Phase::backward}},
+      {"relu (backward)", {2, 36, 432, profile::Phase::backward}},
+      {"conv2d (backward)", {2, 684, 424, profile::Phase::backward}},
+      {"SGD", {8, 154, 924, profile::Phase::optimizer}},
+  };
+  ASSERT_EQ(ops.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(ops.count(name)) << name;
+    const Totals& t = ops.at(name);
+    const auto& [calls, flops, bytes, phase] = w;
+    EXPECT_EQ(t.calls, calls) << name;
+    EXPECT_DOUBLE_EQ(t.flops, 2 * flops) << name;  // two steps
+    EXPECT_DOUBLE_EQ(t.bytes, 2 * bytes) << name;
+    EXPECT_EQ(t.phases, std::set<profile::Phase>{phase}) << name;
+  }
+  for (const auto& r : prof.records()) {
+    EXPECT_EQ(r.device, Device::cpu());
+    EXPECT_GE(r.ms, 0);
+  }
+  // Input shapes of the first op: x and the conv's weight and bias.
+  const Profiler::Record& first = prof.records().front();
+  EXPECT_EQ(first.op, "conv2d");
+  ASSERT_EQ(first.input_shapes.size(), 3u);
+  EXPECT_EQ(first.input_shapes[0], Shape({2, 1, 5, 5}));
+  EXPECT_EQ(first.input_shapes[1], Shape({2, 1, 3, 3}));
+  EXPECT_EQ(first.input_shapes[2], Shape({2}));
+
+  std::ostringstream table;
+  prof.report(table);
+  std::printf("%s", table.str().c_str());
+  EXPECT_NE(table.str().find("conv2d (backward) [backward]"), std::string::npos) << table.str();
+  EXPECT_NE(table.str().find("SGD [optimizer]"), std::string::npos) << table.str();
+  EXPECT_NE(table.str().find("total"), std::string::npos);
+}
+
+TEST(Profiler, NestedOpsAreCountedOnceByTheOutermost) {
+  Tensor w = randn({3, 4}), x = randn({4});
+  Profiler prof;
+  linear(x, w);  // a vector: linear reshapes and calls itself on a batch of one
+  prof.stop();
+  const auto ops = by_op(prof.records());
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops.at("linear").calls, 1);
+  EXPECT_DOUBLE_EQ(ops.at("linear").flops, 2 * 3 * 4);
+}
+
+TEST(Profiler, TraceIsChromeJsonWithOneEventPerOp) {
+  Model m;
+  nn::SGD opt(m.params(), {.lr = 0.1});
+  Profiler prof;
+  m.step(opt);
+  prof.stop();
+  const std::string path = ::testing::TempDir() + "tg_profiler_trace.json";
+  prof.write_trace(path);
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  const json::Value doc = json::parse(text.str());
+  const json::Value* events = doc.find("traceEvents");
+  ASSERT_TRUE(events && events->is_array());
+  std::multiset<std::string> names;
+  int metadata = 0;
+  for (const json::Value& e : events->items) {
+    ASSERT_TRUE(e.is_object());
+    const std::string ph = e.find("ph")->text;
+    if (ph == "M") {
+      ++metadata;
+      continue;
+    }
+    ASSERT_EQ(ph, "X");
+    names.insert(e.find("name")->text);
+    for (const char* key : {"ts", "dur", "tid", "pid"}) EXPECT_TRUE(e.find(key) && e.find(key)->is_number()) << key;
+    const json::Value* args = e.find("args");
+    ASSERT_TRUE(args && args->is_object());
+    EXPECT_TRUE(args->find("shapes")->is_array());
+    EXPECT_TRUE(args->find("flops")->is_number());
+    EXPECT_TRUE(args->find("bytes")->is_number());
+    const std::string phase = args->find("phase")->text;
+    EXPECT_TRUE(phase == "forward" || phase == "backward" || phase == "optimizer") << phase;
+    if (e.find("name")->text == "conv2d") {
+      EXPECT_EQ(args->find("flops")->text, "684");
+      EXPECT_EQ(args->find("shapes")->items.size(), 3u);
+    }
+  }
+  EXPECT_EQ(names.size(), prof.records().size());
+  EXPECT_EQ(names.count("conv2d"), 1u);
+  EXPECT_EQ(names.count("conv2d (backward)"), 1u);
+  EXPECT_EQ(names.count("SGD"), 4u);
+  EXPECT_EQ(metadata, 1);  // one track: this CPU thread
+  std::remove(path.c_str());
+}
+
+TEST(Profiler, OnlyOneActiveAtATime) {
+  Profiler a;
+  EXPECT_THROW(Profiler b, Error);
+  a.stop();
+  Profiler c;  // a stopped profiler no longer counts
+  EXPECT_TRUE(profile::enabled());
+}
+
+TEST(Profiler, NothingIsRecordedWithoutAnActiveProfiler) {
+  { Profiler p; }
+  Model m;
+  nn::SGD opt(m.params(), {.lr = 0.1});
+  const uint64_t before = profile::ops_recorded();
+  m.step(opt);
+  EXPECT_EQ(profile::ops_recorded(), before);
+  if (!std::getenv("TG_NVTX")) {
+    EXPECT_FALSE(profile::enabled());
+  }
+  // After stop() too: the scope sees no profiler.
+  Profiler prof;
+  prof.stop();
+  m.step(opt);
+  EXPECT_EQ(profile::ops_recorded(), before);
+  EXPECT_TRUE(prof.records().empty());
+}
+
+TEST(Profiler, RecordsOpsOfOtherThreads) {
+  Tensor a = randn({8, 8});
+  Profiler prof;
+  std::thread t([&] { relu(a); });
+  t.join();
+  relu(a);
+  prof.stop();
+  ASSERT_EQ(prof.records().size(), 2u);
+  EXPECT_NE(prof.records()[0].thread, prof.records()[1].thread);
+}
+
+TEST(Profiler, CpuHasNoCeilings) {
+  EXPECT_THROW(Profiler::ceilings(Device::cpu()), Error);
+  const std::string dir = Profiler::cache_dir();
+  EXPECT_FALSE(dir.empty());
+  EXPECT_NE(Profiler::ceilings_path("NVIDIA H100 80GB HBM3").find("ceilings-NVIDIA_H100_80GB_HBM3.json"),
+            std::string::npos);
+}
+
+TEST(Profiler, GradientAccumulationIsAnOpOfTheBackward) {
+  Tensor a = randn({4, 5});
+  a.requires_grad_();
+  Profiler prof;
+  {
+    Tape tape;
+    tape.backward(sum(add(a, a)));  // a's two gradients are summed: 20 FLOPs, 3 * 80 bytes
+  }
+  prof.stop();
+  const auto ops = by_op(prof.records());
+  ASSERT_TRUE(ops.count("accumulate_grad"));
+  EXPECT_EQ(ops.at("accumulate_grad").calls, 1);
+  EXPECT_DOUBLE_EQ(ops.at("accumulate_grad").flops, 20);
+  EXPECT_DOUBLE_EQ(ops.at("accumulate_grad").bytes, 240);
+  EXPECT_EQ(ops.at("accumulate_grad").phases, std::set<profile::Phase>{profile::Phase::backward});
+  EXPECT_EQ(ops.at("add").phases, std::set<profile::Phase>{profile::Phase::forward});
+  EXPECT_EQ(ops.at("sum (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
+  EXPECT_EQ(ops.at("add (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
+}
