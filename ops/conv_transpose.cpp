@@ -3,6 +3,7 @@
 #include "ops/conv_transpose.h"
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "core/checked.h"
 #include "ops/checks.h"
 #include "ops/elementwise.h"
@@ -35,11 +36,26 @@ ConvParams conv_params(const ConvTransposeParams& p) {
   return {.stride = p.stride, .padding = p.padding, .dilation = p.dilation, .layout = p.layout};
 }
 
+// Profiler costs (core/profiler.h). A transposed convolution is the input-gradient pass of
+// the convolution s that maps y back to x: 2*N*K*C*(kernel volume)*(x volume) FLOPs per pass
+// (forward, grad of the input = that convolution, grad of the weight), plus one per output
+// element for a bias. Bytes: every operand read once, every result written once.
+static double pass_flops(const ConvShape& s) {
+  return 2.0 * static_cast<double>(s.N) * static_cast<double>(s.K) * static_cast<double>(s.C) *
+         static_cast<double>(s.kernel_volume()) * static_cast<double>(s.out_volume());
+}
+
 Tensor conv_transpose_nd(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
                          const ConvTransposeParams& p) {
   check_operands(op, dims, x, w, b, p);
   const Shape y_shape = conv_transpose_output_shape(op, x.shape(), w.shape(), p);
   const ConvParams cp = conv_params(p);
+  const ConvShape s = make_conv_shape(op, y_shape, w.shape(), cp);
+  profile::OpScope scope(op, [&] {
+    const double y_elems = static_cast<double>(y_shape.numel());
+    return profile::OpInfo{{&x, &w, &b}, pass_flops(s) + (b.defined() ? y_elems : 0),
+                           profile::bytes_of({&x, &w, &b}) + y_elems * static_cast<double>(dtype_size(x.dtype())), true};
+  });
   Tensor y = conv_backward_input(x, w, y_shape, cp);
   if (b.defined()) {
     NoGradGuard no_grad;  // the bias is part of this op's one tape entry
@@ -52,8 +68,18 @@ Tensor conv_transpose_nd(const char* op, size_t dims, const Tensor& x, const Ten
     Tensor saved_x = w.requires_grad() ? x : Tensor();
     Tensor saved_w = x.requires_grad() ? w : Tensor();
     record(op, {x, w, b}, {y}, {saved_x, saved_w},
-           [op, cp, dims, w_shape = w.shape()](const BackwardArgs& args) {
+           [op, cp, dims, s, w_shape = w.shape()](const BackwardArgs& args) {
              const Tensor& dy = args.grad_outputs[0];
+             profile::OpScope scope(dims == 3 ? "conv_transpose3d (backward)" : "conv_transpose2d (backward)", [&] {
+               const Tensor &x = args.saved[0], &w = args.saved[1];
+               profile::OpInfo info{{&dy, &x, &w}, 0, profile::bytes_of({&dy}), true};
+               const double xb = static_cast<double>(s.y_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
+               const double wb = static_cast<double>(s.w_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
+               if (args.needs_grad[0]) info.flops += pass_flops(s), info.bytes += wb + xb;  // reads w, writes dx
+               if (args.needs_grad[1]) info.flops += pass_flops(s), info.bytes += xb + wb;  // reads x, writes dw
+               if (args.needs_grad[2]) info.flops += static_cast<double>(dy.numel());
+               return info;
+             });
              std::vector<Tensor> grads(3);
              if (args.needs_grad[0]) {
                TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #if TG_CUDA
@@ -17,6 +18,12 @@ namespace {
 
 void check_p(const char* op, double p) {
   TG_CHECK(std::isfinite(p) && p >= 0.0 && p <= 1.0, op, ": dropout probability has to be between 0 and 1, but got ", p);
+}
+
+// Profiler costs (core/profiler.h): 1 FLOP per element (the masked scale; drawing the mask
+// is not counted), forward and backward; bytes: x (or dy) read once, the result written once.
+static profile::OpInfo dropout_info(const Tensor& in) {
+  return {{&in}, static_cast<double>(in.numel()), 2.0 * static_cast<double>(in.nbytes())};
 }
 
 // `spatial` = 0 for elementwise dropout, 2 or 3 for the channel forms.
@@ -41,11 +48,16 @@ Tensor dropout_impl(const char* op, const Tensor& x, const DropoutParams& params
     offset = draw.offset;
   }
   const DropoutProblem q{.units = units, .inner = inner, .p = params.p, .seed = seed, .offset = offset};
+  profile::OpScope scope(op, [&] { return dropout_info(x); });
   Tensor y = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), dropout_apply(y, x, q));
   if (should_record({x})) {
-    record(op, {x}, {y}, {}, [q](const BackwardArgs& args) {
+    record(op, {x}, {y}, {}, [q, spatial](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
+      profile::OpScope scope(spatial == 0   ? "dropout (backward)"
+                             : spatial == 2 ? "dropout2d (backward)"
+                                            : "dropout3d (backward)",
+                             [&] { return dropout_info(dy); });
       Tensor dx = Tensor::empty(dy.shape(), {.dtype = dy.dtype(), .device = dy.device()});
       TG_DISPATCH(dy.device(), dropout_apply(dx, dy, q));
       return std::vector<Tensor>{dx};

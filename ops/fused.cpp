@@ -4,6 +4,7 @@
 #include "ops/fused.h"
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
@@ -48,6 +49,17 @@ Conv3dGnMeanProblem make_conv3d_gn_mean_problem(const char* op, const Tensor& x,
   return p;
 }
 
+// Profiler costs (core/profiler.h). Forward: the convolution, 2*N*K*C*(kernel volume)*(output
+// volume) FLOPs, plus 3 per conv output for the per-channel sums and sums of squares; bytes:
+// x, w, b, gamma, beta read once, the N means written. Backward: the conv is recomputed
+// (one pass) where dx or dw is needed, plus one pass for each of them; bytes: x and w read,
+// dx and dw written.
+static double fused_conv_flops(const Conv3dGnMeanProblem& p) {
+  const ConvShape& s = p.conv;
+  return 2.0 * static_cast<double>(s.N) * static_cast<double>(s.K) * static_cast<double>(s.C) *
+         static_cast<double>(s.kernel_volume()) * static_cast<double>(s.out_volume());
+}
+
 Tensor conv3d_group_norm_mean(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gamma,
                               const Tensor& beta, int64_t groups, double eps) {
   const Conv3dGnMeanProblem p = make_conv3d_gn_mean_problem(kOp, x, w, b, groups, eps);
@@ -55,6 +67,12 @@ Tensor conv3d_group_norm_mean(const Tensor& x, const Tensor& w, const Tensor& b,
   check_per_channel(kOp, "beta", beta, x, p.conv.K, w.shape());
 
   const int64_t N = p.conv.N, K = p.conv.K;
+  profile::OpScope scope(kOp, [&] {
+    const double outs = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(p.conv.out_volume());
+    return profile::OpInfo{{&x, &w, &b, &gamma, &beta}, fused_conv_flops(p) + 3 * outs,
+                           profile::bytes_of({&x, &w, &b, &gamma, &beta}) + static_cast<double>(N * dtype_size(x.dtype())),
+                           true};
+  });
   const TensorOptions stat_opts{.dtype = DType::f64, .device = x.device()};
   Tensor S1 = Tensor::empty({N, K}, stat_opts), S2 = Tensor::empty({N, K}, stat_opts);
   Tensor mean = Tensor::empty({N, groups}, stat_opts), rstd = Tensor::empty({N, groups}, stat_opts);
@@ -71,6 +89,13 @@ Tensor conv3d_group_norm_mean(const Tensor& x, const Tensor& w, const Tensor& b,
            [p, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
              const Tensor& gout = args.grad_outputs[0];
              const Tensor &xs = args.saved[0], &ws = args.saved[1], &bs = args.saved[2], &gs = args.saved[3];
+             profile::OpScope scope("conv3d_group_norm_mean (backward)", [&] {
+               const bool dx = args.needs_grad[0], dw = args.needs_grad[1];
+               const double passes = (dx || dw ? 1 : 0) + (dx ? 1 : 0) + (dw ? 1 : 0);
+               const double bytes = (dx || dw ? profile::bytes_of({&xs, &ws, &bs}) : 0) +
+                                    (dx ? static_cast<double>(xs.nbytes()) : 0) + (dw ? static_cast<double>(ws.nbytes()) : 0);
+               return profile::OpInfo{{&gout, &xs, &ws, &bs}, passes * fused_conv_flops(p), bytes, true};
+             });
              const Tensor &s1 = args.saved[4], &mu = args.saved[6], &rs = args.saved[7];
              const TensorOptions o{.dtype = gout.dtype(), .device = gout.device()};
              const int64_t N = p.conv.N, K = p.conv.K;

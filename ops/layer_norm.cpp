@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #if TG_CUDA
@@ -54,6 +55,14 @@ void check_layer_norm_backward_buffers(const Tensor& dx, const Tensor& dweight, 
   if (dbias.defined()) check_buffer(op, "dbias", dbias, x, p.D);
 }
 
+// Profiler costs (core/profiler.h), as group_norm's. Forward: 7 FLOPs per element (row sum
+// and sum of squares: 3; (x - mean) * rstd * weight + bias: 4); bytes: x, weight, bias read;
+// y, mean, rstd written. Backward: 8 FLOPs per element; bytes: dy, x, weight, mean, rstd
+// read; the grads written.
+static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const Tensor& x, double per, double written) {
+  return {std::vector<const Tensor*>(in), per * static_cast<double>(x.numel()), profile::bytes_of(in) + written};
+}
+
 Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
   const char* op = "layer_norm";
@@ -77,6 +86,9 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
   const int64_t D = ns.numel();
   TG_CHECK_AS(ShapeError, D > 0, op, ": normalized_shape ", ns, " is empty");
   const LayerNormProblem p{.M = x.numel() / D, .D = D, .eps = eps};
+  profile::OpScope scope(op, [&] {
+    return norm_info({&x, &weight, &bias}, x, 7, static_cast<double>((x.numel() + 2 * p.M) * dtype_size(x.dtype())));
+  });
 
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   Tensor y = Tensor::empty(x.shape(), opts);
@@ -88,6 +100,12 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
     record(op, {x, weight, bias}, {y}, {x, weight, mean, rstd}, [p, ns](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
       const Tensor &xs = args.saved[0], &w = args.saved[1], &m = args.saved[2], &r = args.saved[3];
+      profile::OpScope scope("layer_norm (backward)", [&] {
+        const double e = static_cast<double>(dtype_size(xs.dtype()));
+        const double written = (args.needs_grad[0] ? static_cast<double>(xs.numel()) * e : 0) +
+                               (args.needs_grad[1] ? p.D * e : 0) + (args.needs_grad[2] ? p.D * e : 0);
+        return norm_info({&dy, &xs, &w, &m, &r}, xs, 8, written);
+      });
       const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
       Tensor dx, dweight, dbias;
       if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/cpu/shape_pool_kernels.h"
 #include "ops/dispatch.h"
 #if TG_CUDA
@@ -31,12 +32,31 @@ int64_t product(const Shape& s, int64_t begin, int64_t end) {
 
 TensorOptions like(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
 
+// Profiler costs (core/profiler.h): the shape ops copy, 0 FLOPs; bytes: what they read
+// once (the window, for narrow / slice / split) and what they write once.
+const char* backward_name(const char* op) {
+  const std::string o = op;
+  if (o == "narrow") return "narrow (backward)";
+  if (o == "slice") return "slice (backward)";
+  if (o == "split") return "split (backward)";
+  return o == "chunk" ? "chunk (backward)" : "shape op (backward)";
+}
+
 // Copies the window p of x into a new tensor and records the scatter backward.
 Tensor gather_window(const char* op, const Tensor& x, int64_t dim, const SliceProblem& p) {
-  Tensor out = Tensor::empty(slice_shape(x.shape(), dim, p.length), like(x));
+  const Shape out_shape = slice_shape(x.shape(), dim, p.length);
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&x}, 0, 2.0 * static_cast<double>(out_shape.numel() * dtype_size(x.dtype()))};
+  });
+  Tensor out = Tensor::empty(out_shape, like(x));
   TG_DISPATCH(x.device(), slice_gather(out, x, p));
   if (should_record({x})) {
-    record(op, {x}, {out}, {}, [p, shape = x.shape(), opts = like(x)](const BackwardArgs& args) {
+    record(op, {x}, {out}, {}, [op, p, shape = x.shape(), opts = like(x)](const BackwardArgs& args) {
+      profile::OpScope scope(op, [&] {  // zero dx, then scatter the window
+        const Tensor& g = args.grad_outputs[0];
+        return profile::OpInfo{{&g}, 0, static_cast<double>(g.nbytes() + shape.numel() * dtype_size(opts.dtype)),
+                               false, backward_name(op)};
+      });
       Tensor dx = zeros(shape, opts);
       TG_DISPATCH(opts.device, slice_scatter(dx, args.grad_outputs[0], p));
       return std::vector<Tensor>{dx};
@@ -47,6 +67,7 @@ Tensor gather_window(const char* op, const Tensor& x, int64_t dim, const SlicePr
 
 // The pieces of x along dim with these sizes (already checked to sum to the dim's size).
 std::vector<Tensor> split_sizes(const char* op, const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  profile::OpScope scope(op, [&] { return profile::OpInfo{{&x}, 0, 2.0 * static_cast<double>(x.nbytes())}; });
   std::vector<Tensor> outs;
   int64_t offset = 0;
   for (int64_t len : sizes) {
@@ -59,7 +80,14 @@ std::vector<Tensor> split_sizes(const char* op, const Tensor& x, const std::vect
   if (should_record({x})) {
     // The gradient of x is the pieces' gradients joined again; the tape passes zeros for
     // pieces nothing used.
-    record(op, {x}, outs, {}, [dim](const BackwardArgs& args) { return std::vector<Tensor>{cat(args.grad_outputs, dim)}; });
+    record(op, {x}, outs, {}, [op, dim](const BackwardArgs& args) {
+      profile::OpScope scope(op, [&] {
+        double bytes = 0;
+        for (const Tensor& g : args.grad_outputs) bytes += 2.0 * static_cast<double>(g.nbytes());
+        return profile::OpInfo{{&args.grad_outputs[0]}, 0, bytes, false, backward_name(op)};
+      });
+      return std::vector<Tensor>{cat(args.grad_outputs, dim)};
+    });
   }
   return outs;
 }
@@ -131,6 +159,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                 " outside dim ", dim);
     total = checked_add(total, t.size(d), "cat");
   }
+  profile::OpScope scope("cat", [&] {
+    profile::OpInfo info{{}, 0, 0};
+    for (const Tensor& t : tensors) info.inputs.push_back(&t), info.bytes += 2.0 * static_cast<double>(t.nbytes());
+    return info;
+  });
   Tensor out = Tensor::empty(slice_shape(first.shape(), d, total), like(first));
   int64_t offset = 0;
   std::vector<SliceProblem> windows;
@@ -142,6 +175,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (should_record(tensors)) {
     record("cat", tensors, {out}, {}, [windows, d](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
+      profile::OpScope scope("cat (backward)", [&] {
+        return profile::OpInfo{{&dy}, 0, 2.0 * static_cast<double>(dy.nbytes())};
+      });
       std::vector<Tensor> grads(windows.size());
       for (size_t i = 0; i < windows.size(); ++i) {
         if (!args.needs_grad[i]) continue;

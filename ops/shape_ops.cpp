@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "core/tensor_kernels.h"
 #include "ops/cpu/kernels.h"
 #include "ops/dispatch.h"
@@ -11,6 +12,15 @@
 #endif
 
 namespace tg {
+namespace {
+
+// Profiler costs (core/profiler.h): the copies here are 0 FLOPs; bytes: the input read once
+// and the output written once. reshape is a view (no kernel runs) and is not profiled.
+profile::OpInfo copy_info(const Tensor& in, double out_bytes) {
+  return {{&in}, 0, static_cast<double>(in.nbytes()) + out_bytes};
+}
+
+}  // namespace
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
   std::vector<int64_t> dims = new_shape.dims();
@@ -63,12 +73,15 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     perm[i] = d;
     out_dims[i] = size(d);
   }
+  profile::OpScope scope("permute", [&] { return copy_info(*this, static_cast<double>(nbytes())); });
   Tensor out = Tensor::empty(Shape(out_dims), {.dtype = dtype(), .device = device()});
   TG_DISPATCH(device(), permute(out, *this, perm));
   if (should_record({*this})) {
     std::vector<int64_t> inverse(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
     record("permute", {*this}, {out}, {}, [inverse](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope("permute (backward)", [&] { return copy_info(g, static_cast<double>(g.nbytes())); });
       return std::vector<Tensor>{args.grad_outputs[0].permute(inverse)};
     });
   }
@@ -84,10 +97,13 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
+  profile::OpScope scope("to_device", [&] { return copy_info(*this, static_cast<double>(nbytes())); });
   Tensor out = Tensor::empty(shape(), {.dtype = dtype(), .device = target});
   out.copy_(*this);
   if (should_record({*this})) {
     record("to_device", {*this}, {out}, {}, [source = device()](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope("to_device (backward)", [&] { return copy_info(g, static_cast<double>(g.nbytes())); });
       return std::vector<Tensor>{args.grad_outputs[0].to(source)};
     });
   }
@@ -96,6 +112,9 @@ Tensor Tensor::to(Device target) const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
+  profile::OpScope scope("to_dtype", [&] {
+    return copy_info(*this, static_cast<double>(numel()) * static_cast<double>(dtype_size(target)));
+  });
   Tensor out = Tensor::empty(shape(), {.dtype = target, .device = device()});
   if (device().is_cpu()) {
     cpu::cast(out, *this);
@@ -106,6 +125,10 @@ Tensor Tensor::to(DType target) const {
   }
   if (is_floating(target) && should_record({*this})) {
     record("to_dtype", {*this}, {out}, {}, [source = dtype()](const BackwardArgs& args) {
+      const Tensor& g = args.grad_outputs[0];
+      profile::OpScope scope("to_dtype (backward)", [&] {
+        return copy_info(g, static_cast<double>(g.numel()) * static_cast<double>(dtype_size(source)));
+      });
       return std::vector<Tensor>{args.grad_outputs[0].to(source)};
     });
   }

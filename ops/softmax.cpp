@@ -4,6 +4,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/cpu/unary_kernels.h"
 #include "ops/dispatch.h"
@@ -55,14 +56,26 @@ void check_softmax_backward_buffers(const char* op, const Tensor& dx, const Tens
 
 namespace {
 
+// Profiler costs (core/profiler.h), per element: forward 5 FLOPs (max, subtract, exp, sum,
+// divide or log-subtract), backward 4 (the row's dot of dy and y: 2; subtract, multiply).
+// Bytes: x (or dy and y) read once, the result written once.
+constexpr double kSoftmaxFlops = 5, kSoftmaxBackwardFlops = 4;
+
 Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, bool log) {
   check_floating(op, x);
   const SoftmaxProblem p = make_softmax_problem(op, x.shape(), dim, log);
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&x}, kSoftmaxFlops * static_cast<double>(x.numel()), 2.0 * x.nbytes()};
+  });
   Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), softmax(out, x, p));
   if (should_record({x})) {
     // Both backwards need only the output.
     record(op, {x}, {out}, {out}, [dim, log](const BackwardArgs& args) {
+      const Tensor &dy = args.grad_outputs[0], &y = args.saved[0];
+      profile::OpScope scope(log ? "log_softmax (backward)" : "softmax (backward)", [&] {
+        return profile::OpInfo{{&dy, &y}, kSoftmaxBackwardFlops * static_cast<double>(dy.numel()), 3.0 * dy.nbytes()};
+      });
       return std::vector<Tensor>{softmax_backward(args.grad_outputs[0], args.saved[0], dim, log)};
     });
   }
@@ -80,6 +93,9 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log
   TG_CHECK_AS(ShapeError, dy.shape() == y.shape(), op, ": gradient ", describe(dy), " does not match output ",
               describe(y));
   const SoftmaxProblem p = make_softmax_problem(op, y.shape(), dim, log);
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &y}, kSoftmaxBackwardFlops * static_cast<double>(dy.numel()), 3.0 * dy.nbytes()};
+  });
   Tensor dx = Tensor::empty(y.shape(), {.dtype = y.dtype(), .device = y.device()});
   TG_DISPATCH(y.device(), softmax_backward(dx, dy, y, p));
   return dx;

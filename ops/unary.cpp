@@ -4,6 +4,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/cpu/unary_kernels.h"
 #include "ops/dispatch.h"
@@ -29,6 +30,34 @@ const char* unary_name(UnaryOp op) {
   }
   return "unary";
 }
+
+namespace {
+
+// Profiler costs (core/profiler.h): FLOPs per element {forward, backward}, a transcendental
+// (exp, log, tanh, erf) counted as one; bytes: x (or dy and the saved tensor) read once,
+// the result written once.
+struct UnaryCost {
+  double forward, backward;
+  const char* backward_name;
+};
+UnaryCost unary_cost(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::exp: return {1, 1, "exp (backward)"};            // dy * y
+    case UnaryOp::log: return {1, 1, "log (backward)"};            // dy / x
+    case UnaryOp::sqrt: return {1, 2, "sqrt (backward)"};          // dy * 0.5 / y
+    case UnaryOp::pow: return {1, 3, "pow (backward)"};            // dy * e * x^(e-1)
+    case UnaryOp::abs: return {1, 1, "abs (backward)"};
+    case UnaryOp::clamp: return {2, 1, "clamp (backward)"};
+    case UnaryOp::sigmoid: return {3, 3, "sigmoid (backward)"};    // 1 / (1 + exp(-x)); dy * y * (1 - y)
+    case UnaryOp::tanh: return {1, 3, "tanh (backward)"};          // dy * (1 - y^2)
+    case UnaryOp::gelu: return {8, 12, "gelu (backward)"};         // x * Phi(x), and its derivative
+    case UnaryOp::silu: return {4, 7, "silu (backward)"};          // x * sigmoid(x)
+    case UnaryOp::leaky_relu: return {1, 1, "leaky_relu (backward)"};
+  }
+  return {1, 1, "unary (backward)"};
+}
+
+}  // namespace
 
 bool unary_saves_output(UnaryOp op) {
   return op == UnaryOp::exp || op == UnaryOp::sqrt || op == UnaryOp::sigmoid || op == UnaryOp::tanh;
@@ -57,6 +86,9 @@ Tensor unary(const Tensor& x, const UnaryParams& p) {
   const char* name = unary_name(p.op);
   check_floating(name, x);
   check_unary_params(p);
+  profile::OpScope scope(name, [&] {
+    return profile::OpInfo{{&x}, unary_cost(p.op).forward * static_cast<double>(x.numel()), 2.0 * x.nbytes()};
+  });
   Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), unary(out, x, p));
   if (should_record({x})) {
@@ -64,6 +96,10 @@ Tensor unary(const Tensor& x, const UnaryParams& p) {
     // the input can be freed after the forward.
     const Tensor& saved = unary_saves_output(p.op) ? out : x;
     record(name, {x}, {out}, {saved}, [p](const BackwardArgs& args) {
+      const Tensor &dy = args.grad_outputs[0], &s = args.saved[0];
+      profile::OpScope scope(unary_cost(p.op).backward_name, [&] {
+        return profile::OpInfo{{&dy, &s}, unary_cost(p.op).backward * static_cast<double>(dy.numel()), 3.0 * dy.nbytes()};
+      });
       return std::vector<Tensor>{unary_backward(args.grad_outputs[0], args.saved[0], p)};
     });
   }
@@ -71,6 +107,9 @@ Tensor unary(const Tensor& x, const UnaryParams& p) {
 }
 
 Tensor unary_backward(const Tensor& dy, const Tensor& saved, const UnaryParams& p) {
+  profile::OpScope scope("unary_backward", [&] {
+    return profile::OpInfo{{&dy, &saved}, unary_cost(p.op).backward * static_cast<double>(dy.numel()), 3.0 * dy.nbytes()};
+  });
   const std::string name = std::string(unary_name(p.op)) + "_backward";
   check_unary_params(p);
   check_same_device_dtype(name.c_str(), dy, saved);

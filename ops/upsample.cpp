@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #if TG_CUDA
@@ -119,6 +120,25 @@ void check_upsample_buffers(const char* op, const Tensor& y, const Tensor& x, co
               " and output ", describe(y), " must hold ", p.in_numel(), " and ", p.out_numel(), " elements");
 }
 
+// Profiler costs (core/profiler.h): nearest copies (0 FLOPs); bilinear and trilinear blend
+// 2^S taps per output element, a multiply and an add each; the backward scatters the same.
+// Bytes: x (or dy) read once, the result written once.
+static profile::OpInfo upsample_info(const UpsampleProblem& p, const Tensor& in, int64_t spatial, bool backward) {
+  const double outs = static_cast<double>(p.NC) * static_cast<double>(p.out[0] * p.out[1] * p.out[2]);
+  const double ins = static_cast<double>(p.NC) * static_cast<double>(p.in[0] * p.in[1] * p.in[2]);
+  const double flops = p.mode == UpsampleMode::nearest ? 0 : outs * 2.0 * static_cast<double>(int64_t{1} << spatial);
+  const double e = static_cast<double>(dtype_size(in.dtype()));
+  profile::OpInfo info{{&in}, flops, (ins + outs) * e};
+  if (backward) {
+    switch (p.mode) {
+      case UpsampleMode::nearest: info.name = "upsample_nearest (backward)"; break;
+      case UpsampleMode::bilinear: info.name = "upsample_bilinear2d (backward)"; break;
+      case UpsampleMode::trilinear: info.name = "upsample_trilinear3d (backward)"; break;
+    }
+  }
+  return info;
+}
+
 Tensor upsample(const Tensor& x, const UpsampleParams& params) {
   const char* op = mode_name(params.mode);
   check_floating(op, x);
@@ -161,12 +181,14 @@ Tensor upsample(const Tensor& x, const UpsampleParams& params) {
   }
   std::vector<int64_t> out_shape{x.size(0), x.size(1)};
   for (int64_t s = 0; s < S; ++s) out_shape.push_back(p.out[first + s]);
+  profile::OpScope scope(op, [&] { return upsample_info(p, x, S, false); });
   Tensor y = Tensor::empty(Shape(out_shape), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), upsample_forward(y, x, p));
   if (should_record({x})) {
     const Shape in_shape = x.shape();
-    record(op, {x}, {y}, {}, [p, in_shape](const BackwardArgs& args) {
+    record(op, {x}, {y}, {}, [op, p, in_shape, S](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
+      profile::OpScope scope(op, [&] { return upsample_info(p, dy, S, true); });
       Tensor dx = Tensor::empty(in_shape, {.dtype = dy.dtype(), .device = dy.device()});
       TG_DISPATCH(dy.device(), upsample_backward(dx, dy, p));
       return std::vector<Tensor>{dx};

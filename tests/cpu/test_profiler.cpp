@@ -244,3 +244,60 @@ TEST(Profiler, GradientAccumulationIsAnOpOfTheBackward) {
   EXPECT_EQ(ops.at("sum (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
   EXPECT_EQ(ops.at("add (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
 }
+
+// Every op family has a scope in its forward and in the backward it records: each name
+// below appears, in its phase, with the FLOPs its family declares.
+TEST(Profiler, EveryOpFamilyIsProfiledForwardAndBackward) {
+  auto leaf = [](Shape s) {
+    Tensor t = randn(s);
+    t.requires_grad_();
+    return t;
+  };
+  Tensor x = leaf({2, 4, 6, 6}), w = leaf({4, 3, 3, 3}), lw = leaf({6}), lb = leaf({6});
+  Tensor x3 = leaf({2, 3, 4, 4, 4}), w3 = leaf({4, 3, 3, 3, 3}), b3 = leaf({4}), g3 = leaf({4}), be3 = leaf({4});
+  Tensor logits = leaf({3, 5}), targets = zeros({3}, {.dtype = DType::i64});
+  Profiler prof;
+  {
+    Tape tape;
+    std::vector<Tensor> parts = {
+        layer_norm(x, {6}, lw, lb),
+        gelu(x),
+        softmax(x, -1),
+        log_softmax(x, 1),
+        dropout(x, 0.5),
+        upsample_bilinear2d(x, {2.0}),
+        conv_transpose2d(x, w),
+        max_pool2d(x, {.kernel_size = {2}}),
+        avg_pool2d(x, {.kernel_size = {2}}),
+        narrow(x, 1, 0, 2),
+        x.permute({0, 2, 3, 1}),
+        cat({x, x}, 1),
+        conv3d_group_norm_mean(x3, w3, b3, g3, be3, 2),
+        cross_entropy(logits, targets),
+    };
+    Tensor total = zeros({});
+    for (const Tensor& p : parts) total = add(total, sum(p));
+    tape.backward(total);
+  }
+  prof.stop();
+  const auto ops = by_op(prof.records());
+  for (const char* name :
+       {"layer_norm", "gelu", "softmax", "log_softmax", "dropout", "upsample_bilinear2d", "conv_transpose2d",
+        "max_pool2d", "avg_pool2d", "narrow", "permute", "cat", "conv3d_group_norm_mean", "cross_entropy"}) {
+    ASSERT_TRUE(ops.count(name)) << name;
+    EXPECT_EQ(ops.at(name).phases, std::set<profile::Phase>{profile::Phase::forward}) << name;
+    EXPECT_GT(ops.at(name).bytes, 0) << name;
+    const std::string back = std::string(name) + " (backward)";
+    ASSERT_TRUE(ops.count(back)) << back;
+    EXPECT_EQ(ops.at(back).phases, std::set<profile::Phase>{profile::Phase::backward}) << back;
+    EXPECT_GT(ops.at(back).bytes, 0) << back;
+  }
+  // A few declared counts: gelu 8 FLOPs per element, softmax 5, layer_norm 7, permute none;
+  // the transposed convolution is the input-grad pass of a 4 -> 3 channel 3x3 convolution of
+  // its 8x8 output: 2 * N * K * C * R * S * (6 * 6) with N=2, K=4, C=3.
+  EXPECT_DOUBLE_EQ(ops.at("gelu").flops, 8.0 * 288);
+  EXPECT_DOUBLE_EQ(ops.at("softmax").flops, 5.0 * 288);
+  EXPECT_DOUBLE_EQ(ops.at("layer_norm").flops, 7.0 * 288);
+  EXPECT_DOUBLE_EQ(ops.at("permute").flops, 0);
+  EXPECT_DOUBLE_EQ(ops.at("conv_transpose2d").flops, 2.0 * 2 * 4 * 3 * 9 * 36);
+}
