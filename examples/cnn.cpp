@@ -7,14 +7,18 @@
 //
 // trained with Adam on shuffled batches from a tg::data::DataLoader. Prints loss and
 // accuracy per epoch (accuracy on held-out images the net never trains on) and, with
-// --svg PATH, writes both curves to an SVG file (nothing is written unless asked).
+// --svg PATH, writes both curves to an SVG file (nothing is written unless asked). With
+// --profile, prints where the time went (tg::Profiler: per op and phase) after training and
+// writes a trace to --trace PATH (default profile.json).
 //
 //   cnn                              # CPU, about 15 seconds on 2 cores
 //   cnn --device cuda --epochs 12 --svg curves.svg
+//   cnn --device cuda --epochs 1 --profile --trace cnn_trace.json
 #include <chrono>
 #include <cstdio>
 
 #include "common/example.h"
+#include "common/profiling.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
 #include "common/training.h"
@@ -81,7 +85,7 @@ Evaluation evaluate(nn::Module& model, const ex::ShapesDataset& d, int64_t batch
 
 int main(int argc, char** argv) {
   return ex::guarded_main([&] {
-    ex::Args args(argc, argv, {});
+    ex::Args args(argc, argv, {"profile"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
     const int64_t epochs = args.get_int("epochs", 12);
     const int64_t batch = args.get_int("batch", 32);
@@ -92,8 +96,9 @@ int main(int argc, char** argv) {
     // --require-accuracy 0.9: exit with status 1 unless the last epoch's held-out accuracy
     // reaches it (how the test suite holds the example to its promise).
     const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--epochs N] [--batch N] [--train N] [--test N] [--lr X] [--seed N] [--svg PATH] "
-                "[--require-accuracy F]");
+                "[--require-accuracy F] " + std::string(ex::ExampleProfiler::usage()));
 
     tg::manual_seed(seed);
     // Different seeds: the held-out images are new draws, not copies of training images.
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
     tg::data::DataLoader loader(train_examples, {.batch_size = batch, .shuffle = true, .seed = seed,
                                                  .drop_last = true, .num_workers = 1, .device = device});
     const auto start = std::chrono::steady_clock::now();
+    profiler.start();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
       double loss_sum = 0;
       int64_t hits = 0;
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
                   100 * test_acc.back(), seconds);
       std::fflush(stdout);
     }
+    profiler.finish();
 
     if (!svg_path.empty()) {
       ex::svg::write(svg_path, {{.title = "loss (cross-entropy)",

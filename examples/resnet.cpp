@@ -8,6 +8,7 @@
 //   resnet --device cuda                        # 32x32 images, ResNet-18 width: the GPU run
 //   resnet --device cpu --small                 # 16x16 images, width 16: ~95% in 30 s on 2 cores
 //   resnet --device cuda --precision tf32 --epochs 4 --svg resnet_curves.svg
+//   resnet --device cuda --epochs 1 --profile   # + where the time goes, trace in profile.json
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <random>
 
 #include "common/example.h"
+#include "common/profiling.h"
 #include "common/resnet.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
@@ -86,7 +88,7 @@ double accuracy(tg::nn::Module& model, const ColorImages& d, int64_t batch, tg::
 
 int main(int argc, char** argv) {
   return ex::guarded_main([&] {
-    ex::Args args(argc, argv, {"small"});
+    ex::Args args(argc, argv, {"small", "profile"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
     const bool small = args.has("small");
     const int64_t size = args.get_int("size", small ? 16 : 32);
@@ -103,9 +105,10 @@ int main(int argc, char** argv) {
     // --require-accuracy F: exit 1 unless the last held-out accuracy reaches F (the tests'
     // hold on the example's promise).
     const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--small] [--size N] [--width N] [--epochs N] [--batch N] [--train N] "
                 "[--test N] [--log-every N] [--lr X] [--seed N] [--precision fp32|tf32] [--svg PATH] "
-                "[--require-accuracy F]");
+                "[--require-accuracy F] " + std::string(ex::ExampleProfiler::usage()));
     TG_CHECK(precision == "fp32" || precision == "tf32", "--precision: fp32 or tf32, got ", precision);
     tg::set_precision(precision == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
 
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
     int64_t step = 0, window_images = 0, window_hits = 0;
     double window_loss = 0;
     auto window_start = std::chrono::steady_clock::now();
+    profiler.start();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int64_t first = 0; first + batch <= train.count; first += batch) {  // drops a last partial batch
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
       std::printf("epoch %lld: held-out accuracy %.1f%%\n", static_cast<long long>(epoch), 100 * test_acc.back());
       window_start = std::chrono::steady_clock::now();  // the evaluation is not training time
     }
+    profiler.finish();
 
     if (!svg_path.empty()) {
       ex::svg::write(svg_path, {{.title = "training loss (cross-entropy)",

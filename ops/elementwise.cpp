@@ -51,8 +51,26 @@ const char* op_name(BinaryOp op) {
 
 // Profiler costs (core/profiler.h): elementwise ops are 1 FLOP per output element (relu,
 // affine and its two operations counted as one); bytes: inputs read once, output written
-// once. Backward: add/sub/relu 1 FLOP per gradient element, mul 2, div 5 (per input whose
-// grad is needed); bytes: the gradient and saved tensors read, the grads written.
+// once. Backward, per input whose grad is needed and per gradient element: add 0 (its grad
+// is the incoming one, passed on without a copy) and sub 0 for a, 1 for b (a negation);
+// mul 1 (g times the other input), div 1 for a, 4 for b; plus 1 where the input was
+// broadcast (the sum back to its shape). Bytes: what that reads (g, the other input) and
+// writes (the grad); nothing for a grad passed on as is; relu 1 FLOP per element.
+double binary_backward_cost(BinaryOp op, int input, const Tensor& g, const Shape& s, const Tensor* other,
+                            double& bytes) {
+  const double n = static_cast<double>(g.numel()), e = static_cast<double>(dtype_size(g.dtype()));
+  const bool broadcast = s != g.shape();
+  double per = 0;
+  switch (op) {
+    case BinaryOp::add: break;
+    case BinaryOp::sub: per = input == 1 ? 1 : 0; break;
+    case BinaryOp::mul: per = 1; break;
+    case BinaryOp::div: per = input == 1 ? 4 : 1; break;
+  }
+  if (per == 0 && !broadcast) return 0;  // the gradient itself
+  bytes += n * e + static_cast<double>(s.numel()) * e + (other ? static_cast<double>(other->nbytes()) : 0);
+  return (per + (broadcast ? 1 : 0)) * n;
+}
 profile::OpInfo elementwise_info(std::initializer_list<const Tensor*> in, const Shape& out, DType dt, double per = 1) {
   const double n = static_cast<double>(out.numel());
   return {std::vector<const Tensor*>(in), per * n, profile::bytes_of(in) + n * static_cast<double>(dtype_size(dt))};
@@ -80,14 +98,11 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     record(name, {a, b}, {out}, saved, [op, sa = a.shape(), sb = b.shape()](const BackwardArgs& args) {
       const Tensor& g = args.grad_outputs[0];
       profile::OpScope scope(backward_name(op), [&] {
-        const double per = op == BinaryOp::mul ? 2 : op == BinaryOp::div ? 5 : 1;
-        const double n = static_cast<double>(g.numel()), e = static_cast<double>(dtype_size(g.dtype()));
-        const int needed = int(args.needs_grad[0]) + int(args.needs_grad[1]);
-        double bytes = profile::bytes_of({&g});
-        if (!args.saved.empty()) bytes += profile::bytes_of({&args.saved[0], &args.saved[1]});
-        if (args.needs_grad[0]) bytes += static_cast<double>(sa.numel()) * e;
-        if (args.needs_grad[1]) bytes += static_cast<double>(sb.numel()) * e;
-        return profile::OpInfo{{&g}, per * n * needed, bytes};
+        const bool saved = !args.saved.empty();  // mul and div: the other input is read
+        double bytes = 0, flops = 0;
+        if (args.needs_grad[0]) flops += binary_backward_cost(op, 0, g, sa, saved ? &args.saved[1] : nullptr, bytes);
+        if (args.needs_grad[1]) flops += binary_backward_cost(op, 1, g, sb, saved ? &args.saved[0] : nullptr, bytes);
+        return profile::OpInfo{{&g}, flops, bytes};
       });
       Tensor ga, gb;
       switch (op) {

@@ -243,6 +243,26 @@ TEST(Profiler, GradientAccumulationIsAnOpOfTheBackward) {
   EXPECT_EQ(ops.at("add").phases, std::set<profile::Phase>{profile::Phase::forward});
   EXPECT_EQ(ops.at("sum (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
   EXPECT_EQ(ops.at("add (backward)").phases, std::set<profile::Phase>{profile::Phase::backward});
+  // add passes its gradient on to both inputs as is: no work.
+  EXPECT_DOUBLE_EQ(ops.at("add (backward)").flops, 0);
+  EXPECT_DOUBLE_EQ(ops.at("add (backward)").bytes, 0);
+}
+
+TEST(Profiler, BinaryBackwardCountsWhatItComputes) {
+  Tensor a = randn({4, 5}), b = randn({5});
+  a.requires_grad_();
+  b.requires_grad_();
+  Profiler prof;
+  {
+    Tape tape;
+    tape.backward(sum(mul(a, b)));
+  }
+  prof.stop();
+  const auto ops = by_op(prof.records());
+  // ga = g * b: 20 FLOPs; reads g (80 bytes) and b (20), writes ga (80).
+  // gb = sum over rows of g * a: 20 + 20 FLOPs; reads g (80) and a (80), writes gb (20).
+  EXPECT_DOUBLE_EQ(ops.at("mul (backward)").flops, 60);
+  EXPECT_DOUBLE_EQ(ops.at("mul (backward)").bytes, 180 + 180);
 }
 
 // Every op family has a scope in its forward and in the backward it records: each name
