@@ -28,6 +28,7 @@ namespace tg {
 using Clock = std::chrono::steady_clock;
 
 struct Profiler::State {
+  uint64_t serial = 0;  // unique per profiler: a scope opened under another one ends harmlessly
   Clock::time_point t0 = Clock::now();
   bool stopped = false;
   std::vector<Record> records;
@@ -57,6 +58,7 @@ constexpr int kProfilerOn = 1, kNvtxEnv = 2;
 std::mutex g_mutex;
 Profiler::State* g_state = nullptr;
 std::atomic<uint64_t> g_recorded{0};
+uint64_t g_serial = 0;  // guarded by g_mutex
 std::atomic<int> g_threads{0};
 thread_local Phase t_phase = Phase::forward;
 thread_local int t_depth = 0;  // open op scopes on this thread
@@ -138,6 +140,7 @@ void OpScope::start_record(const char* name, const OpInfo& info) {
   r.tf32 = info.matrix && precision() == Precision::TF32;
   r.ms = -1;  // open: resolve() skips it until end() closes it
   slot_ = static_cast<int64_t>(s->records.size());
+  profiler_ = s->serial;
   s->records.push_back(std::move(r));
   s->cpu_begin.push_back(Clock::now());
 #if TG_CUDA
@@ -183,8 +186,8 @@ void OpScope::end() noexcept {
   std::lock_guard<std::mutex> lock(g_mutex);
   Profiler::State* s = g_state;
   // The profiler may have stopped (or another started) while this op ran: then its record
-  // is gone, or not this one's.
-  if (!s || s->stopped || slot_ >= static_cast<int64_t>(s->records.size())) return;
+  // is gone, or not this one's (another serial).
+  if (!s || s->stopped || s->serial != profiler_ || slot_ >= static_cast<int64_t>(s->records.size())) return;
   Profiler::Record& r = s->records[static_cast<size_t>(slot_)];
   const Clock::time_point now = Clock::now();
   r.start_us = since_us(s->t0, s->cpu_begin[static_cast<size_t>(slot_)]);
@@ -253,6 +256,7 @@ Profiler::Profiler() : state_(std::make_unique<State>()) {
   TG_CHECK(profile::g_state == nullptr,
            "Profiler: another tg::Profiler is active; only one may record at a time (destroy or stop() it first)");
   profile::g_state = state_.get();
+  state_->serial = ++profile::g_serial;
   profile::detail::g_enabled.fetch_or(profile::kProfilerOn, std::memory_order_relaxed);
 }
 

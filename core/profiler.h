@@ -105,6 +105,7 @@ class OpScope {
   void end() noexcept;
   int state_ = 0;    // 0: off; else bits: 1 nested depth taken, 2 recording, 4 NVTX range pushed
   int64_t slot_ = -1;  // the profiler's pending record
+  uint64_t profiler_ = 0;  // which profiler (its serial number) holds that record
 };
 
 // Ops run in its scope on the calling thread are not recorded (the profiler's own

@@ -3,7 +3,10 @@
 // nothing recorded while none is active.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <fstream>
 #include <map>
 #include <set>
@@ -15,6 +18,24 @@
 #include "tapegrad/tapegrad.h"
 
 using namespace tg;
+
+// Counts the heap allocations of this program while g_count_allocations is on (the off
+// path of an op scope must make none). GCC sees malloc'd memory reach free through inlined
+// library code and takes it for a new/delete mismatch; the pair below is consistent.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+namespace {
+std::atomic<bool> g_count_allocations{false};
+std::atomic<int> g_allocations{0};
+}  // namespace
+void* operator new(std::size_t n) {
+  if (g_count_allocations.load()) ++g_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -320,4 +341,48 @@ TEST(Profiler, EveryOpFamilyIsProfiledForwardAndBackward) {
   EXPECT_DOUBLE_EQ(ops.at("layer_norm").flops, 7.0 * 288);
   EXPECT_DOUBLE_EQ(ops.at("permute").flops, 0);
   EXPECT_DOUBLE_EQ(ops.at("conv_transpose2d").flops, 2.0 * 2 * 4 * 3 * 9 * 36);
+}
+
+TEST(Profiler, AnOpOpenWhenItsProfilerStopsIsNotRecordedByTheNext) {
+  Tensor a = randn({4, 4});
+  auto first = std::make_unique<Profiler>();
+  std::unique_ptr<Profiler> second;
+  {
+    profile::OpScope outer("outer", [&] { return profile::OpInfo{{&a}, 1, 1}; });
+    first.reset();                        // stops while "outer" is open
+    second = std::make_unique<Profiler>();
+    relu(a);                              // nested in "outer" on this thread: not recorded
+    std::thread([&] { sigmoid(a); }).join();  // recorded by the second profiler: its record 0
+  }  // "outer" ends under the second profiler and must leave its record 0 alone
+  relu(a);
+  second->stop();
+  const auto& recs = second->records();
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].op, "sigmoid");
+  EXPECT_EQ(recs[1].op, "relu");
+  EXPECT_NE(recs[0].thread, recs[1].thread);
+}
+
+TEST(Profiler, TheOffPathCallsNothingAndAllocatesNothing) {
+  if (std::getenv("TG_NVTX")) GTEST_SKIP() << "TG_NVTX=1 turns the scopes on";
+  Tensor a = randn({4, 4});
+  int calls = 0;
+  auto scoped = [&] {
+    profile::OpScope scope("probe", [&] {
+      ++calls;
+      return profile::OpInfo{{&a}, 1, 1};  // allocates (the inputs vector) when called
+    });
+  };
+  g_allocations = 0;
+  g_count_allocations = true;
+  scoped();
+  g_count_allocations = false;
+  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(calls, 0);
+  Profiler prof;  // on: the lambda runs and the record is made
+  g_count_allocations = true;
+  scoped();
+  g_count_allocations = false;
+  EXPECT_GT(g_allocations.load(), 0);
+  EXPECT_EQ(calls, 1);
 }
