@@ -1,8 +1,9 @@
 // The implicit-GEMM engine (ops/cuda/gemm/) against the f64 CPU reference: every convolution
 // pass and every matrix-product transpose, at shapes that break its tiles (odd sizes, 1 and 3
 // channels, kernels larger than the input, stride > kernel, dilation with padding, N = 1),
-// every tile configuration (on Hopper, arch 90 runs TF32 128x128 tiles on the wgmma kernel,
-// arch 80 on mma.sync), split and unsplit reductions, strided grad-input by phases (or, for
+// every tile configuration (on Hopper, arch 90 runs TF32 128x128 tiles on the wgmma kernels,
+// for products with both operands k-contiguous the TMA one, also at 128x256; arch 80 on
+// mma.sync), split and unsplit reductions, strided grad-input by phases (or, for
 // up to 8 input channels, by columns and a gather), FP32 (three TF32 products) and TF32.
 // Outputs are NaN-poisoned before each launch; split reductions must be bit-reproducible.
 #include <cmath>
@@ -87,6 +88,11 @@ const Variant kVariants[] = {
     {"128x128 mma.sync only", {.tile = 128, .splits = 1, .arch = 80}},
     {"128x128 wgmma where it applies", {.tile = 128, .splits = 1, .arch = 90}},
     {"128x128 wgmma split 3", {.tile = 128, .splits = 3, .arch = 90}},
+};
+// Matrix products also take the TMA kernel's 128 x 256 tile (TF32, both operands k-contiguous).
+const Variant kWideVariants[] = {
+    {"128x256 where the TMA kernel applies", {.tile = 256, .splits = 1}},
+    {"128x256 split 3", {.tile = 256, .splits = 3}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
@@ -202,6 +208,11 @@ TEST(GemmEngineMatmul, EveryTransposeMatchesF64Reference) {
       {1, 1, 1, false, false, true},    {7, 9, 13, false, true, true},  {130, 67, 257, true, false, false},
       {257, 130, 33, true, true, true}, {64, 300, 1000, false, true, false}, {5, 513, 8, false, false, true},
       {200, 3, 4097, true, false, false}, {33, 129, 0, false, true, true},
+      // Both operands k-contiguous with 16-byte rows (TF32 on Hopper: the TMA kernel, forced by
+      // the arch-90 variants, chosen by "auto" from a reduction of 2048): ragged tiles, one
+      // column, a reduction shorter than one box, enough k-tiles to wrap the stage ring.
+      {300, 260, 512, false, true, true}, {129, 1, 36, false, true, false}, {3, 7, 4, false, true, true},
+      {130, 257, 1028, false, true, false}, {70, 150, 2052, false, true, true}, {260, 520, 96, false, true, true},
   };
   for (const GemmCase& c : cases) {
     const GemmProblem p{.M = c.M, .N = c.N, .K = c.K, .transA = c.transA, .transB = c.transB};
@@ -213,8 +224,10 @@ TEST(GemmEngineMatmul, EveryTransposeMatchesF64Reference) {
     // The scale of the rounding errors, for short reductions (elementwise_error).
     Tensor c_abs = Tensor::empty({c.M, c.N}, {.dtype = DType::f64});
     cpu::gemm(c_abs, abs(ref(a)), abs(ref(b)), c.bias ? abs(ref(bias)) : Tensor(), p);
+    std::vector<Variant> variants(std::begin(kVariants), std::end(kVariants));
+    variants.insert(variants.end(), std::begin(kWideVariants), std::end(kWideVariants));
     for (Precision prec : kPrecisions) {
-      for (const Variant& v : kVariants) {
+      for (const Variant& v : variants) {
         Tensor out = poisoned({c.M, c.N});
         cuda::engine_gemm(out, a, b, bias, p, prec, v.policy);
         const double error = c.K >= 8 ? rel_l2(out, c_ref) : elementwise_error(out, c_ref, c_abs);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cuda_context.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda {
@@ -256,8 +257,33 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
   const bool a_k = !p.transA, b_k = p.transB;
   const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
-  const Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision, /*gather=*/false);
+  Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision, /*gather=*/false);
+  // TF32 with both operands k-contiguous (Linear's forward) on 128x128 tiles, on Hopper: the TMA
+  // kernel (one block per SM) where the reduction is long; on short ones (under 2048) a block's
+  // main loop is short and its epilogue, which nothing overlaps, costs more than the two-blocks-
+  // per-SM mma.sync kernel loses on loading (docs/kernels/gemm.md). arch 90 forces it wherever it
+  // applies, arch 80 never.
+  constexpr int64_t kTmaMinReduction = 2048;
+  const bool tma = precision == Precision::TF32 && a_k && b_k && plan.shape == engine::TileShape::Big &&
+                   (policy.arch == 90 || (policy.arch == 0 && p.K >= kTmaMinReduction)) &&
+                   engine::matmul_tma_applies(a.data<float>(), b.data<float>(), p.K, dev);
+  // Its 128 x 256 tile moves a quarter fewer bytes per product; take it where it costs no
+  // waves: blocks of twice the work, counted in waves of one block per SM, no more than the
+  // 128-wide tiles' (unsplit reductions only).
+  if (tma && p.N > 128) {
+    const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
+    const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
+    const bool pays = plan.splits == 1 && tiles128 >= sms && 2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
+    if (policy.tile == 256 || (policy.tile == 0 && pays)) {
+      plan.tma_wide = true;
+      plan.tiles_n = int32_t((p.N + 255) / 256);
+    }
+  }
   engine::run_plan(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
+    if (tma) {
+      engine::launch_matmul_tma(a.data<float>(), b.data<float>(), plan, ma, st);
+      return;
+    }
     engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
                           precision == Precision::FP32, st);
   });

@@ -16,7 +16,8 @@ namespace tg::cuda {
 
 // Overrides of the engine's own choices, for tests and the benchmark.
 struct EnginePolicy {
-  int tile = 0;    // 0: by problem size; 128: 128x128; 64: 64x64; 16: 128x16 where B's k is contiguous
+  int tile = 0;    // 0: by problem size; 128: 128x128; 64: 64x64; 16: 128x16 where B's k is contiguous;
+                   // 256: 128x256 where the TMA matmul kernel runs (else 128x128)
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
   int arch = 0;    // 0: the engine's choice; 80: mma.sync kernels only; 90: wgmma wherever it applies
 };

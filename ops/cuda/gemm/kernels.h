@@ -16,6 +16,7 @@ enum class TileShape { Big, Small, Narrow };  // BigTile, SmallTile, NarrowTile
 struct Plan {
   TileShape shape = TileShape::Big;
   bool sm90 = false;  // BigTile on the wgmma kernel (Hopper), else the mma.sync kernels
+  bool tma_wide = false;  // the TMA matmul kernel's 128 x 256 tile (tiles_n counts 256 columns)
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
 };
@@ -39,5 +40,12 @@ void launch_conv_wgrad(const ConvGeometry& g, bool channels_last, const float* d
 // strides of the non-contiguous index.
 void launch_matmul(const float* a, bool a_k_contiguous, int64_t lda, const float* b, bool b_k_contiguous,
                    int64_t ldb, const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
+
+// c (M, N) = a b^T with a (M, red) and b (N, red) row-major, TF32, on Hopper's TMA + wgmma kernel
+// (matmul_sm90_tma.cu; a BigTile plan). Applies where red is a positive multiple of 4 (16-byte
+// rows), both pointers are 16-byte aligned and the device runs sm_90a code.
+bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev);
+void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
+                       cudaStream_t stream);
 
 }  // namespace tg::cuda::engine

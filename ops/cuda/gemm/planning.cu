@@ -46,7 +46,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   const int sms = sm_count(dev);
   Plan plan;
   if (policy.tile == 16 && narrow_ok) plan.shape = TileShape::Narrow;
-  else if (policy.tile == 128) plan.shape = TileShape::Big;
+  else if (policy.tile == 128 || policy.tile == 256) plan.shape = TileShape::Big;  // 256: engine_gemm widens
   else if (policy.tile == 64) plan.shape = TileShape::Small;
   else if (N <= 16 && narrow_ok) plan.shape = TileShape::Narrow;  // few columns: 16 wide, not 64
   else plan.shape = big_or_small(M, N, sms);
