@@ -27,6 +27,8 @@ std::mutex g_ceilings_mutex;
 std::map<std::string, Profiler::Ceilings> g_ceilings;  // by cache file path, this process
 
 std::string gpu_name(Device d) {
+  TG_CHECK_AS(DeviceError, d.is_cuda(), "Profiler::ceilings: ", d,
+              " is not a GPU; the roofline ceilings are measured per GPU model");
 #if TG_CUDA
   check_device("Profiler::ceilings", d);
   cudaDeviceProp prop{};
