@@ -279,4 +279,38 @@ TEST(DDP, CheckpointWrittenByRankZeroOnly) {
   if (group().rank() == 0) std::remove(path.c_str());
 }
 
+namespace {
+
+// A layer with a buffer that differs per rank (as running statistics would).
+struct Buffered : nn::Module {
+  std::shared_ptr<nn::Linear> fc;
+  Tensor counter;
+  explicit Buffered(int rank) {
+    manual_seed(13);
+    fc = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3, .out_features = 2});
+    register_module("fc", fc);
+    counter = register_buffer("counter", full({4}, 10.0 * (rank + 1)));
+    to(f64);
+    to(test_device());
+  }
+  Tensor forward(const Tensor& x) override { return (*fc)(x); }
+};
+
+}  // namespace
+
+// broadcast_buffers (the default): rank 0's buffers at construction and before each forward;
+// off: each rank keeps its own after construction.
+TEST(DDP, BuffersFollowRankZero) {
+  const int me = group().rank();
+  for (bool broadcast : {true, false}) {
+    auto m = std::make_shared<Buffered>(me);
+    DistributedDataParallel ddp(group(), m, {.broadcast_buffers = broadcast});
+    EXPECT_EQ(m->counter.to_vector<double>()[0], 10.0) << "construction broadcasts rank 0's state";
+    m->counter.fill_(100.0 * (me + 1));  // ranks drift apart between steps
+    Tape tape;
+    tape.backward(sum(ddp(ones({2, 3}, {.dtype = f64, .device = test_device()}))));
+    EXPECT_EQ(m->counter.to_vector<double>()[3], broadcast ? 100.0 : 100.0 * (me + 1)) << "broadcast " << broadcast;
+  }
+}
+
 TG_DIST_TEST_MAIN()
