@@ -9,6 +9,15 @@
 
 namespace tg::test {
 
+// A new tensor on GPU 0 whose every element is poison, so that one a kernel fails to write
+// shows: NaN for floating dtypes, -1 (an index no kernel writes) for i64.
+inline Tensor poisoned_gpu(const Shape& s, DType dt = f32) {
+  Tensor t = Tensor::empty(s, {.dtype = dt, .device = Device::cuda(0)});
+  if (dt == DType::i64) t.fill_(-1.0);
+  else poison(t);
+  return t;
+}
+
 // The CPU f64 reference of a GPU tensor's values.
 inline Tensor ref_of(const Tensor& t) { return t.detach().cpu().to(f64); }
 

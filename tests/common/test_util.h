@@ -35,6 +35,17 @@ inline Tensor param(const Shape& s, DType dt = DType::f64) { return random(s, dt
 // Poisons a buffer with NaN so that any element a kernel fails to write is caught.
 inline void poison(Tensor& t) { t.fill_(std::numeric_limits<double>::quiet_NaN()); }
 
+// Rows [begin, end) of an (N, ...) tensor, as a new tensor of its dtype on `device` (through
+// the host: tests use it to cut batches without any slicing op under test).
+inline Tensor rows_of(const Tensor& t, int64_t begin, int64_t end, Device device = Device::cpu()) {
+  const int64_t per_row = t.numel() / t.size(0);
+  const std::vector<double> v = t.to_vector<double>();
+  std::vector<double> part(v.begin() + begin * per_row, v.begin() + end * per_row);
+  std::vector<int64_t> dims = t.shape().dims();
+  dims[0] = end - begin;
+  return from_vector(part, Shape(dims), {.dtype = DType::f64}).to(t.dtype()).to(device);
+}
+
 // Expects `statement` to throw tg::Error whose message contains every fragment.
 #define TG_EXPECT_ERROR(statement, ...)                                                     \
   do {                                                                                      \

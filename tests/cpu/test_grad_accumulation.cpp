@@ -13,16 +13,6 @@ using namespace tg::test;
 
 namespace {
 
-// Rows [begin, end) of an (N, ...) tensor, as a new tensor (no slicing op is needed).
-Tensor rows(const Tensor& t, int64_t begin, int64_t end) {
-  const int64_t per_row = t.numel() / t.size(0);
-  std::vector<double> v = t.to_vector<double>();
-  std::vector<double> part(v.begin() + begin * per_row, v.begin() + end * per_row);
-  std::vector<int64_t> dims = t.shape().dims();
-  dims[0] = end - begin;
-  return from_vector(part, Shape(dims), {.dtype = t.dtype()});
-}
-
 std::shared_ptr<nn::Sequential> model_f64() {
   auto m = small_cnn(3);
   m->to(f64);
@@ -48,7 +38,7 @@ TEST(GradAccumulation, TwoTapesWithSumReductionEqualOneBackwardOverTheWholeBatch
   auto accumulated = model_f64(), whole = model_f64();
   for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 7}}) {
     Tape tape;  // one tape per micro-batch; no zero_grad in between
-    tape.backward(binary_cross_entropy_with_logits((*accumulated)(rows(x, begin, end)), rows(y, begin, end),
+    tape.backward(binary_cross_entropy_with_logits((*accumulated)(rows_of(x, begin, end)), rows_of(y, begin, end),
                                                    Reduction::sum));
   }
   {
@@ -60,7 +50,7 @@ TEST(GradAccumulation, TwoTapesWithSumReductionEqualOneBackwardOverTheWholeBatch
   auto half = model_f64();
   {
     Tape tape;
-    tape.backward(binary_cross_entropy_with_logits((*half)(rows(x, 0, 3)), rows(y, 0, 3), Reduction::sum));
+    tape.backward(binary_cross_entropy_with_logits((*half)(rows_of(x, 0, 3)), rows_of(y, 0, 3), Reduction::sum));
   }
   EXPECT_GT(rel_l2(half->parameters()[0].grad(), whole->parameters()[0].grad()), 0.05);
 
@@ -80,7 +70,7 @@ TEST(GradAccumulation, MeanReductionNeedsEachMicroBatchWeightedByItsShare) {
   auto accumulated = model_f64(), whole = model_f64();
   for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 2}, {2, 5}}) {
     Tape tape;
-    const Tensor loss = smooth_l1_loss((*accumulated)(rows(x, begin, end)), rows(y, begin, end), {.beta = 0.3});
+    const Tensor loss = smooth_l1_loss((*accumulated)(rows_of(x, begin, end)), rows_of(y, begin, end), {.beta = 0.3});
     // The mean over the micro-batch, times its share of the batch, is its part of the mean.
     tape.backward(loss, full({}, double(end - begin) / 5.0, {.dtype = f64}));
   }

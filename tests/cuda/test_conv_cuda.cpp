@@ -1,6 +1,7 @@
 // The CUDA convolution kernels against the CPU reference (f32, relative L2 <= 1e-5): forward
 // and every gradient, through the public op and the tape, and through each launcher directly
 // on a NaN-poisoned output so that an element a kernel fails to write is caught.
+#include "common/cuda_compare.h"
 #include "common/test_util.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv.h"
@@ -25,12 +26,6 @@ Tensor conv(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams&
 }
 
 Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(kGpu) : Tensor(); }
-
-Tensor poisoned(const Shape& s, DType dt) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  poison(t);
-  return t;
-}
 
 // Forward + backward through conv2d/conv3d and the tape on both devices.
 void check_through_tape(const Case& c, DType dt, double tol) {
@@ -66,24 +61,24 @@ void check_launchers_poisoned(const Case& c) {
   Tensor x = random(c.x, f32), w = random(c.w, f32), b = random({s.K}, f32), dy = random(s.y_shape(), f32);
   Tensor xg = on_gpu(x), wg = on_gpu(w), bg = on_gpu(b), dyg = on_gpu(dy);
 
-  Tensor y = Tensor::empty(s.y_shape(), {.dtype = f32}), yg = poisoned(s.y_shape(), f32);
+  Tensor y = Tensor::empty(s.y_shape(), {.dtype = f32}), yg = poisoned_gpu(s.y_shape(), f32);
   cpu::conv_forward(y, x, w, c.bias ? b : Tensor(), s);
   cuda::conv_forward(yg, xg, wg, c.bias ? bg : Tensor(), s);
   EXPECT_LE(rel_l2(yg, y), kTol) << c.name << ": forward launcher";
 
-  Tensor dx = Tensor::empty(c.x, {.dtype = f32}), dxg = poisoned(c.x, f32);
+  Tensor dx = Tensor::empty(c.x, {.dtype = f32}), dxg = poisoned_gpu(c.x, f32);
   cpu::conv_grad_input(dx, dy, w, s);
   cuda::conv_grad_input(dxg, dyg, wg, s);
   EXPECT_LE(rel_l2(dxg, dx), kTol) << c.name << ": grad-input launcher";
 
-  Tensor dw = Tensor::empty(c.w, {.dtype = f32}), dwg = poisoned(c.w, f32), dwg2 = poisoned(c.w, f32);
+  Tensor dw = Tensor::empty(c.w, {.dtype = f32}), dwg = poisoned_gpu(c.w, f32), dwg2 = poisoned_gpu(c.w, f32);
   cpu::conv_grad_weight(dw, dy, x, s);
   cuda::conv_grad_weight(dwg, dyg, xg, s);
   cuda::conv_grad_weight(dwg2, dyg, xg, s);
   EXPECT_LE(rel_l2(dwg, dw), kTol) << c.name << ": grad-weight launcher";
   EXPECT_EQ(dwg.to_vector<float>(), dwg2.to_vector<float>()) << c.name << ": grad-weight not deterministic";
 
-  Tensor db = Tensor::empty({s.K}, {.dtype = f32}), dbg = poisoned({s.K}, f32);
+  Tensor db = Tensor::empty({s.K}, {.dtype = f32}), dbg = poisoned_gpu({s.K}, f32);
   cpu::conv_grad_bias(db, dy, s);
   cuda::conv_grad_bias(dbg, dyg, s);
   EXPECT_LE(rel_l2(dbg, db), kTol) << c.name << ": grad-bias launcher";

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cuda_compare.h"
 #include "common/test_util.h"
 #include "nn/fused.h"
 #include "ops/cuda/fused.h"
@@ -47,12 +48,6 @@ Inputs make_inputs(const Case& c) {
 
 Tensor gpu(const Tensor& t) { return t.defined() ? t.to(kGpu) : Tensor(); }
 Tensor f64_of(const Tensor& t) { return t.defined() ? t.to(f64) : Tensor(); }
-
-Tensor poisoned(const Shape& s, DType dt = f32) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  poison(t);
-  return t;
-}
 
 // rel_l2 within tol of the reference; or, where the true value is zero, an absolute bound.
 // With one channel per group (groups = K) every channel's normalized mean is 0, so out =
@@ -101,11 +96,11 @@ void check_launchers(const Case& c, Kernels kernels, double tol = 1e-5, bool wit
 
   // GPU, stage by stage, each stage fed the GPU's own previous results.
   Tensor x = gpu(in.x), w = gpu(in.w), b = gpu(in.b), gamma = gpu(in.gamma), beta = gpu(in.beta);
-  Tensor S1 = poisoned({N, K}, f64), S2 = poisoned({N, K}, f64);
+  Tensor S1 = poisoned_gpu({N, K}, f64), S2 = poisoned_gpu({N, K}, f64);
   cuda::conv3d_gn_mean_stats(S1, S2, x, w, b, p, kernels);
   EXPECT_LE(rel_l2(S1, rS1), tol) << "S1";
   EXPECT_LE(rel_l2(S2, rS2), tol) << "S2";
-  Tensor out = poisoned({N}), mean = poisoned({N, G}, f64), rstd = poisoned({N, G}, f64);
+  Tensor out = poisoned_gpu({N}), mean = poisoned_gpu({N, G}, f64), rstd = poisoned_gpu({N, G}, f64);
   cuda::conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gamma, beta, p);
   // The finish stage is f64 arithmetic on S1, S2: fed the GPU's own sums it must agree to
   // FP32 rounding whatever the precision. End to end, group normalization's cancellation
@@ -120,8 +115,8 @@ void check_launchers(const Case& c, Kernels kernels, double tol = 1e-5, bool wit
   }
   EXPECT_LE(rel_l2(mean, rmean), tol) << "mean";
   EXPECT_LE(rel_l2(rstd, rrstd), tol) << "rstd";
-  Tensor A = poisoned({N, K}), B = poisoned({N, G});
-  Tensor dg = poisoned({K}), dbt = poisoned({K}), db = poisoned({K});
+  Tensor A = poisoned_gpu({N, K}), B = poisoned_gpu({N, G});
+  Tensor dg = poisoned_gpu({K}), dbt = poisoned_gpu({K}), db = poisoned_gpu({K});
   cuda::conv3d_gn_mean_coefficients(A, B, dg, dbt, db, gpu(gout), S1, mean, rstd, gamma, p);
   const bool degenerate = c.groups == c.K;
   expect_matches(A, rA, degenerate, "A", tol);
@@ -131,27 +126,27 @@ void check_launchers(const Case& c, Kernels kernels, double tol = 1e-5, bool wit
   expect_matches(db, rdb, degenerate, "db", tol);
   // Conv gradients: both, then each alone (x not requiring grad is the training case).
   // Tensor cores compute dw only; dx then comes from the FFMA (or materialized) kernels.
-  Tensor dw = poisoned(in.w.shape()), dx = poisoned(in.x.shape());
+  Tensor dw = poisoned_gpu(in.w.shape()), dx = poisoned_gpu(in.x.shape());
   cuda::conv3d_gn_mean_grad_conv(dw, dx, x, w, b, A, B, p, kernels);
   expect_matches(dw, rdw, degenerate, "dw", tol);
   expect_matches(dx, rdx, degenerate, "dx", tol);
-  Tensor dw_only = poisoned(in.w.shape());
+  Tensor dw_only = poisoned_gpu(in.w.shape());
   cuda::conv3d_gn_mean_grad_conv(dw_only, Tensor(), x, w, b, A, B, p, kernels);
   if (kernels == Kernels::automatic) {
     expect_matches(dw_only, rdw, degenerate, "dw alone", tol);  // may be another family than dw with dx
   } else {
     EXPECT_EQ(dw_only.to_vector<float>(), dw.to_vector<float>()) << "dw alone differs from dw with dx";
   }
-  Tensor dx_only = poisoned(in.x.shape());
+  Tensor dx_only = poisoned_gpu(in.x.shape());
   cuda::conv3d_gn_mean_grad_conv(Tensor(), dx_only, x, w, b, A, B, p, kernels);
   EXPECT_EQ(dx_only.to_vector<float>(), dx.to_vector<float>()) << "dx alone differs from dx with dw";
 
   // Determinism: the same bits on a second run.
-  Tensor S1b = poisoned({N, K}, f64), S2b = poisoned({N, K}, f64);
+  Tensor S1b = poisoned_gpu({N, K}, f64), S2b = poisoned_gpu({N, K}, f64);
   cuda::conv3d_gn_mean_stats(S1b, S2b, x, w, b, p, kernels);
   EXPECT_EQ(S1b.to_vector<double>(), S1.to_vector<double>()) << "S1 not deterministic";
   EXPECT_EQ(S2b.to_vector<double>(), S2.to_vector<double>()) << "S2 not deterministic";
-  Tensor dw2 = poisoned(in.w.shape()), dx2 = poisoned(in.x.shape());
+  Tensor dw2 = poisoned_gpu(in.w.shape()), dx2 = poisoned_gpu(in.x.shape());
   cuda::conv3d_gn_mean_grad_conv(dw2, dx2, x, w, b, A, B, p, kernels);
   EXPECT_EQ(dw2.to_vector<float>(), dw.to_vector<float>()) << "dw not deterministic";
   EXPECT_EQ(dx2.to_vector<float>(), dx.to_vector<float>()) << "dx not deterministic";
@@ -236,11 +231,11 @@ void check_stats(const Case& c, Kernels kernels, double tol) {
   cpu::conv3d_gn_mean_finish(rout, rmean, rrstd, rS1, rS2, f64_of(in.gamma), f64_of(in.beta), p);
 
   const Tensor x = gpu(in.x), w = gpu(in.w), b = gpu(in.b);
-  Tensor S1 = poisoned({N, K}, f64), S2 = poisoned({N, K}, f64);
+  Tensor S1 = poisoned_gpu({N, K}, f64), S2 = poisoned_gpu({N, K}, f64);
   cuda::conv3d_gn_mean_stats(S1, S2, x, w, b, p, kernels);
   EXPECT_LE(rel_l2(S1, rS1), tol) << "S1";
   EXPECT_LE(rel_l2(S2, rS2), tol) << "S2";
-  Tensor out = poisoned({N}), mean = poisoned({N, G}, f64), rstd = poisoned({N, G}, f64);
+  Tensor out = poisoned_gpu({N}), mean = poisoned_gpu({N, G}, f64), rstd = poisoned_gpu({N, G}, f64);
   cuda::conv3d_gn_mean_finish(out, mean, rstd, S1, S2, gpu(in.gamma), gpu(in.beta), p);
   EXPECT_LE(rel_l2(mean, rmean), tol) << "mean";
   EXPECT_LE(rel_l2(rstd, rrstd), tol) << "rstd";
@@ -248,7 +243,7 @@ void check_stats(const Case& c, Kernels kernels, double tol) {
     EXPECT_LE(rel_l2(out, rout), tol) << "out";
   }
 
-  Tensor S1b = poisoned({N, K}, f64), S2b = poisoned({N, K}, f64);
+  Tensor S1b = poisoned_gpu({N, K}, f64), S2b = poisoned_gpu({N, K}, f64);
   cuda::conv3d_gn_mean_stats(S1b, S2b, x, w, b, p, kernels);
   EXPECT_EQ(S1b.to_vector<double>(), S1.to_vector<double>()) << "S1 not deterministic";
   EXPECT_EQ(S2b.to_vector<double>(), S2.to_vector<double>()) << "S2 not deterministic";
@@ -349,7 +344,7 @@ TEST(CudaConv3dGroupNormMean, ForcedKernelFamilyThatDoesNotApplyFails) {
   auto run_stats = [](const Case& c, Kernels k) {
     Inputs in = make_inputs(c);
     const Conv3dGnMeanProblem p = problem_of(in, c.groups);
-    Tensor S1 = poisoned({c.N, c.K}, f64), S2 = poisoned({c.N, c.K}, f64);
+    Tensor S1 = poisoned_gpu({c.N, c.K}, f64), S2 = poisoned_gpu({c.N, c.K}, f64);
     cuda::conv3d_gn_mean_stats(S1, S2, gpu(in.x), gpu(in.w), gpu(in.b), p, k);
   };
   TG_EXPECT_ERROR(run_stats(kFusedCases[2], Kernels::tensor_core), "tensor-core kernels forced", "K 16");

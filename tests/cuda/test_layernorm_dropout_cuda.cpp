@@ -39,12 +39,6 @@ LayerNormProblem problem_of(const Tensor& x, const std::vector<int64_t>& ns) {
   return {.M = x.numel() / D, .D = D, .eps = 1e-5};
 }
 
-Tensor poisoned(const Shape& s, DType dt) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  poison(t);
-  return t;
-}
-
 }  // namespace
 
 TEST(LayerNormCuda, ForwardAndEveryGradientMatchCpu) {
@@ -76,7 +70,7 @@ TEST(LayerNormCuda, LaunchersWriteEveryPoisonedOutput) {
       const LayerNormProblem p = problem_of(Tensor::empty(k.shape), k.normalized_shape);
       Tensor x = uniform(k.shape, -2, 3, {.dtype = dt, .device = kGpu}), dy = random(k.shape, dt, kGpu);
       Tensor w = uniform(ns, 0.5, 1.5, {.dtype = dt, .device = kGpu}), b = random(ns, dt, kGpu);
-      Tensor y = poisoned(k.shape, dt), mean = poisoned({p.M}, dt), rstd = poisoned({p.M}, dt);
+      Tensor y = poisoned_gpu(k.shape, dt), mean = poisoned_gpu({p.M}, dt), rstd = poisoned_gpu({p.M}, dt);
       cuda::layer_norm_forward(y, mean, rstd, x, w, b, p);
       const TensorOptions h{.dtype = f64};
       Tensor rx = ref_of(x), rw = ref_of(w), rb = ref_of(b);
@@ -87,7 +81,7 @@ TEST(LayerNormCuda, LaunchersWriteEveryPoisonedOutput) {
       EXPECT_LE(rel_l2(rstd, rrstd), tol);
 
       // Backward from the GPU's own statistics; the reference uses the same values.
-      Tensor dx = poisoned(k.shape, dt), dw = poisoned(ns, dt), db = poisoned(ns, dt);
+      Tensor dx = poisoned_gpu(k.shape, dt), dw = poisoned_gpu(ns, dt), db = poisoned_gpu(ns, dt);
       cuda::layer_norm_backward(dx, dw, db, dy, x, w, mean, rstd, p);
       Tensor rdx = Tensor::empty(k.shape, h), rdw = Tensor::empty(ns, h), rdb = Tensor::empty(ns, h);
       cpu::layer_norm_backward(rdx, rdw, rdb, ref_of(dy), rx, rw, ref_of(mean), ref_of(rstd), p);
@@ -96,10 +90,10 @@ TEST(LayerNormCuda, LaunchersWriteEveryPoisonedOutput) {
       EXPECT_LE(rel_l2(db, rdb), tol);
 
       // Each output alone, and without a weight.
-      Tensor only_db = poisoned(ns, dt);
+      Tensor only_db = poisoned_gpu(ns, dt);
       cuda::layer_norm_backward(Tensor(), Tensor(), only_db, dy, x, w, mean, rstd, p);
       EXPECT_LE(rel_l2(only_db, rdb), tol);
-      Tensor only_dx = poisoned(k.shape, dt);
+      Tensor only_dx = poisoned_gpu(k.shape, dt);
       cuda::layer_norm_backward(only_dx, Tensor(), Tensor(), dy, x, Tensor(), mean, rstd, p);
       Tensor rdx_nw = Tensor::empty(k.shape, h);
       cpu::layer_norm_backward(rdx_nw, Tensor(), Tensor(), ref_of(dy), rx, Tensor(), ref_of(mean), ref_of(rstd), p);
@@ -189,7 +183,7 @@ TEST(DropoutCuda, LauncherWritesEveryPoisonedOutput) {
   // p = 0.5: about half the outputs are zeros the kernel must write, not leave as NaN.
   const Shape s{7, 9, 13};
   Tensor x = random(s, f32, kGpu);
-  Tensor y = poisoned(s, f32);
+  Tensor y = poisoned_gpu(s, f32);
   const DropoutProblem q{.units = 7 * 9, .inner = 13, .p = 0.5, .seed = 3};
   cuda::dropout_apply(y, x, q);
   Tensor ry = Tensor::empty(s);
@@ -252,7 +246,7 @@ TEST(LayerNormCuda, RowsPast2To31Elements) {
     const LayerNormProblem p{.M = s[0], .D = s[1], .eps = 1e-5};
     Tensor x = random(s, f32, kGpu);
     ASSERT_GT(x.numel(), int64_t{1} << 31);
-    Tensor y = poisoned(s, f32), mean = poisoned({p.M}, f32), rstd = poisoned({p.M}, f32);
+    Tensor y = poisoned_gpu(s, f32), mean = poisoned_gpu({p.M}, f32), rstd = poisoned_gpu({p.M}, f32);
     cuda::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), p);
     // Every row of y sums to 0: also false for an unwritten (NaN) element anywhere.
     EXPECT_NEAR(sum(y).item(), 0.0, 1e-6 * double(x.numel()));
@@ -262,7 +256,7 @@ TEST(LayerNormCuda, RowsPast2To31Elements) {
     y = Tensor();
 
     Tensor dy = random(s, f32, kGpu);
-    Tensor dx = poisoned(s, f32), db = poisoned({p.D}, f32);
+    Tensor dx = poisoned_gpu(s, f32), db = poisoned_gpu({p.D}, f32);
     cuda::layer_norm_backward(dx, Tensor(), db, dy, x, Tensor(), mean, rstd, p);
     EXPECT_NEAR(sum(dx).item(), 0.0, 1e-6 * double(x.numel()));  // without a weight, rows of dx sum to 0
     EXPECT_TRUE(std::isfinite(sum(db).item()));
@@ -281,7 +275,7 @@ TEST(DropoutCuda, Past2To31Elements) {
     const int64_t units = inner == 1 ? (int64_t{1} << 31) + 7 : (int64_t{1} << 21) + 1;
     const int64_t n = units * inner;
     Tensor x = ones({n}, {.device = kGpu});
-    Tensor y = poisoned({n}, f32);
+    Tensor y = poisoned_gpu({n}, f32);
     const DropoutProblem q{.units = units, .inner = inner, .p = 0.5, .seed = 3};
     cuda::dropout_apply(y, x, q);
     EXPECT_NEAR(sum(y).item() / double(n), 1.0, 1e-2);  // NaN fails too

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/cuda_compare.h"
+#include "common/pool_kernels_check.h"
 #include "ops/cpu/shape_pool_kernels.h"
 #include "ops/cuda/shape_pool_kernels.h"
 
@@ -69,16 +70,6 @@ Tensor run_pool(const Tensor& x, const OptCase& c) {
   return is3d ? avg_pool3d(x, c.params) : avg_pool2d(x, c.params);
 }
 
-Tensor poisoned(const Shape& s, DType dt) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  if (dt == DType::i64) {
-    t.fill_(-1.0);
-  } else {
-    poison(t);
-  }
-  return t;
-}
-
 }  // namespace
 
 TEST(CudaPoolOptions, KernelsWriteEveryOutputAndIndicesMatchTheCpu) {
@@ -94,25 +85,7 @@ TEST(CudaPoolOptions, KernelsWriteEveryOutputAndIndicesMatchTheCpu) {
         if (ties) x = (x * 2.0 + 2.0).to(DType::i64).to(dt);
         const int sp = static_cast<int>(c.shape.rank()) - 2;
         const PoolProblem p = make_pool_problem("test", c.kind, sp, x, c.params);
-        const bool is_max = c.kind == PoolKind::max;
-        const Shape ys = pool_output_shape(p);
-        Tensor y = poisoned(ys, dt);
-        Tensor idx = is_max ? poisoned(ys, DType::i64) : Tensor();
-        cuda::pool_forward(y, idx, x, p);
-        Tensor y_ref = Tensor::empty(ys, {.dtype = dt});
-        Tensor idx_ref = is_max ? Tensor::empty(ys, {.dtype = DType::i64}) : Tensor();
-        cpu::pool_forward(y_ref, idx_ref, x.cpu(), p);
-        EXPECT_LE(rel_l2(y, y_ref), tol) << "forward";
-        if (is_max) {
-          EXPECT_EQ(idx.to_vector<int64_t>(), idx_ref.to_vector<int64_t>()) << "indices";
-        }
-
-        Tensor dy = random(ys, dt, kGpu);
-        Tensor dx = poisoned(c.shape, dt);
-        cuda::pool_backward(dx, dy, idx, p);
-        Tensor dx_ref = Tensor::empty(c.shape, {.dtype = dt});
-        cpu::pool_backward(dx_ref, dy.cpu(), idx_ref, p);
-        EXPECT_LE(rel_l2(dx, dx_ref), tol) << "backward";
+        expect_pool_kernels_match_cpu(x, p, dt, tol);
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/cuda_compare.h"
+#include "common/pool_kernels_check.h"
 #include "core/cuda_context.h"
 #include "ops/cpu/shape_pool_kernels.h"
 #include "ops/cuda/shape_pool_kernels.h"
@@ -20,16 +21,6 @@ using namespace tg::test;
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-Tensor poisoned(const Shape& s, DType dt) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  if (dt == DType::i64) {
-    t.fill_(-1.0);
-  } else {
-    poison(t);
-  }
-  return t;
-}
 
 // Random values of any dtype (i64: small integers), the same on the GPU and the CPU.
 Tensor random_of(const Shape& s, DType dt) {
@@ -130,7 +121,7 @@ TEST(CudaShapeOps, KernelsWriteEveryOutput) {
       const SliceProblem p = make_slice_problem("test", w.big, w.dim, w.start, w.length, w.step);
       const Shape small_shape = slice_shape(w.big, w.dim, w.length);
       Tensor big = random_of(w.big, dt);
-      Tensor small = poisoned(small_shape, dt);
+      Tensor small = poisoned_gpu(small_shape, dt);
       cuda::slice_gather(small, big, p);
       Tensor small_ref = Tensor::empty(small_shape, {.dtype = dt});
       cpu::slice_gather(small_ref, big.cpu(), p);
@@ -174,25 +165,7 @@ TEST(CudaPool, KernelsWriteEveryOutputAndIndicesMatchTheCpu) {
         for (const PoolProblem& p : problems_of(c, x)) {
           SCOPED_TRACE(c.shape.str() + " out " + pool_output_shape(p).str() + " kind " + std::to_string(int(p.kind)) +
                        (ties ? " ties " : " ") + dtype_name(dt));
-          const bool is_max = p.kind == PoolKind::max;
-          const Shape ys = pool_output_shape(p);
-          Tensor y = poisoned(ys, dt);
-          Tensor idx = is_max ? poisoned(ys, DType::i64) : Tensor();
-          cuda::pool_forward(y, idx, x, p);
-          Tensor y_ref = Tensor::empty(ys, {.dtype = dt});
-          Tensor idx_ref = is_max ? Tensor::empty(ys, {.dtype = DType::i64}) : Tensor();
-          cpu::pool_forward(y_ref, idx_ref, x.cpu(), p);
-          EXPECT_LE(rel_l2(y, y_ref), tol) << "forward";
-          if (is_max) {
-            EXPECT_EQ(idx.to_vector<int64_t>(), idx_ref.to_vector<int64_t>()) << "indices";
-          }
-
-          Tensor dy = random(ys, dt, kGpu);
-          Tensor dx = poisoned(c.shape, dt);
-          cuda::pool_backward(dx, dy, idx, p);
-          Tensor dx_ref = Tensor::empty(c.shape, {.dtype = dt});
-          cpu::pool_backward(dx_ref, dy.cpu(), idx_ref, p);
-          EXPECT_LE(rel_l2(dx, dx_ref), tol) << "backward";
+          expect_pool_kernels_match_cpu(x, p, dt, tol);
         }
       }
     }
@@ -296,7 +269,7 @@ TEST(CudaPool, MaxPoolPast2To31Elements) {
   const PoolProblem p = make_pool_problem("test", PoolKind::max, 2, x, {.kernel_size = {2}});
   const Shape ys = pool_output_shape(p);
   ASSERT_EQ(ys, Shape({1, 2, 16385, 16384}));
-  Tensor y = poisoned(ys, f32), idx = poisoned(ys, DType::i64);
+  Tensor y = poisoned_gpu(ys, f32), idx = poisoned_gpu(ys, DType::i64);
   cuda::pool_forward(y, idx, x, p);
   EXPECT_EQ(sum(y).item(), 6.0);  // NaN (an unwritten output) fails too
   EXPECT_EQ(tail_of<float>(y, 2), (std::vector<float>{2, 4}));
@@ -306,7 +279,7 @@ TEST(CudaPool, MaxPoolPast2To31Elements) {
   y = Tensor();
   // Every window's gradient lands on its argmax (the first element where all are zero).
   Tensor dy = ones(ys, {.device = kGpu});
-  Tensor dx = poisoned({1, 2, 32770, 32768}, f32);
+  Tensor dx = poisoned_gpu({1, 2, 32770, 32768}, f32);
   cuda::pool_backward(dx, dy, idx, p);
   EXPECT_EQ(sum(dx).item(), double(ys.numel()));
   EXPECT_EQ(tail_of<float>(dx, 4), (std::vector<float>{0, 1, 0, 1}));

@@ -50,12 +50,6 @@ std::vector<Case> cases() {
   };
 }
 
-Tensor poisoned(const Shape& s, DType dt) {
-  Tensor t = Tensor::empty(s, {.dtype = dt, .device = kGpu});
-  poison(t);
-  return t;
-}
-
 // The softmax layouts: (shape, dim) pairs that reach each kernel and its edges.
 struct SoftmaxCase {
   Shape shape;
@@ -105,7 +99,7 @@ TEST(CudaUnary, KernelsWriteEveryOutput) {
       const Shape s{7, 9, 13};
       Tensor x = uniform(s, c.lo, c.hi, {.dtype = dt, .device = kGpu});
       Tensor dy = random(s, dt, kGpu);
-      Tensor y = poisoned(s, dt);
+      Tensor y = poisoned_gpu(s, dt);
       cuda::unary(y, x, c.params);
       Tensor y_ref = Tensor::empty(s, {.dtype = dt});
       cpu::unary(y_ref, x.cpu(), c.params);
@@ -113,7 +107,7 @@ TEST(CudaUnary, KernelsWriteEveryOutput) {
 
       // The backward reads y or x, as the op saves.
       const Tensor& saved = unary_saves_output(c.params.op) ? y : x;
-      Tensor dx = poisoned(s, dt);
+      Tensor dx = poisoned_gpu(s, dt);
       cuda::unary_backward(dx, dy, saved, c.params);
       Tensor dx_ref = Tensor::empty(s, {.dtype = dt});
       cpu::unary_backward(dx_ref, dy.cpu(), saved.cpu(), c.params);
@@ -176,14 +170,14 @@ TEST(CudaSoftmax, KernelsWriteEveryOutput) {
         SCOPED_TRACE(l.shape.str() + " dim " + std::to_string(l.dim) + (log ? " log " : " ") + dtype_name(dt));
         const SoftmaxProblem p = make_softmax_problem("test", l.shape, l.dim, log);
         Tensor x = uniform(l.shape, -4, 4, {.dtype = dt, .device = kGpu});
-        Tensor y = poisoned(l.shape, dt);
+        Tensor y = poisoned_gpu(l.shape, dt);
         cuda::softmax(y, x, p);
         Tensor y_ref = Tensor::empty(l.shape, {.dtype = dt});
         cpu::softmax(y_ref, x.cpu(), p);
         EXPECT_LE(rel_l2(y, y_ref), tol) << "forward";
 
         Tensor dy = random(l.shape, dt, kGpu);
-        Tensor dx = poisoned(l.shape, dt);
+        Tensor dx = poisoned_gpu(l.shape, dt);
         cuda::softmax_backward(dx, dy, y, p);
         Tensor dx_ref = Tensor::empty(l.shape, {.dtype = dt});
         cpu::softmax_backward(dx_ref, dy.cpu(), y.cpu(), p);
@@ -202,7 +196,7 @@ TEST(CudaSoftmax, MoreRowsThanTheGrid) {
     SCOPED_TRACE(l.shape.str());
     const SoftmaxProblem p = make_softmax_problem("test", l.shape, l.dim, false);
     Tensor x = uniform(l.shape, -4, 4, {.device = kGpu});
-    Tensor y = poisoned(l.shape, f32);
+    Tensor y = poisoned_gpu(l.shape, f32);
     cuda::softmax(y, x, p);
     Tensor y_ref = Tensor::empty(l.shape);
     cpu::softmax(y_ref, x.cpu(), p);
@@ -301,7 +295,7 @@ TEST(CudaUnary, ExpPast2To31Elements) {
   const int64_t n = (int64_t{1} << 31) + 7;
   Tensor x = zeros({n}, {.device = kGpu});
   set_tail(x, {1, 2, 3, 4, 5, 6, 7});  // a kernel that wraps at 2^31 reads zeros here
-  Tensor y = poisoned({n}, f32);
+  Tensor y = poisoned_gpu({n}, f32);
   cuda::unary(y, x, {.op = UnaryOp::exp});
   EXPECT_NEAR(sum(y).item(), double(n - 7) + std::exp(1.0) * (std::exp(7.0) - 1.0) / (std::exp(1.0) - 1.0),
               1e-6 * double(n));  // NaN (an unwritten element) fails too
@@ -321,7 +315,7 @@ TEST(CudaSoftmax, RowsPast2To31Elements) {
     const SoftmaxProblem p = make_softmax_problem("test", l.shape, l.dim, false);
     // The last element of the last row is 1, the rest 0: its row's values are known exactly.
     set_tail(x, {1.0f});
-    Tensor y = poisoned(l.shape, f32);
+    Tensor y = poisoned_gpu(l.shape, f32);
     cuda::softmax(y, x, p);
     // Every row sums to 1: also false for an unwritten (NaN) element anywhere.
     EXPECT_NEAR(sum(y).item(), double(p.rows()), 1e-5 * double(p.rows()));
@@ -333,7 +327,7 @@ TEST(CudaSoftmax, RowsPast2To31Elements) {
     cuda::softmax(yy, x, p);
     x = Tensor();
     Tensor dy = ones(l.shape, {.device = kGpu});
-    Tensor dx = poisoned(l.shape, f32);
+    Tensor dx = poisoned_gpu(l.shape, f32);
     cuda::softmax_backward(dx, dy, yy, p);
     EXPECT_NEAR(sum(dx).item(), 0.0, 1e-3);
     EXPECT_NEAR(tail_of(dx, 1)[0], 0.0, 1e-6);

@@ -37,16 +37,6 @@ std::shared_ptr<nn::Sequential> model(uint64_t seed) {
   return m;
 }
 
-// Rows [begin, end) of an (N, ...) tensor, as a new tensor on the test device.
-Tensor rows(const Tensor& t, int64_t begin, int64_t end) {
-  const int64_t per_row = t.numel() / t.size(0);
-  std::vector<double> v = t.to_vector<double>();
-  std::vector<double> part(v.begin() + begin * per_row, v.begin() + end * per_row);
-  std::vector<int64_t> dims = t.shape().dims();
-  dims[0] = end - begin;
-  return from_vector(part, Shape(dims), {.dtype = f64}).to(test_device());
-}
-
 // The global batch of a step: the same numbers on every rank.
 std::pair<Tensor, Tensor> global_batch(int step, int64_t count) {
   manual_seed(5000 + step);
@@ -86,8 +76,8 @@ std::vector<double> train_both_ways(Options options, int steps, dist::DDPOptions
     reference->zero_grad();
     {
       Tape tape;
-      tape.backward(mse_loss(ddp(rows(x, me * kPerRank, (me + 1) * kPerRank)),
-                             rows(y, me * kPerRank, (me + 1) * kPerRank)));
+      tape.backward(mse_loss(ddp(rows_of(x, me * kPerRank, (me + 1) * kPerRank, test_device())),
+                             rows_of(y, me * kPerRank, (me + 1) * kPerRank, test_device())));
     }
     opt.step();
     ddp.zero_grad();
@@ -226,7 +216,8 @@ TEST(DDP, NoSyncAccumulatesLocally) {
   for (int micro = 0; micro < 2; ++micro) {
     const int64_t begin = (2 * me + micro) * kPerRank;
     Tape tape;
-    Tensor loss = mse_loss(ddp(rows(x, begin, begin + kPerRank)), rows(y, begin, begin + kPerRank)) * 0.5;
+    Tensor loss = mse_loss(ddp(rows_of(x, begin, begin + kPerRank, test_device())),
+                           rows_of(y, begin, begin + kPerRank, test_device())) * 0.5;
     if (micro == 0) {
       auto guard = ddp.no_sync();
       tape.backward(loss);
