@@ -12,8 +12,8 @@
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/cuda/conv.h"
-#include "ops/cuda/conv1x1.h"
-#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv1x1/conv1x1.h"
+#include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/policy.h"
 
 namespace tg::cuda {

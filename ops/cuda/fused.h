@@ -1,7 +1,7 @@
 // CUDA launchers of conv3d_group_norm_mean; same names, signatures and meaning as tg::cpu in
 // ops/fused.h. Ordered on the framework stream of x's device; deterministic (fixed-order
 // reductions, no atomics). Each launcher chooses, by default, the tensor-core kernels when
-// conv3d_gn_mean_mma_applies() holds (ops/cuda/conv3d_gn_mean_mma.h), else the FFMA fused
+// conv3d_gn_mean_mma_applies() holds (ops/cuda/conv3d_gn_mean/mma_sm80.h), else the FFMA fused
 // kernels when conv3d_gn_mean_applies() holds, else a materialized path (y = conv3d through
 // the general convolution kernels, then the same statistics), so every problem is handled.
 #pragma once

@@ -5,7 +5,7 @@
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/checks.h"
-#include "ops/cuda/conv1x1.h"
+#include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/policy.h"
 #include "ops/cuda/skinny_gemm.h"

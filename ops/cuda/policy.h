@@ -14,14 +14,14 @@ enum class KernelPath {
   Direct,   // the general FFMA kernels (reference-style, slow)
 };
 
-// Inside the 3x3 fast path (ops/cuda/conv3x3.h), for the problems conv3x3_applies to.
+// Inside the 3x3 fast path (ops/cuda/conv3x3/conv3x3.h), for the problems conv3x3_applies to.
 struct Conv3x3Policy {
   // Forward and grad-input.
   enum class Data {
     Auto,       // Hopper: the shared-operand wgmma kernel in TF32 (conv3x3_wgmma_ss), the register-A
                 // one in FP32 (conv3x3_wgmma); other GPUs: the mma.sync kernel
     RegisterA,  // Hopper: the register-A wgmma kernel in TF32 too; other GPUs: mma.sync
-    MmaSync,    // the mma.sync kernel (conv3x3_fprop.cu) on every GPU
+    MmaSync,    // the mma.sync kernel (conv3x3/fprop_sm80.cu) on every GPU
   };
   // Grad-weight.
   enum class Weight {
@@ -32,9 +32,9 @@ struct Conv3x3Policy {
   Weight weight = Weight::Auto;
 };
 
-// Inside the 1x1 fast path (ops/cuda/conv1x1.h, pointwise_matmul_*).
+// Inside the 1x1 fast path (ops/cuda/conv1x1/conv1x1.h, pointwise_matmul_*).
 struct Conv1x1Policy {
-  // The forward and grad-input products on the TMA kernel (conv1x1_tma.cu, Hopper) where it
+  // The forward and grad-input products on the TMA kernel (conv1x1/fprop_sm90.cu, Hopper) where it
   // applies; false: on the cp.async kernels everywhere.
   bool tma = true;
 };

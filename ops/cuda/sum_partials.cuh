@@ -1,5 +1,5 @@
 // The fixed-order reduction of split grad-weight partials, shared by the grad-weight kernels of
-// the 3x3 (conv3x3_wgrad.cu mma.sync, conv3x3_wgmma_dw.cu wgmma) and 1x1 (conv1x1_backward.cu)
+// the 3x3 (conv3x3/wgrad_sm80.cu mma.sync, conv3x3/wgrad_tf32_sm90.cu wgmma) and 1x1 (conv1x1/backward_sm80.cu)
 // fast paths: each block of those writes its slice's sum into part[split], and this kernel adds
 // the slices in split order, so the result is the same bits on every run (no atomics).
 #pragma once

@@ -1,4 +1,4 @@
-// The 1x1 convolution fast path (ops/cuda/conv1x1.h) against the f64 CPU reference, at shapes
+// The 1x1 convolution fast path (ops/cuda/conv1x1/conv1x1.h) against the f64 CPU reference, at shapes
 // that break its tiles: channel counts that are not multiples of 4, 8 or 16, more than 64 or
 // 128 channels (reduction groups, output-channel blocks, dw blocks), pixel counts that are odd
 // or not multiples of 128, one image, one pixel. Both layouts (NHWC also against NCHW), both
@@ -12,8 +12,8 @@
 #include "core/cuda_context.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/arch/hopper.h"
-#include "ops/cuda/conv1x1.h"
-#include "ops/cuda/conv1x1_tma.h"
+#include "ops/cuda/conv1x1/conv1x1.h"
+#include "ops/cuda/conv1x1/fprop_sm90.h"
 #include "ops/cuda/policy.h"
 
 using namespace tg;
@@ -37,7 +37,7 @@ const char* name(Precision p) { return p == Precision::FP32 ? "FP32" : "TF32"; }
 const char* name(Layout l) { return l == Layout::NHWC ? "NHWC" : "NCHW"; }
 
 // The variants of the 1x1 path this GPU runs, each as the policy that selects it: the default
-// (on Hopper the TMA kernel wherever it applies, conv1x1_tma.cu) and, where that differs, the
+// (on Hopper the TMA kernel wherever it applies, conv1x1/fprop_sm90.cu) and, where that differs, the
 // cp.async kernels for every shape.
 struct Variant {
   const char* name;
@@ -177,7 +177,7 @@ TEST(CudaConv1x1, WorkloadBChannelsAlignedAndUnaligned) {
   check_case({2, 32, 128, 54, 38, true});   // P = 2052: staged full tiles, then a 4-pixel tile; 32 reduction channels
 }
 
-// The Hopper forward through the TMA unit (conv1x1_tma.cu) where it applies (both precisions:
+// The Hopper forward through the TMA unit (conv1x1/fprop_sm90.cu) where it applies (both precisions:
 // check_case runs FP32 and TF32). NHWC: reduction channels that fill one 32-channel box, part of
 // a second, or a sliver of one; output channels in three launches, the last 4 wide; partial last
 // tiles, one whose second half (the second warpgroup's rows) lies wholly past the matrix.

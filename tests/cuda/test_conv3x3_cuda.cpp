@@ -1,4 +1,4 @@
-// The 3x3 stride-1 NCHW fast path (ops/cuda/conv3x3.h) against the CPU reference in f64:
+// The 3x3 stride-1 NCHW fast path (ops/cuda/conv3x3/conv3x3.h) against the CPU reference in f64:
 // forward (with and without bias), grad-input and grad-weight, in both precisions, through every
 // kernel this GPU runs (KernelPolicy::conv3x3: on Hopper the wgmma kernels and the mma.sync ones),
 // at shapes that break every tile (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H like workload A),
@@ -12,7 +12,7 @@
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/arch/hopper.h"
-#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/policy.h"
 
 using namespace tg;

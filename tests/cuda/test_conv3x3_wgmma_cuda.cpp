@@ -1,4 +1,4 @@
-// The wgmma fast path for 3x3 stride-1 NCHW convolutions (ops/cuda/conv3x3_wgmma.h), in TF32
+// The wgmma fast path for 3x3 stride-1 NCHW convolutions (ops/cuda/conv3x3/fprop_sm90.h), in TF32
 // and in FP32 mode (split products): forward (with and without bias) and grad-input against the
 // CPU reference in f64 (TF32 at 1e-3, FP32 at 1e-5 rel. L2), at shapes that break every tile
 // (odd H, W, C, K; C = 1, K = 1, N = 1; W >> H; pads 0 to 3; K = 64, 128, 200 in TF32), outputs
@@ -12,9 +12,9 @@
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
-#include "ops/cuda/conv3x3.h"
-#include "ops/cuda/conv3x3_wgmma.h"
-#include "ops/cuda/conv3x3_wgmma_ss.h"
+#include "ops/cuda/conv3x3/conv3x3.h"
+#include "ops/cuda/conv3x3/fprop_sm90.h"
+#include "ops/cuda/conv3x3/fprop_tf32_sm90.h"
 #include "ops/cuda/policy.h"
 
 using namespace tg;

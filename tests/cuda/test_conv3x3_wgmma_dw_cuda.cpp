@@ -1,4 +1,4 @@
-// The TF32 wgmma grad-weight (ops/cuda/conv3x3_wgmma_dw.h) against the CPU reference in f64, at
+// The TF32 wgmma grad-weight (ops/cuda/conv3x3/wgrad_tf32_sm90.h) against the CPU reference in f64, at
 // shapes that break every tile (block: 64 output channels x 64 input channels x 9 taps, strips of
 // 32 output columns, slices of output rows that cross images and strips: odd H and W, W >> H,
 // C = 1, 3, 70, K = 1, 65, 130; pads 0 to 2; widths not a multiple of 4, so rows start off 16-byte
@@ -15,8 +15,8 @@
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
-#include "ops/cuda/conv3x3.h"
-#include "ops/cuda/conv3x3_wgmma_dw.h"
+#include "ops/cuda/conv3x3/conv3x3.h"
+#include "ops/cuda/conv3x3/wgrad_tf32_sm90.h"
 #include "ops/cuda/policy.h"
 
 using namespace tg;
@@ -35,7 +35,7 @@ namespace {
   } while (0)
 
 // TF32, dy rounded and x truncated: ~4.2e-4 expected (host emulation of the kernel; without the
-// rounding pass, kRoundDy = false in conv3x3_wgmma_dw.cu, ~7e-4).
+// rounding pass, kRoundDy = false in conv3x3/wgrad_tf32_sm90.cu, ~7e-4).
 constexpr double kTolerance = 1e-3;
 
 void check_grad_weight(const Case& c) {

@@ -1,10 +1,10 @@
-// The TF32 wgmma fast path with both operands in shared memory (ops/cuda/conv3x3_wgmma_ss.h):
+// The TF32 wgmma fast path with both operands in shared memory (ops/cuda/conv3x3/fprop_tf32_sm90.h):
 // forward (with and without bias) and grad-input against the CPU reference in f64, at shapes
 // that break every tile (block tile: 64 output channels x 2 rows x 256 columns, 8 input channels
 // per stage: odd H, W around 128 and 256, C = 1, 3, 13, 64, 70, K = 1, 64, 65, 128, 200; pads 0
 // to 3; W >> H; the staged stores' edges), outputs poisoned with NaN, the same bits on every run; exact one-hot cases whose
 // failure message names the wrong (channel, row, column); argument checks; applies only in TF32
-// on an H100 / H200. The launchers are called directly (the routing from conv3x3.cu, its default
+// on an H100 / H200. The launchers are called directly (the routing from conv3x3/dispatch.cu, its default
 // in TF32 on Hopper, is checked in test_conv3x3_wgmma_cuda.cpp).
 #include <string>
 
@@ -12,7 +12,7 @@
 #include "common/test_util.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
-#include "ops/cuda/conv3x3_wgmma_ss.h"
+#include "ops/cuda/conv3x3/fprop_tf32_sm90.h"
 
 using namespace tg;
 using namespace tg::test;

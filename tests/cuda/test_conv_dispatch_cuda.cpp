@@ -5,7 +5,7 @@
 #include "common/test_util.h"
 #include "core/precision.h"
 #include "ops/cuda/conv.h"
-#include "ops/cuda/conv3x3.h"
+#include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/gemm/engine.h"
 
 using namespace tg;

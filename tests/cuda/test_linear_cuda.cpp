@@ -4,7 +4,7 @@
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
 #include "ops/conv.h"
-#include "ops/cuda/conv1x1.h"
+#include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/linear.h"
 
 using namespace tg;
