@@ -304,4 +304,32 @@ TEST(DDP, BuffersFollowRankZero) {
   }
 }
 
+// A frozen parameter (requires_grad off) is broadcast with the rest but never bucketed: it
+// keeps no grad, and the trainable ones are averaged as usual.
+TEST(DDP, FrozenParametersAreBroadcastNotReduced) {
+  const int me = group().rank();
+  manual_seed(31 + me);
+  auto m = std::make_shared<nn::Sequential>();
+  auto frozen = m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3, .out_features = 4}));
+  auto head = m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 2}));
+  m->to(f64);
+  m->to(test_device());
+  frozen->weight.requires_grad_(false);
+  frozen->bias.requires_grad_(false);
+  DistributedDataParallel ddp(group(), m);
+  size_t bucketed = 0;
+  for (const auto& b : ddp.bucket_layout()) bucketed += b.size();
+  EXPECT_EQ(bucketed, 2u);  // head.weight, head.bias
+  Tensor w0 = frozen->weight.detach().clone();
+  group().broadcast(w0, 0);
+  EXPECT_EQ(frozen->weight.to_vector<double>(), w0.to_vector<double>()) << "rank 0's frozen weight everywhere";
+  manual_seed(700 + me);
+  Tape tape;
+  tape.backward(sum(ddp(randn({5, 3}, {.dtype = f64, .device = test_device()}))));
+  EXPECT_FALSE(frozen->weight.grad().defined());
+  ASSERT_TRUE(head->bias.grad().defined());
+  // d sum / d head.bias = 5 on every rank: the average is 5 too.
+  for (double v : head->bias.grad().to_vector<double>()) EXPECT_DOUBLE_EQ(v, 5.0);
+}
+
 TG_DIST_TEST_MAIN()
