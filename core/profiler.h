@@ -74,6 +74,8 @@ inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed)
 // the first defined one gives the device. `matrix`: bound by the matrix (GEMM) peak rather
 // than the plain FP32 rate (conv, matmul, linear).
 struct OpInfo {
+  // Read before the scope's constructor returns: each must outlive that (an op's own
+  // arguments and locals do; a temporary made inside the info lambda does not).
   std::vector<const Tensor*> inputs;
   double flops = 0;
   double bytes = 0;

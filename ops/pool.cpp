@@ -65,6 +65,10 @@ static double pool_flops(const PoolProblem& p) {
                           : static_cast<double>(p.out_plane()) * p.kernel[0] * p.kernel[1] * p.kernel[2];
   return static_cast<double>(p.N) * static_cast<double>(p.C) * taps;
 }
+// Average pooling's "no argmax" for the profile infos: an OpInfo points at its tensors until
+// the scope has read them, so a temporary Tensor() there would dangle.
+const Tensor kNoIndices;
+
 static profile::OpInfo pool_info(const PoolProblem& p, const Tensor& in, const Tensor& indices, bool backward) {
   const double e = static_cast<double>(dtype_size(in.dtype()));
   const double plane = static_cast<double>(backward ? p.in_plane() : p.out_plane());
@@ -88,7 +92,7 @@ static profile::OpInfo pool_backward_info(const char* op, const PoolProblem& p, 
 
 MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolParams& params) {
   const PoolProblem p = make_pool_problem(op, PoolKind::max, spatial, x, params);
-  profile::OpScope scope(op, [&] { return pool_info(p, x, Tensor(), false); });
+  profile::OpScope scope(op, [&] { return pool_info(p, x, kNoIndices, false); });
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   Tensor out = Tensor::empty(pool_output_shape(p), opts);
   Tensor indices = Tensor::empty(pool_output_shape(p), {.dtype = DType::i64, .device = x.device()});
@@ -104,12 +108,12 @@ MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolP
 }
 
 Tensor avg_pool(const char* op, const Tensor& x, const PoolProblem& p) {
-  profile::OpScope scope(op, [&] { return pool_info(p, x, Tensor(), false); });
+  profile::OpScope scope(op, [&] { return pool_info(p, x, kNoIndices, false); });
   Tensor out = Tensor::empty(pool_output_shape(p), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), pool_forward(out, Tensor(), x, p));
   if (should_record({x})) {
     record(op, {x}, {out}, {}, [op, p](const BackwardArgs& args) {
-      profile::OpScope scope(op, [&] { return pool_backward_info(op, p, args.grad_outputs[0], Tensor()); });
+      profile::OpScope scope(op, [&] { return pool_backward_info(op, p, args.grad_outputs[0], kNoIndices); });
       return std::vector<Tensor>{avg_pool_backward(args.grad_outputs[0], p)};
     });
   }
@@ -277,7 +281,7 @@ Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProb
 Tensor avg_pool_backward(const Tensor& dy, const PoolProblem& p) {
   TG_CHECK(p.kind != PoolKind::max, "avg_pool_backward: the problem is a max pooling");
   check_floating("avg_pool_backward", dy);
-  profile::OpScope scope("avg_pool_backward", [&] { return pool_info(p, dy, Tensor(), true); });
+  profile::OpScope scope("avg_pool_backward", [&] { return pool_info(p, dy, kNoIndices, true); });
   Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
   TG_DISPATCH(dy.device(), pool_backward(dx, dy, Tensor(), p));
   return dx;

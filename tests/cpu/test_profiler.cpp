@@ -29,13 +29,31 @@ namespace {
 std::atomic<bool> g_count_allocations{false};
 std::atomic<int> g_allocations{0};
 }  // namespace
-void* operator new(std::size_t n) {
+// Every non-aligned form is replaced, so that no allocation made by one form (the library's
+// nothrow new in std::stable_sort, new[]) reaches a delete of another family (AddressSanitizer
+// reports such a pair as a mismatch).
+namespace {
+void* counted_malloc(std::size_t n) noexcept {
   if (g_count_allocations.load()) ++g_allocations;
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  return std::malloc(n ? n : 1);
+}
+}  // namespace
+void* operator new(std::size_t n) {
+  if (void* p = counted_malloc(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = counted_malloc(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_malloc(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_malloc(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
