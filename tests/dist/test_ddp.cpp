@@ -332,4 +332,45 @@ TEST(DDP, FrozenParametersAreBroadcastNotReduced) {
   for (double v : head->bias.grad().to_vector<double>()) EXPECT_DOUBLE_EQ(v, 5.0);
 }
 
+namespace {
+
+// An f32 layer feeding an f64 one.
+struct MixedDtypes : nn::Module {
+  std::shared_ptr<nn::Linear> single, dbl;
+  MixedDtypes() {
+    manual_seed(17);
+    single = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3, .out_features = 3});
+    dbl = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3, .out_features = 2});
+    register_module("single", single);
+    register_module("dbl", dbl);
+    dbl->to(f64);
+    to(test_device());
+  }
+  Tensor forward(const Tensor& x) override { return (*dbl)((*single)(x).to(f64)); }
+};
+
+}  // namespace
+
+// Parameters of two dtypes go to buckets of their own dtype; both are averaged.
+TEST(DDP, MixedDtypesGetTheirOwnBuckets) {
+  const int S = group().size(), me = group().rank();
+  auto m = std::make_shared<MixedDtypes>();
+  DistributedDataParallel ddp(group(), m);
+  const auto layout = ddp.bucket_layout();
+  ASSERT_EQ(layout.size(), 2u);
+  EXPECT_EQ(layout[0], (std::vector<std::string>{"single.bias", "single.weight"}));  // f32 first
+  EXPECT_EQ(layout[1], (std::vector<std::string>{"dbl.bias", "dbl.weight"}));
+  // Rank r scales its loss by r + 1: each gradient is (r + 1) times rank 0's, so the average
+  // is (S + 1) / 2 times it. With 4 rows of ones: d/d dbl.bias = 4 (r + 1); d/d single.bias_j
+  // = 4 (r + 1) * sum_i dbl.weight[i][j].
+  Tape tape;
+  tape.backward(sum(ddp(ones({4, 3}, {.device = test_device()}))) * (me + 1.0));
+  const double scale = (S + 1) / 2.0;
+  for (double v : m->dbl->bias.grad().to_vector<double>()) EXPECT_DOUBLE_EQ(v, 4.0 * scale);
+  const std::vector<double> w = m->dbl->weight.to_vector<double>();  // (2, 3), same on every rank
+  const std::vector<float> g = m->single->bias.grad().to_vector<float>();
+  ASSERT_EQ(g.size(), 3u);
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(g[j], 4.0 * scale * (w[j] + w[3 + j]), 1e-5) << j;
+}
+
 TG_DIST_TEST_MAIN()
