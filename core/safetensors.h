@@ -91,7 +91,13 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
 // of this one, are left alone. Pids are those of this machine's pid namespace: processes
 // in another container or on another host saving the same path of a shared directory must
 // not rely on this (their pids may look dead from here).
-void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata = {});
+//
+// `floats`: f16 / bf16 store every f32 and f64 tensor as an F16 / BF16 entry (encode_half:
+// each value rounded once, to nearest even), as PyTorch's model.half() / .bfloat16() state
+// dicts; I64 tensors are written as they are.
+enum class FloatFormat { as_is, f16, bf16 };
+void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata = {},
+               FloatFormat floats = FloatFormat::as_is);
 
 // The file's dtype code of a tapegrad dtype ("F32", "F64", "I64"), and back (throws for
 // codes with no tapegrad equivalent).
@@ -105,6 +111,13 @@ bool is_half_code(const std::string& code);  // "F16" or "BF16"
 // and payload (shifted into the f32 payload's high bits, so a quiet NaN stays quiet).
 float decode_f16(uint16_t bits);
 float decode_bf16(uint16_t bits);
+// The nearest IEEE binary16 / bfloat16 (round half to even); past the largest finite value,
+// infinity; a NaN stays a NaN (quiet) with its sign and the high bits of its payload.
+// Inverse of the decoders on every non-NaN pattern.
+uint16_t encode_f16(float value);
+uint16_t encode_bf16(float value);
+// The same (bfloat16 when bf16, else binary16) from an f64 or f32 value, rounded once.
+uint16_t encode_half(bool bf16, double value);
 // Decodes `n` little-endian 2-byte values of `code` ("F16" or "BF16") into `out`.
 void decode_half(const std::string& code, const unsigned char* bytes, float* out, size_t n);
 // A floating dtype code (F64, F32, F16, BF16): what LoadOptions::convert_dtype converts.

@@ -1,7 +1,10 @@
-// Half-precision decoding for the safetensors reader: F16 (IEEE binary16) and BF16
-// (bfloat16) tensors are widened to f32, which holds every value of both exactly.
+// Half precision for safetensors files: F16 (IEEE binary16) and BF16 (bfloat16) entries are
+// widened to f32 when read (f32 holds every value of both exactly), and f32 / f64 tensors are
+// rounded to them when a file is written with FloatFormat::f16 / bf16.
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/safetensors.h"
 
@@ -37,6 +40,51 @@ float decode_f16(uint16_t h) {
 }
 
 float decode_bf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+uint16_t encode_bf16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN: quiet
+  // Round to nearest even at bit 16: add 0x7fff plus the lowest kept bit; a carry out of the
+  // mantissa bumps the exponent, up to infinity past the largest bfloat16.
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+uint16_t encode_f16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t a = bits & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN: quiet
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 (and inf): infinity
+  if (a < 0x38800000u) {
+    // Below 2^-14: a subnormal, a multiple of 2^-24. Scaling by 2^24 is exact in f32, and
+    // nearbyint rounds half to even (the default rounding mode); 1024 becomes the smallest
+    // normal, which is the right encoding.
+    const float units = std::bit_cast<float>(a) * 16777216.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(units)));
+  }
+  // Normal: round to nearest even at bit 13, then rebias the exponent (127 -> 15).
+  const uint32_t rounded = a + 0x0fffu + ((a >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+namespace {
+// An f64 rounded to f32 "to odd" (truncated, then the lowest bit set if anything was lost):
+// rounding that to nearest even at 8 or 11 bits gives the same result as rounding the f64
+// directly, which a plain f64 -> f32 -> half conversion (two roundings) does not always.
+float round_to_odd(double d) {
+  if (std::isnan(d)) return static_cast<float>(d);
+  float t = static_cast<float>(d);
+  if (static_cast<double>(t) == d) return t;
+  if (std::isinf(t)) t = std::copysign(std::numeric_limits<float>::max(), t);  // beyond f32
+  else if (std::fabs(static_cast<double>(t)) > std::fabs(d)) t = std::nextafter(t, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(t) | 1u);
+}
+}  // namespace
+
+uint16_t encode_half(bool bf16, double value) {
+  const float f = round_to_odd(value);
+  return bf16 ? encode_bf16(f) : encode_f16(f);
+}
 
 void decode_half(const std::string& code, const unsigned char* bytes, float* out, size_t n) {
   const bool bf16 = code == "BF16";

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <unordered_set>
+#include <vector>
 
 #include "core/json.h"
 #include "core/safetensors_fd.h"
@@ -151,7 +152,31 @@ void check_utf8(const std::string& s, const char* what) {
 
 }  // namespace
 
-void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata) {
+namespace {
+
+// A floating tensor as little-endian 2-byte `code` values, encoded in slices.
+void write_half(TempWriter& out, const Tensor& host, const char* code) {
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  std::vector<unsigned char> bytes;
+  const bool bf16 = std::strcmp(code, "BF16") == 0;
+  const int64_t n = host.numel();
+  for (int64_t begin = 0; begin < n; begin += kSlice) {
+    const int64_t count = std::min(kSlice, n - begin);
+    bytes.resize(static_cast<size_t>(2 * count));
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = host.dtype() == DType::f32 ? static_cast<double>(host.data<float>()[begin + i])
+                                                  : host.data<double>()[begin + i];
+      const uint16_t h = encode_half(bf16, v);
+      bytes[static_cast<size_t>(2 * i)] = static_cast<unsigned char>(h & 0xff);
+      bytes[static_cast<size_t>(2 * i + 1)] = static_cast<unsigned char>(h >> 8);
+    }
+    out.write(bytes.data(), bytes.size());
+  }
+}
+
+}  // namespace
+
+void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata, FloatFormat floats) {
   const int64_t fail_after = g_fail_after.exchange(-1);
   // Everything is checked and the header built before the file system is touched.
   std::unordered_set<std::string_view> names;
@@ -180,17 +205,23 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
     }
     header += "}";
   }
+  // The code each tensor is stored as: its own, or the half format for floating tensors.
+  const char* half = floats == FloatFormat::f16 ? "F16" : floats == FloatFormat::bf16 ? "BF16" : nullptr;
+  auto stored_code = [&](const Tensor& t) { return half && t.dtype() != DType::i64 ? half : dtype_code(t.dtype()); };
+  auto stored_bytes = [&](const Tensor& t) {
+    return half && t.dtype() != DType::i64 ? static_cast<uint64_t>(t.numel()) * 2 : static_cast<uint64_t>(t.nbytes());
+  };
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
     if (i || !metadata.empty()) header += ",";
-    header += json::quote(name) + ":{\"dtype\":\"" + dtype_code(t.dtype()) + "\",\"shape\":[";
+    header += json::quote(name) + ":{\"dtype\":\"" + stored_code(t) + "\",\"shape\":[";
     for (int64_t d = 0; d < t.dim(); ++d) {
       if (d) header += ',';
       header += std::to_string(t.size(d));
     }
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
-    offset += t.nbytes();
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + stored_bytes(t)) + "]}";
+    offset += stored_bytes(t);
   }
   header += "}";
   // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
@@ -207,7 +238,11 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
     for (const auto& [name, t] : tensors) {
       // GPU tensors come to the host one at a time; detach so no tape records the copy.
       Tensor host = t.device().is_cpu() ? t : t.detach().to(Device::cpu());
-      out.write(host.raw_data(), host.nbytes());
+      if (half && host.dtype() != DType::i64) {
+        write_half(out, host, half);
+      } else {
+        out.write(host.raw_data(), host.nbytes());
+      }
     }
     TG_CHECK_AS(IOError, ::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
     name_temp(tmp, path);

@@ -201,9 +201,12 @@ LoadResult load_map(nn::Module& module, const Map& state, const LoadOptions& opt
 
 }  // namespace
 
-void save(const nn::Module& module, const std::string& path, const SaveOptions&) {
+void save(const nn::Module& module, const std::string& path, const SaveOptions& options) {
   // Always model-only: SaveOptions::model_only changes nothing here.
-  st::save_file(st::NamedTensors(module.state_dict()), path, base_metadata());
+  const st::FloatFormat floats = options.floats == FloatStorage::f16    ? st::FloatFormat::f16
+                                 : options.floats == FloatStorage::bf16 ? st::FloatFormat::bf16
+                                                                         : st::FloatFormat::as_is;
+  st::save_file(st::NamedTensors(module.state_dict()), path, base_metadata(), floats);
 }
 
 LoadResult load(nn::Module& module, const std::string& path, const LoadOptions& options) {
@@ -225,7 +228,10 @@ LoadResult load(nn::Module& module, const std::unordered_map<std::string, Tensor
 
 void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path,
           const SaveOptions& options) {
-  if (options.model_only) return save(module, path);
+  if (options.model_only) return save(module, path, options);
+  TG_CHECK(options.floats == FloatStorage::as_is, "tg::save: half-precision storage (SaveOptions::floats) is for "
+           "model files; with optimizer state the moments would lose their precision (save with model_only, or "
+           "without an optimizer)");
   st::NamedTensors tensors = module.state_dict();
   for (const auto& [name, t] : tensors)
     TG_CHECK(!has_prefix(name, kOptimPrefix), "tg::save: parameter '", name, "' starts with '", kOptimPrefix,

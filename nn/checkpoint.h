@@ -75,8 +75,15 @@ struct LoadResult {
   std::vector<std::string> missing, unexpected;
 };
 
+// floats: half stores every floating parameter and buffer as F16 or BF16 (rounded to nearest
+// even, once), as PyTorch's model.half() / model.bfloat16() state dicts, for inference files
+// at half the size; tg::load reads them back with convert_dtype. Model files only: a file
+// with optimizer state refuses it (the moments would lose their precision).
+enum class FloatStorage { as_is, f16, bf16 };
+
 struct SaveOptions {
   bool model_only = false;
+  FloatStorage floats = FloatStorage::as_is;
 };
 
 void save(const nn::Module& module, const std::string& path, const SaveOptions& options = {});
