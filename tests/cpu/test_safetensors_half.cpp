@@ -4,16 +4,15 @@
 // half values rather than by the encoders' bit tricks — then files and model checkpoints
 // written in half precision and read back.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/fixtures.h"
 #include "common/test_util.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
@@ -126,7 +125,8 @@ TEST(SafetensorsHalf, SpecialValues) {
 }
 
 TEST(SafetensorsHalf, FilesStoreFloatingTensorsAsHalf) {
-  const std::string path = "/tmp/tg_half_" + std::to_string(::getpid()) + ".safetensors";
+  const TempDir dir;
+  const std::string path = dir.file("tg_half.safetensors");
   manual_seed(3);
   const Tensor a = randn({3, 5}), b = randn({7}, {.dtype = DType::f64});
   const Tensor c = from_vector(std::vector<int64_t>{1, -2, 3}, {3});
@@ -146,11 +146,11 @@ TEST(SafetensorsHalf, FilesStoreFloatingTensorsAsHalf) {
     for (size_t i = 0; i < bv.size(); ++i) EXPECT_EQ(got_b[i], decode(bf16, st::encode_half(bf16, bv[i]))) << i;
     EXPECT_EQ(back[2].second.to_vector<int64_t>(), (std::vector<int64_t>{1, -2, 3}));
   }
-  std::remove(path.c_str());
 }
 
 TEST(SafetensorsHalf, ModelCheckpointsInHalfLoadBackWithConvert) {
-  const std::string path = "/tmp/tg_half_model_" + std::to_string(::getpid()) + ".safetensors";
+  const TempDir dir;
+  const std::string path = dir.file("tg_half_model.safetensors");
   manual_seed(4);
   nn::Linear saved({.in_features = 6, .out_features = 4});
   tg::save(saved, path, {.floats = FloatStorage::bf16});
@@ -160,15 +160,14 @@ TEST(SafetensorsHalf, ModelCheckpointsInHalfLoadBackWithConvert) {
   tg::load(loaded, path, {.convert_dtype = true});
   const std::vector<float> w = saved.weight.to_vector<float>(), got = loaded.weight.to_vector<float>();
   for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(got[i], st::decode_bf16(st::encode_bf16(w[i]))) << i;
-  std::remove(path.c_str());
 }
 
 TEST(SafetensorsHalf, OptimizerCheckpointsRefuseHalf) {
-  const std::string path = "/tmp/tg_half_opt_" + std::to_string(::getpid()) + ".safetensors";
+  const TempDir dir;
+  const std::string path = dir.file("tg_half_opt.safetensors");
   nn::Linear m({.in_features = 2, .out_features = 2});
   nn::SGD opt(m.parameters(), {.lr = 0.1});
   TG_EXPECT_ERROR(tg::save(m, opt, path, {.floats = FloatStorage::f16}), "model files");
   tg::save(m, opt, path, {.model_only = true, .floats = FloatStorage::f16});  // model only: fine
   EXPECT_EQ(st::read_header(path).tensors[0].dtype, "F16");
-  std::remove(path.c_str());
 }

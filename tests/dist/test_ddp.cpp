@@ -5,9 +5,7 @@
 //
 // Tolerance: f64 throughout, so the only differences are the order of the sums (a mean over
 // b examples per rank, then over ranks, against one mean over N*b): relative 1e-12.
-#include <unistd.h>
-
-#include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -260,14 +258,16 @@ TEST(DDP, DestroyedWrapperLeavesNoHooks) {
 TEST(DDP, CheckpointWrittenByRankZeroOnly) {
   auto m = model(7 + group().rank());
   DistributedDataParallel ddp(group(), m);
-  const std::string path = group().broadcast_string(
-      "/tmp/tg_ddp_checkpoint_" + std::to_string(::getpid()) + ".safetensors", 0);
+  // Rank 0's scratch directory (the ranks share this host's file system), removed when the
+  // test ends, after the barrier below.
+  std::optional<TempDir> dir;
+  if (group().rank() == 0) dir.emplace();
+  const std::string path = group().broadcast_string(dir ? dir->file("checkpoint.safetensors") : "", 0);
   dist::save_checkpoint(group(), *m, path);
   auto loaded = model(99);
   tg::load(*loaded, path);
   expect_same_parameters(*loaded, *m, 0.0);
   group().barrier();
-  if (group().rank() == 0) std::remove(path.c_str());
 }
 
 namespace {
