@@ -4,6 +4,7 @@
 #include "core/profiler.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -411,6 +412,21 @@ void Profiler::write_trace(const std::string& path) {
   f << out;
   f.close();
   TG_CHECK_AS(IOError, f.good(), "Profiler::write_trace: failed writing ", path);
+}
+
+// Where the ceilings are cached (a user setting, read here in core; ops/profiler_ceilings.cpp
+// measures them).
+std::string Profiler::cache_dir() {
+  if (const char* v = std::getenv("TG_CACHE_DIR"); v && *v) return v;
+  if (const char* v = std::getenv("XDG_CACHE_HOME"); v && *v) return std::string(v) + "/tapegrad";
+  if (const char* v = std::getenv("HOME"); v && *v) return std::string(v) + "/.cache/tapegrad";
+  return ".cache/tapegrad";
+}
+
+std::string Profiler::ceilings_path(const std::string& gpu) {
+  std::string file = "ceilings-";
+  for (char ch : gpu) file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' ? ch : '_';
+  return cache_dir() + "/" + file + ".json";
 }
 
 }  // namespace tg

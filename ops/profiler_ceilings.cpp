@@ -1,8 +1,6 @@
 // The profiler's ceilings: the peak rates of a GPU, measured with tapegrad's own kernels
 // (a device-to-device copy, tg::matmul at FP32 and at TF32) once per GPU model and cached
 // as JSON under Profiler::cache_dir(). Here rather than in core/ because it runs ops.
-#include <cctype>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -137,19 +135,6 @@ Profiler::Ceilings get(Device d, bool refresh) {
 }
 
 }  // namespace
-
-std::string Profiler::cache_dir() {
-  if (const char* v = std::getenv("TG_CACHE_DIR"); v && *v) return v;
-  if (const char* v = std::getenv("XDG_CACHE_HOME"); v && *v) return std::string(v) + "/tapegrad";
-  if (const char* v = std::getenv("HOME"); v && *v) return std::string(v) + "/.cache/tapegrad";
-  return ".cache/tapegrad";
-}
-
-std::string Profiler::ceilings_path(const std::string& gpu) {
-  std::string file = "ceilings-";
-  for (char ch : gpu) file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' ? ch : '_';
-  return cache_dir() + "/" + file + ".json";
-}
 
 Profiler::Ceilings Profiler::ceilings(Device device) { return get(device, false); }
 Profiler::Ceilings Profiler::refresh_ceilings(Device device) { return get(device, true); }
