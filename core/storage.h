@@ -32,6 +32,11 @@ class Storage {
   uint64_t version_ = 0;
 };
 
+// Copies `bytes` between buffers on any two devices: memcpy on the host; with a GPU, ordered
+// on the framework's streams (device to device on one GPU: queued, the host does not wait;
+// to or from the host: returns once the host side may be reused or read).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+
 struct MemoryStats {
   std::size_t in_use = 0;  // bytes held by live tensors on the device
   std::size_t peak = 0;    // high-water mark since the last reset

@@ -28,6 +28,8 @@ void fill_elementwise_cpu(Tensor& t, ValueOf value_of) {
   });
 }
 
+}  // namespace
+
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
   if (dd.is_cpu() && sd.is_cpu()) {
     if (bytes) std::memcpy(dst, src, bytes);
@@ -39,8 +41,6 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t by
   no_cuda("copy");
 #endif
 }
-
-}  // namespace
 
 // ---- random generator -------------------------------------------------------------------
 

@@ -5,7 +5,6 @@
 
 #include "autograd/grad_hooks.h"
 #include "autograd/tape.h"
-#include "core/tensor_kernels.h"
 #include "dist/process_group_impl.h"
 #include "nn/checkpoint.h"
 #if TG_CUDA
@@ -16,19 +15,12 @@ namespace tg::dist {
 
 namespace {
 
-// Copies n elements between two tensors' buffers at element offsets, on the tensors'
-// device (on the GPU: queued on the framework's stream, the host does not wait).
+// Copies n elements between two tensors' buffers at element offsets (core's copy_bytes: on
+// one GPU queued on the framework's stream, the host does not wait).
 void copy_elements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset, int64_t n) {
   const size_t esize = dtype_size(dst.dtype());
-  char* d = static_cast<char*>(dst.raw_data()) + dst_offset * esize;
-  const char* s = static_cast<const char*>(src.raw_data()) + src_offset * esize;
-  if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memcpy(d, s, n * esize);
-    return;
-  }
-#if TG_CUDA
-  cuda::copy_bytes(d, dst.device(), s, src.device(), n * esize);
-#endif
+  copy_bytes(static_cast<char*>(dst.raw_data()) + dst_offset * esize, dst.device(),
+             static_cast<const char*>(src.raw_data()) + src_offset * esize, src.device(), n * esize);
 }
 
 void zero_elements(const Tensor& dst, int64_t offset, int64_t n) {

@@ -55,8 +55,6 @@ struct Pending {
   std::string op;
 };
 
-class NcclCommImpl;
-
 struct NcclWork final : Work {
   int device;
   std::shared_ptr<Event> done;

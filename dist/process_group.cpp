@@ -77,11 +77,6 @@ void divide_in_place(const Tensor& t, int n) {
   }
 }
 
-// A finished CPU collective: MPI's blocking wait already ran.
-struct DoneWork final : Work {
-  void wait() override {}
-};
-
 // An MPI collective in flight on CPU tensors.
 struct MpiWork final : Work {
   ProcessGroup::Impl* group;

@@ -46,9 +46,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(ProcessGroup& group, std::vecto
 void ZeroRedundancyOptimizer::step() {
   if (local_) local_->step();
   NoGradGuard no_grad;
+  group_.impl().check_usable("ZeroRedundancyOptimizer::step");
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor p = params_[i];
-    group_.impl().check_usable("ZeroRedundancyOptimizer::step");
     group_.impl().start_broadcast(p, owner_[i])->wait();
   }
 }
