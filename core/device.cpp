@@ -1,5 +1,6 @@
 #include "core/device.h"
 
+#include "core/cuda_graph.h"
 #include "core/error.h"
 #if TG_CUDA
 #include "core/cuda_context.h"
@@ -68,6 +69,7 @@ void synchronize(Device d) {
 #if TG_CUDA
   if (d.is_cuda()) {
     check_device("synchronize", d);
+    cuda::fail_if_capturing("synchronize", d.index);
     cuda::set_device(d.index);
     TG_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(d.index)));
   }

@@ -11,6 +11,7 @@
 //   │                 file that reads fine but whose contents are malformed (a bad header,
 //   │                 inconsistent offsets) is a plain Error, a format problem, not I/O
 //   ├ UnsupportedError a valid request this build or this GPU does not implement
+//   │ └ CaptureError   an op that cannot run inside a CUDA graph capture (core/cuda_graph.h)
 //   ├ CudaError       a CUDA runtime call failed (the call and CUDA's error string)
 //   ├ DistError       a collective failed, timed out waiting for other ranks, or the ranks
 //   │                 disagree (dist/: shapes, parameter lists)
@@ -47,6 +48,10 @@ class IOError : public Error {
 class UnsupportedError : public Error {
  public:
   using Error::Error;
+};
+class CaptureError : public UnsupportedError {
+ public:
+  using UnsupportedError::UnsupportedError;
 };
 class CudaError : public Error {
  public:

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <ostream>
 
+#include "core/cuda_graph.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/precision.h"
@@ -94,6 +95,7 @@ Phase current_phase() { return t_phase; }
 PhaseGuard::PhaseGuard(Phase p) : previous_(t_phase) { t_phase = p; }
 PhaseGuard::~PhaseGuard() { t_phase = previous_; }
 uint64_t ops_recorded() { return g_recorded.load(); }
+bool profiler_active() { return (detail::g_enabled.load(std::memory_order_relaxed) & kProfilerOn) != 0; }
 Unrecorded::Unrecorded() { ++t_depth; }  // a scope that is never the outermost
 Unrecorded::~Unrecorded() { --t_depth; }
 
@@ -253,6 +255,8 @@ Profiler::State::~State() {
 }
 
 Profiler::Profiler() : state_(std::make_unique<State>()) {
+  TG_CHECK_AS(CaptureError, !cuda::any_capturing(),
+              "Profiler: a CUDA graph capture is running; its ops cannot be timed with events (profile eager steps)");
   std::lock_guard<std::mutex> lock(profile::g_mutex);
   TG_CHECK(profile::g_state == nullptr,
            "Profiler: another tg::Profiler is active; only one may record at a time (destroy or stop() it first)");

@@ -69,6 +69,9 @@ namespace detail {
 extern std::atomic<int> g_enabled;
 }  // namespace detail
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed) != 0; }
+// Whether a tg::Profiler is recording (not merely NVTX on): a CUDA graph capture refuses to
+// start while one is, since the profiler's events cannot be captured.
+bool profiler_active();
 
 // What an op declares when it is profiled. Undefined tensors among `inputs` are skipped;
 // the first defined one gives the device. `matrix`: bound by the matrix (GEMM) peak rather

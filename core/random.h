@@ -46,4 +46,16 @@ struct RandomDraw {
 };
 RandomDraw next_random_draw(uint64_t n);
 
+// A draw captured into a CUDA graph (core/cuda_graph.h) cannot keep the offset it had at
+// capture: every replay would reuse it. Its kernel reads how far its counters moved instead:
+// offset + replay[0] * span[0], with both in graph-owned device memory (replay = the launch
+// index, span = the counters its stream used per step). Both null outside a graph.
+struct ReplayShift {
+  const uint64_t* replay = nullptr;
+  const uint64_t* span = nullptr;
+};
+TG_HOST_DEVICE uint64_t shifted_offset(uint64_t offset, ReplayShift s) {
+  return s.replay ? offset + *s.replay * *s.span : offset;
+}
+
 }  // namespace tg

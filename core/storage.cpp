@@ -9,6 +9,7 @@
 #include "core/error.h"
 #if TG_CUDA
 #include "core/cuda_context.h"
+#include "core/cuda_graph.h"
 #endif
 
 namespace tg {
@@ -94,6 +95,7 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
                           bytes, in_use);
       }
       TG_CUDA_CHECK(err);
+      if (cuda::detail::capture_active()) cuda::detail::note_allocation(device.index, data_);
     }
 #else
     TG_FAIL("Storage: tensor on ", device.str(), " requested, but tapegrad was built without CUDA");
@@ -110,8 +112,12 @@ Storage::~Storage() {
 #if TG_CUDA
       // Errors here are ignored: a destructor must not throw, and a failed free at
       // shutdown leaves nothing to recover.
-      cudaSetDevice(device_.index);
-      cudaFreeAsync(data_, cuda::stream(device_.index));
+      // During a CUDA graph capture only the graph's own allocations can be freed in it;
+      // the Graph keeps older buffers alive until it is destroyed (core/cuda_graph.h).
+      if (!(cuda::detail::capture_active() && cuda::detail::keep_for_graph(device_.index, data_, bytes_))) {
+        cudaSetDevice(device_.index);
+        if (cudaFreeAsync(data_, cuda::stream(device_.index)) != cudaSuccess) cudaGetLastError();
+      }
 #endif
     }
   }

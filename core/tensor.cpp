@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/dtype_dispatch.h"
+#include "core/cuda_graph.h"
 #include "core/random.h"
 #include "core/tensor_kernels.h"
 
@@ -112,6 +113,10 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::copy_(const Tensor& src) {
   TG_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: source ", describe(src),
            " does not match destination ", describe(*this));
+  if (device() != src.device()) {
+    cuda::fail_if_capturing("copy_ between devices", device().is_cuda() ? device() : src.device(),
+                            "the host waits for the copy");
+  }
   copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
   bump_version();
   return *this;
@@ -242,6 +247,7 @@ Tensor& Tensor::requires_grad_(bool on) {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  cuda::fail_if_capturing("to_vector", device(), "it copies to the host and waits for the GPU");
   Tensor src = *this;
   if (dtype() != dtype_of<T>()) src = detach().to(dtype_of<T>());
   std::vector<T> out(static_cast<size_t>(numel()));
@@ -254,6 +260,7 @@ template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 
 double Tensor::item() const {
   TG_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, not one");
+  cuda::fail_if_capturing("item", device(), "it copies to the host and waits for the GPU");
   if (dtype() == DType::i64) return static_cast<double>(to_vector<int64_t>()[0]);
   return to_vector<double>()[0];
 }

@@ -1,4 +1,5 @@
 #include "core/cuda_context.h"
+#include "core/cuda_graph.h"
 #include "core/dtype_dispatch.h"
 #include "core/tensor_kernels.h"
 
@@ -107,6 +108,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     set_device(src_device.index);
     if (dst_device.index != src_device.index) {
+      fail_if_capturing("copy between GPUs", src_device.index, "the host waits for both devices");
       // Order after pending work on both devices, then copy peer to peer.
       TG_CUDA_CHECK(cudaStreamSynchronize(stream(dst_device.index)));
       TG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes,
@@ -118,6 +120,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     return;
   }
   int dev = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  fail_if_capturing(dst_device.is_cuda() ? "copy from the host" : "copy to the host", dev,
+                    "the host waits for the copy");
   set_device(dev);
   cudaMemcpyKind kind = dst_device.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream(dev)));

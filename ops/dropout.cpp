@@ -6,6 +6,7 @@
 #include <string>
 
 #include "autograd/tape.h"
+#include "core/cuda_graph.h"
 #include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
@@ -47,7 +48,13 @@ Tensor dropout_impl(const char* op, const Tensor& x, const DropoutParams& params
     seed = draw.seed;
     offset = draw.offset;
   }
-  const DropoutProblem q{.units = units, .inner = inner, .p = params.p, .seed = seed, .offset = offset};
+  // Under CUDA graph capture: where the kernel finds how far this stream's counters moved
+  // at each replay (an explicit seed is taken to be its own stream, as nn::Dropout's is).
+  const ReplayShift shift =
+      x.device().is_cuda()
+          ? cuda::capture_random_draw(x.device().index, {.global = !params.seed, .seed = seed}, static_cast<uint64_t>(units))
+          : ReplayShift{};
+  const DropoutProblem q{.units = units, .inner = inner, .p = params.p, .seed = seed, .offset = offset, .shift = shift};
   profile::OpScope scope(op, [&] { return dropout_info(x); });
   Tensor y = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), dropout_apply(y, x, q));

@@ -44,6 +44,9 @@ struct DropoutProblem {
   double p = 0.5;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // Set when the draw is captured into a CUDA graph: the kernel adds this replay's shift to
+  // `offset` (core/random.h), so that each replay draws the mask the eager step would.
+  ReplayShift shift{};
 };
 
 // Whether unit u is kept: its uniform number is at least p (so p = 0 keeps all, p = 1 none).

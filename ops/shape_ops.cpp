@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "autograd/tape.h"
+#include "core/cuda_graph.h"
 #include "core/profiler.h"
 #include "core/tensor_kernels.h"
 #include "ops/cpu/kernels.h"
@@ -97,6 +98,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
+  cuda::fail_if_capturing("to(device)", device().is_cuda() ? device() : target, "the host waits for the copy");
   profile::OpScope scope("to_device", [&] { return copy_info(*this, static_cast<double>(nbytes())); });
   Tensor out = Tensor::empty(shape(), {.dtype = dtype(), .device = target});
   out.copy_(*this);

@@ -6,6 +6,7 @@
 #include "autograd/anomaly.h"
 #include "autograd/gradcheck.h"
 #include "autograd/tape.h"
+#include "core/cuda_graph.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/cuda_graph.h"
 #include "nn/optim/cuda_updates.h"
 
 namespace tg::nn {
@@ -66,19 +67,36 @@ const AdamOptions& Adam::options(size_t group) const {
   return groups_[group];
 }
 
+AdamUpdate Adam::make_update(size_t i, const ParamState& s) const {
+  const double t = static_cast<double>(s.steps);
+  const AdamOptions& o = groups_[param_group_of(i)];
+  return {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+          .decoupled_weight_decay = decoupled_, .step_size = o.lr / (1.0 - std::pow(o.beta1, t)),
+          .bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t))};
+}
+
+void Adam::refresh_replay_scalars(size_t i, const ParamState& s) {
+  if (i < replay_scalars_.size() && replay_scalars_[i]) write_replay_scalars(replay_scalars_[i], make_update(i, s));
+}
+
 void Adam::update(size_t i, const Tensor& g, ParamState& s) {
   const Tensor& p = params_[i];
   for (Tensor& b : s.buffers)
     if (!b.defined()) b = zeros(p.shape(), {.dtype = p.dtype(), .device = p.device()});
-  const double t = static_cast<double>(s.steps);
-  const AdamOptions& o = groups_[param_group_of(i)];
-  AdamUpdate u{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
-               .decoupled_weight_decay = decoupled_, .step_size = o.lr / (1.0 - std::pow(o.beta1, t)),
-               .bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t))};
+  AdamUpdate u = make_update(i, s);
   const Tensor& m = s.buffers[0];
   const Tensor& v = s.buffers[1];
   if (p.device().is_cuda()) {
 #if TG_CUDA
+    // Under CUDA graph capture the kernel reads the step's scalars from the graph, which
+    // refresh_replay_scalars rewrites before every replay.
+    const cuda::StepScalars scalars = cuda::capture_step_scalars(p.device().index, kAdamReplayScalars);
+    if (scalars.host) {
+      write_replay_scalars(scalars.host, u);
+      u.replay_scalars = scalars.device;
+      if (replay_scalars_.size() < params_.size()) replay_scalars_.resize(params_.size(), nullptr);
+      replay_scalars_[i] = scalars.host;
+    }
     cuda::adam_update(p, m, v, g, u);
 #else
     TG_FAIL(name_, ": tapegrad was built without CUDA");

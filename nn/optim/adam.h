@@ -7,6 +7,10 @@
 #include "optimizer.h"
 
 namespace tg::nn {
+struct AdamUpdate;  // cuda_updates.h
+}  // namespace tg::nn
+
+namespace tg::nn {
 
 // Checked at construction (tg::Error naming Adam or AdamW and the option): lr positive and
 // finite, beta1 and beta2 in [0, 1), eps and weight_decay finite and >= 0.
@@ -69,6 +73,7 @@ class Adam : public Optimizer {
   bool has_step_state() const override { return true; }
   bool buffer_non_negative(size_t b) const override { return b == 1; }  // exp_avg_sq
   void update(size_t i, const Tensor& g, ParamState& s) override;
+  void refresh_replay_scalars(size_t i, const ParamState& s) override;
   // exp_avg (3) + exp_avg_sq (4) + sqrt(v) / bc2 + eps (3) + p -= step * m / denom (3) = 13,
   // plus 2 for weight decay.
   double update_flops_per_element(size_t i) const override {
@@ -80,6 +85,9 @@ class Adam : public Optimizer {
   std::vector<AdamOptions> groups_;
   bool decoupled_;
   const char* name_;
+  // Parameter i's per-step scalars in the CUDA graph that captured its update (host side).
+  std::vector<double*> replay_scalars_;
+  AdamUpdate make_update(size_t i, const ParamState& s) const;
 };
 
 class AdamW : public Adam {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/cuda_context.h"
+#include "core/cuda_graph.h"
 #include "nn/optim/clip.h"
 
 namespace tg::cuda {
@@ -211,6 +212,7 @@ void launch_apply(int device, const Tensor& table, int count, int64_t total, con
 }  // namespace
 
 double clip_grad_norm(int device, const std::vector<Tensor>& grads, double max_norm, double norm_type) {
+  fail_if_capturing("clip_grad_norm_", device, "it returns the norm to the host");
   if (grads.empty()) return 0.0;
   set_device(device);
   cudaStream_t s = stream(device);
@@ -240,6 +242,8 @@ double clip_grad_norm(int device, const std::vector<Tensor>& grads, double max_n
 }
 
 void clip_grad_value(int device, const std::vector<Tensor>& grads, double clip_value) {
+  // Its segment table is staged through pinned buffers that the host recycles by waiting.
+  fail_if_capturing("clip_grad_value_", device, "it stages its table through host memory");
   if (grads.empty()) return;
   set_device(device);
   int64_t total = 0;

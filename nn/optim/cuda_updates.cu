@@ -18,7 +18,9 @@ __global__ void sgd_kernel(T* __restrict__ param, T* __restrict__ buf, const T* 
 
 template <class T>
 __global__ void adam_kernel(T* __restrict__ param, T* __restrict__ exp_avg, T* __restrict__ exp_avg_sq,
-                            const T* __restrict__ grad, int64_t n, nn::AdamCoefficients<T> c) {
+                            const T* __restrict__ grad, int64_t n, nn::AdamCoefficients<T> c,
+                            const double* replay_scalars) {
+  if (replay_scalars) nn::read_replay_scalars(c, replay_scalars);
   TG_GRID_STRIDE(i, n) nn::adam_step(param, exp_avg, exp_avg_sq, grad, i, c);
 }
 
@@ -47,7 +49,8 @@ void adam_update(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_a
   dispatch_floating("optimizer update", param.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     adam_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream(dev)>>>(
-        param.data<T>(), exp_avg.data<T>(), exp_avg_sq.data<T>(), grad.data<T>(), n, nn::AdamCoefficients<T>(u));
+        param.data<T>(), exp_avg.data<T>(), exp_avg_sq.data<T>(), grad.data<T>(), n, nn::AdamCoefficients<T>(u),
+        u.replay_scalars);
   });
   TG_LAUNCH_CHECK();
 }

@@ -4,6 +4,7 @@
 // caller (Optimizer::step) has checked that.
 #pragma once
 #include <cmath>
+#include <cstddef>
 
 #include "../../core/random.h"  // TG_HOST_DEVICE
 #include "../../core/tensor.h"
@@ -37,7 +38,17 @@ struct AdamUpdate {
   bool decoupled_weight_decay = false;  // AdamW
   double step_size = 0;                 // lr / (1 - beta1^t)
   double bias_correction2_sqrt = 1;     // sqrt(1 - beta2^t)
+  // Set for an update captured into a CUDA graph: the kernel reads step_size,
+  // bias_correction2_sqrt and 1 - lr * weight_decay from here (written by
+  // write_replay_scalars before each replay) instead of the fields above.
+  const double* replay_scalars = nullptr;
 };
+constexpr std::size_t kAdamReplayScalars = 3;
+inline void write_replay_scalars(double* out, const AdamUpdate& u) {
+  out[0] = u.step_size;
+  out[1] = u.bias_correction2_sqrt;
+  out[2] = 1.0 - u.lr * u.weight_decay;  // AdamCoefficients' decay_factor, before its rounding to T
+}
 
 // The per-element steps, compiled into both the CPU loops and the CUDA kernels so the two run
 // the same expressions in the same order; the settings are rounded to T once per step, on the host.
@@ -74,6 +85,14 @@ struct AdamCoefficients {
         weight_decay(T(u.weight_decay)), decay_factor(T(1.0 - u.lr * u.weight_decay)), step_size(T(u.step_size)),
         bias_correction2_sqrt(T(u.bias_correction2_sqrt)), decoupled(u.decoupled_weight_decay) {}
 };
+
+// The coefficients of a graph-captured update: the same roundings of the same doubles.
+template <class T>
+TG_HOST_DEVICE void read_replay_scalars(AdamCoefficients<T>& c, const double* s) {
+  c.step_size = T(s[0]);
+  c.bias_correction2_sqrt = T(s[1]);
+  c.decay_factor = T(s[2]);
+}
 
 template <class T>
 TG_HOST_DEVICE void adam_step(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t i,

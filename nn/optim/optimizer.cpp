@@ -5,6 +5,7 @@
 #include <map>
 
 #include "autograd/tape.h"
+#include "core/cuda_graph.h"
 #include "core/profiler.h"
 
 namespace tg::nn {
@@ -156,10 +157,12 @@ void Optimizer::step() {
       b = b.to(p.dtype()).to(p.device());
     }
   }
+  std::vector<size_t> updated;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    updated.push_back(i);
     ParamState& s = state_[i];
     ++s.steps;
     const size_t buffers = buffer_names(i).size();
@@ -177,6 +180,24 @@ void Optimizer::step() {
     p.bump_version();
   }
   ++steps_;
+  if (!updated.empty() && params_[updated[0]].device().is_cuda() &&
+      cuda::capturing(params_[updated[0]].device().index)) {
+    // Under CUDA graph capture: the replays advance the counts this call just advanced (the
+    // first replay runs this very step).
+    cuda::on_replay(params_[updated[0]].device().index,
+                    [this, updated, first = true]() mutable {
+                      if (first) {
+                        first = false;
+                        return;
+                      }
+                      ++steps_;
+                      for (size_t i : updated) {
+                        ++state_[i].steps;
+                        refresh_replay_scalars(i, state_[i]);
+                      }
+                    },
+                    {});
+  }
 }
 
 void Optimizer::zero_grad() {

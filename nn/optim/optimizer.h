@@ -153,6 +153,12 @@ class Optimizer {
   // FLOPs per element of parameter i's update, counted from the update formula, for the
   // profiler (core/profiler.h); 0 for an optimizer that does not say.
   virtual double update_flops_per_element(size_t /*param_index*/) const { return 0; }
+  // A step captured into a CUDA graph (core/cuda_graph.h) is replayed without step() being
+  // called: before each replay after the first, the step counts advance as step() would
+  // advance them, and then this is called for each parameter the step updates, so that an
+  // optimizer whose captured kernel reads per-step scalars from the graph (Adam's bias
+  // corrections) writes the new ones. The other settings are read at capture.
+  virtual void refresh_replay_scalars(size_t /*param_index*/, const ParamState& /*s*/) {}
 
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;

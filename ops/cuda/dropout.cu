@@ -13,6 +13,7 @@ constexpr int kThreads = 256;
 template <class T>
 __global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, DropoutProblem q,
                                double scale) {
+  q.offset = shifted_offset(q.offset, q.shift);  // a replayed graph's draw: this replay's counters
   TG_GRID_STRIDE(i, n) {
     const int64_t u = q.inner == 1 ? i : i / q.inner;
     // __dmul_rn: a plain product, never contracted with anything, as on the CPU.

@@ -17,10 +17,15 @@
 // pinned host memory, followed by an event. The copy is inspected without waiting at the
 // start of the next cross_entropy_forward on that device (if its event has completed), and
 // with waiting by tg::check_errors(device); either throws tg::Error naming the target.
+// Inside a CUDA graph capture (core/cuda_graph.h) the kernels and the copy into pinned
+// memory are captured as they are; the host-side steps move to the Graph's replay: before
+// each launch the previous copy is inspected as above, after it the event is recorded.
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
 #include "core/cuda_context.h"
+#include "core/cuda_graph.h"
 #include "core/dtype_dispatch.h"
 #include "ops/cuda/loss.h"
 #include "ops/loss_pointwise.h"
@@ -191,7 +196,12 @@ struct TargetCheck {
 TargetCheck& target_check(int dev) {
   static TargetCheck checks[kMaxCudaDevices];
   static std::once_flag once[kMaxCudaDevices];
+  static std::atomic<bool> made[kMaxCudaDevices];
   TG_CHECK(dev >= 0 && dev < kMaxCudaDevices, "cross_entropy: device index ", dev, " out of range");
+  // Its buffers come from cudaMalloc and a synchronous memset, which a capture forbids.
+  TG_CHECK_AS(CaptureError, made[dev].load() || !capturing(dev),
+              "cross_entropy cannot be captured into a CUDA graph on its first call on cuda:", dev,
+              " (it allocates its target-check buffers then): run one eager step before capture");
   std::call_once(once[dev], [dev] {
     TargetCheck& c = checks[dev];
     set_device(dev);
@@ -199,6 +209,7 @@ TargetCheck& target_check(int dev) {
     TG_CUDA_CHECK(cudaMemset(c.device_record, 0, sizeof(TargetRecord)));
     TG_CUDA_CHECK(cudaMallocHost(&c.host_copy, sizeof(TargetRecord)));
     TG_CUDA_CHECK(cudaEventCreateWithFlags(&c.copied, cudaEventDisableTiming));
+    made[dev].store(true);
   });
   return checks[dev];
 }
@@ -276,7 +287,8 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
   cudaStream_t s = stream(dev);
   TargetCheck& check = target_check(dev);
   std::lock_guard<std::mutex> lock(check.mutex);
-  inspect(check, dev, /*wait=*/false);  // an earlier call's bad target, if its copy has landed
+  const bool captured = capturing(dev);
+  if (!captured) inspect(check, dev, /*wait=*/false);  // an earlier call's bad target, if its copy has landed
   Tensor row_loss = Tensor::empty({N}, {.dtype = DType::f64, .device = logits.device()});
   dispatch_floating("loss (CUDA)", logits.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
@@ -290,6 +302,21 @@ void cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& l
   // Pinned destination: the copy is asynchronous, the host does not wait here.
   TG_CUDA_CHECK(cudaMemcpyAsync(check.host_copy, check.device_record, sizeof(TargetRecord),
                                 cudaMemcpyDeviceToHost, s));
+  if (captured) {
+    // An event recorded now would belong to the capture; the replay records it instead.
+    on_replay(
+        dev,
+        [&check, dev] {
+          std::lock_guard<std::mutex> guard(check.mutex);
+          inspect(check, dev, /*wait=*/false);
+        },
+        [&check, s] {
+          std::lock_guard<std::mutex> guard(check.mutex);
+          TG_CUDA_CHECK(cudaEventRecord(check.copied, s));
+          check.pending = true;
+        });
+    return;
+  }
   TG_CUDA_CHECK(cudaEventRecord(check.copied, s));
   check.pending = true;
 }
