@@ -9,11 +9,13 @@
 // accuracy per epoch (accuracy on held-out images the net never trains on) and, with
 // --svg PATH, writes both curves to an SVG file (nothing is written unless asked). With
 // --profile, prints where the time went (tg::Profiler: per op and phase) after training and
-// writes a trace to --trace PATH (default profile.json).
+// writes a trace to --trace PATH (default profile.json). With --graph (GPU only), each
+// training step is captured once into a CUDA graph and replayed (tg::cuda::GraphedStep).
 //
 //   cnn                              # CPU, about 15 seconds on 2 cores
 //   cnn --device cuda --epochs 12 --svg curves.svg
 //   cnn --device cuda --epochs 1 --profile --trace cnn_trace.json
+//   cnn --device cuda --graph
 #include <chrono>
 #include <cstdio>
 
@@ -21,6 +23,7 @@
 #include "common/profiling.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
+#include "common/train_step.h"
 #include "common/training.h"
 #include "data/dataloader.h"
 #include "tapegrad/tapegrad.h"
@@ -85,7 +88,7 @@ Evaluation evaluate(nn::Module& model, const ex::ShapesDataset& d, int64_t batch
 
 int main(int argc, char** argv) {
   return ex::guarded_main([&] {
-    ex::Args args(argc, argv, {"profile"});
+    ex::Args args(argc, argv, {"profile", "graph"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
     const int64_t epochs = args.get_int("epochs", 12);
     const int64_t batch = args.get_int("batch", 32);
@@ -96,9 +99,13 @@ int main(int argc, char** argv) {
     // --require-accuracy 0.9: exit with status 1 unless the last epoch's held-out accuracy
     // reaches it (how the test suite holds the example to its promise).
     const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    const bool graph = args.has("graph");
     ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--epochs N] [--batch N] [--train N] [--test N] [--lr X] [--seed N] [--svg PATH] "
-                "[--require-accuracy F] " + std::string(ex::ExampleProfiler::usage()));
+                "[--require-accuracy F] [--graph] " + std::string(ex::ExampleProfiler::usage()));
+    TG_CHECK(!graph || device.is_cuda(), "--graph: CUDA graphs need --device cuda");
+    TG_CHECK(!graph || !profiler.on(), "--graph and --profile: a profiler cannot time a captured step; "
+                                       "profile the eager steps (drop --graph)");
 
     tg::manual_seed(seed);
     // Different seeds: the held-out images are new draws, not copies of training images.
@@ -110,8 +117,9 @@ int main(int argc, char** argv) {
 
     auto model = make_model(device);
     auto optimizer = ex::make_optimizer("adam", model->parameters(), lr);
-    std::printf("model: %zu parameter tensors, Adam lr %g, batch %lld, %s\n", model->parameters().size(), lr,
-                static_cast<long long>(batch), device.str().c_str());
+    std::printf("model: %zu parameter tensors, Adam lr %g, batch %lld, %s%s\n", model->parameters().size(), lr,
+                static_cast<long long>(batch), device.str().c_str(), graph ? ", CUDA-graphed steps" : "");
+    ex::TrainStep train_step([&](const tg::Tensor& x) { return (*model)(x); }, *optimizer, graph);
 
     std::vector<double> epoch_axis, train_loss, test_loss, train_acc, test_acc;
     // A new seeded order every epoch; the last partial batch is dropped.
@@ -124,12 +132,7 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       int64_t hits = 0;
       for (tg::data::Batch& b : loader) {
-        tg::Tape tape;
-        tg::Tensor logits = (*model)(b.input);
-        tg::Tensor loss = tg::cross_entropy(logits, b.target);
-        tape.backward(loss);
-        optimizer->step();
-        optimizer->zero_grad();
+        const auto [loss, logits] = train_step(b.input, b.target);
         loss_sum += loss.item() * static_cast<double>(batch);
         hits += ex::count_correct(logits, b.target);
       }

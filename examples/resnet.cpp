@@ -9,6 +9,7 @@
 //   resnet --device cpu --small                 # 16x16 images, width 16: ~95% in 30 s on 2 cores
 //   resnet --device cuda --precision tf32 --epochs 4 --svg resnet_curves.svg
 //   resnet --device cuda --epochs 1 --profile   # + where the time goes, trace in profile.json
+//   resnet --device cuda --graph                # each step captured once into a CUDA graph, then replayed
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "common/resnet.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
+#include "common/train_step.h"
 #include "common/training.h"
 #include "tapegrad/tapegrad.h"
 
@@ -88,7 +90,7 @@ double accuracy(tg::nn::Module& model, const ColorImages& d, int64_t batch, tg::
 
 int main(int argc, char** argv) {
   return ex::guarded_main([&] {
-    ex::Args args(argc, argv, {"small", "profile"});
+    ex::Args args(argc, argv, {"small", "profile", "graph"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
     const bool small = args.has("small");
     const int64_t size = args.get_int("size", small ? 16 : 32);
@@ -105,10 +107,14 @@ int main(int argc, char** argv) {
     // --require-accuracy F: exit 1 unless the last held-out accuracy reaches F (the tests'
     // hold on the example's promise).
     const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    const bool graph = args.has("graph");
     ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--small] [--size N] [--width N] [--epochs N] [--batch N] [--train N] "
                 "[--test N] [--log-every N] [--lr X] [--seed N] [--precision fp32|tf32] [--svg PATH] "
-                "[--require-accuracy F] " + std::string(ex::ExampleProfiler::usage()));
+                "[--require-accuracy F] [--graph] " + std::string(ex::ExampleProfiler::usage()));
+    TG_CHECK(!graph || device.is_cuda(), "--graph: CUDA graphs need --device cuda");
+    TG_CHECK(!graph || !profiler.on(), "--graph and --profile: a profiler cannot time a captured step; "
+                                       "profile the eager steps (drop --graph)");
     TG_CHECK(precision == "fp32" || precision == "tf32", "--precision: fp32 or tf32, got ", precision);
     tg::set_precision(precision == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
 
@@ -125,6 +131,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(size), static_cast<long long>(size), static_cast<long long>(test.count), lr,
                 static_cast<long long>(batch), precision.c_str(), device.str().c_str());
 
+    ex::TrainStep train_step([&](const tg::Tensor& x) { return model(x); }, *optimizer, graph);
+    if (graph) std::printf("training steps are CUDA-graphed (2 eager warm-up steps, then one capture, then replays)\n");
     std::vector<double> step_axis, step_loss, epoch_axis, test_acc;
     std::vector<int64_t> order(static_cast<size_t>(train.count));
     std::iota(order.begin(), order.end(), 0);
@@ -137,12 +145,7 @@ int main(int argc, char** argv) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int64_t first = 0; first + batch <= train.count; first += batch) {  // drops a last partial batch
         const Batch b = make_batch(train, order, first, batch, device);
-        tg::Tape tape;
-        tg::Tensor logits = model(b.images);
-        tg::Tensor loss = tg::cross_entropy(logits, b.labels);
-        tape.backward(loss);
-        optimizer->step();
-        optimizer->zero_grad();
+        const auto [loss, logits] = train_step(b.images, b.labels);
         ++step;
         window_loss += loss.item() * static_cast<double>(batch);  // item() waits for the step
         window_hits += ex::count_correct(logits, b.labels);

@@ -20,6 +20,7 @@ class ExampleProfiler {
     if (on_ && trace_.empty()) trace_ = "profile.json";
   }
   static const char* usage() { return "[--profile] [--trace PATH]"; }
+  bool on() const { return on_; }
 
   void start() {
     if (on_) profiler_.emplace();
