@@ -262,6 +262,16 @@ void Graph::capture(const std::function<void()>& fn) {
   }
   try {
     fn();
+  } catch (const CudaError& e) {
+    // A call CUDA refuses during capture invalidates it; the next call into the capturing
+    // stream then fails. Say what happened rather than only which call noticed.
+    const cudaError_t ended = end_capture();
+    abandon(state, graph, s);
+    if (ended == cudaSuccess) throw;
+    TG_FAIL_AS(CaptureError, "Graph::capture: CUDA invalidated the capture (", cudaGetErrorName(ended),
+               "): the step made a call that cannot be captured (a host synchronisation, cudaMalloc, a copy from "
+               "pageable host memory, or a first-use initialisation: run the step eagerly once first); then: ",
+               e.what());
   } catch (...) {
     end_capture();
     abandon(state, graph, s);
