@@ -164,7 +164,10 @@ bool keep_for_graph(int device, void* ptr, std::size_t) noexcept {
   try {
     if (g_any_abandoned.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(g_abandoned_mutex);
-      if (g_abandoned.erase(ptr)) return true;
+      if (g_abandoned.erase(ptr)) {
+        if (g_abandoned.empty()) g_any_abandoned.store(false, std::memory_order_release);
+        return true;
+      }
     }
     CaptureState* s = capture_of(device);
     if (!s) return false;
