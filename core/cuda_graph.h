@@ -33,8 +33,11 @@
 //   (zero_grad) before the next eager step.
 // - Dropout's masks advance per replay, as eager steps' would (see ReplayShift in random.h),
 //   and so do Adam's bias corrections and step counts (StepScalars below).
+//   Other host-side settings are read at capture (an SGD learning rate changed later is not
+//   seen; Adam's is).
 // - cross_entropy's target check still reports a bad target, at the next replay or call.
-// - No tg::Profiler may be active during capture; a replay shows up in it as one op.
+// - No tg::Profiler may be active during capture (nor start inside one); replays are not
+//   broken down by the profiler: profile eager steps.
 //
 // In a build without CUDA these classes exist and throw tg::UnsupportedError.
 #pragma once
