@@ -235,7 +235,13 @@ void Graph::capture(const std::function<void()>& fn) {
   const int dev = device_.index;
   set_device(dev);
   cudaStream_t s = stream(dev);
-  if (!impl_->rng) TG_CUDA_CHECK(cudaMalloc(&impl_->rng, sizeof(GraphDeviceState)));
+  if (!impl_->rng) {
+    TG_CUDA_CHECK(cudaMalloc(&impl_->rng, sizeof(GraphDeviceState)));
+    // Loads the kernel's module now: with lazy loading, drivers before CUDA 12.3 cannot load
+    // a kernel first launched during capture.
+    cudaFuncAttributes attributes;
+    TG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, advance_replay_kernel));
+  }
   TG_CUDA_CHECK(cudaMemsetAsync(impl_->rng, 0, sizeof(GraphDeviceState), s));
 
   CaptureState state;
