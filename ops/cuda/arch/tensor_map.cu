@@ -10,15 +10,19 @@
 namespace tg::cuda {
 namespace {
 
+// The driver's encoders, looked up once.
+template <class Fn>
+Fn driver_function(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  TG_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &found));
+  TG_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr, "tensor map: the CUDA driver has no ", name,
+           " (TMA needs a 12.0+ driver)");
+  return reinterpret_cast<Fn>(f);
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    TG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
-    TG_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr,
-             "tensor map: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a 12.0+ driver)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static const auto fn = driver_function<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   return fn;
 }
 
@@ -58,6 +62,62 @@ CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows,
 CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
                            TmaBox box) {
   return encode(op_name, 3, data, planes, rows, cols, box);
+}
+
+// The im2col corners and tap offsets are narrow fields whose width shrinks with the rank: for a
+// rank-4 map (2 spatial dims) corners lie in [-128, 127], for rank 5 in [-16, 15] (CUDA driver
+// API, cuTensorMapEncodeIm2col); the tap offsets are kept to the same magnitude. Traversal
+// strides are 1..8.
+bool im2col_map_fits(const Im2colGeometry& g) {
+  if (g.dims != 2 && g.dims != 3) return false;
+  const int64_t lo = g.dims == 2 ? -128 : -16, hi = g.dims == 2 ? 127 : 15;
+  for (int d = 3 - g.dims; d < 3; ++d) {
+    const int64_t reach = g.dilation[d] * (g.kernel[d] - 1);
+    const int64_t lower = -g.pad[d], upper = g.pad[d] - reach;  // the corners
+    if (g.pad[d] < 0 || lower < lo || upper < lo || upper > hi) return false;
+    if (reach < 0 || reach > hi || g.stride[d] < 1 || g.stride[d] > 8) return false;
+    if (g.in[d] < 1 || g.in[d] >= (int64_t(1) << 31)) return false;
+  }
+  if (g.dims == 2 && (g.in[0] != 1 || g.kernel[0] != 1)) return false;
+  return g.N >= 1 && g.N < (int64_t(1) << 31) && g.C >= 1 && g.C % 4 == 0 && g.C < (int64_t(1) << 31);
+}
+
+CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colGeometry& g, int channels,
+                           int pixels) {
+  TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && im2col_map_fits(g) && channels > 0 && channels <= 32 &&
+               channels % 4 == 0 && pixels > 0 && pixels <= 256,
+           op_name, ": no im2col tensor map for ", g.N, " images of ", g.C, " channels (", channels,
+           " channels x ", pixels, " pixels per request)");
+  static const auto encode_im2col = driver_function<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+  const int rank = g.dims + 2;
+  // Innermost first: C, W, H, [D,] N; corners and strides W, H, [D].
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t element_strides[5];
+  int lower[3], upper[3];
+  dims[0] = cuuint64_t(g.C);
+  element_strides[0] = 1;
+  cuuint64_t stride_bytes = cuuint64_t(g.C) * 4;
+  for (int i = 0; i < g.dims; ++i) {
+    const int d = 2 - i;  // W, H, D
+    dims[1 + i] = cuuint64_t(g.in[d]);
+    strides[i] = stride_bytes;
+    stride_bytes *= cuuint64_t(g.in[d]);
+    element_strides[1 + i] = cuuint32_t(g.stride[d]);
+    lower[i] = int(-g.pad[d]);
+    upper[i] = int(g.pad[d] - g.dilation[d] * (g.kernel[d] - 1));
+  }
+  dims[rank - 1] = cuuint64_t(g.N);
+  strides[rank - 2] = stride_bytes;
+  element_strides[rank - 1] = 1;
+  CUtensorMap map{};
+  const CUresult r = encode_im2col(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, cuuint32_t(rank), const_cast<float*>(data),
+                                   dims, strides, lower, upper, cuuint32_t(channels), cuuint32_t(pixels),
+                                   element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   channels == 32 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TG_CHECK(r == CUDA_SUCCESS, op_name, ": cuTensorMapEncodeIm2col failed (error ", static_cast<int>(r), ") for ",
+           g.N, " images of ", g.C, " channels");
+  return map;
 }
 
 }  // namespace tg::cuda

@@ -88,6 +88,31 @@ __device__ __forceinline__ void load_box_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 #endif
 }
+// im2col mode (f32_im2col_map): the map's `pixels` consecutive output pixels starting at input
+// coordinate (w, h, [d,] n) (the first pixel's window corner), each read at tap offset
+// (off_w, off_h[, off_d]) from its corner, channels c0.. -> shared memory at dst, one row per pixel.
+__device__ __forceinline__ void load_im2col_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int w, int h,
+                                               int n, uint16_t off_w, uint16_t off_h) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(w), "r"(h), "r"(n), "r"(shared_address(bar)), "h"(off_w),
+      "h"(off_h)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void load_im2col_5d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int w, int h,
+                                               int d, int n, uint16_t off_w, uint16_t off_h, uint16_t off_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], {%8, %9, %10};" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(w), "r"(h), "r"(d), "r"(n), "r"(shared_address(bar)),
+      "h"(off_w), "h"(off_h), "h"(off_d)
+      : "memory");
+#endif
+}
 // `bytes` contiguous bytes global -> shared (both 16-byte aligned, bytes a multiple of 16), counted
 // towards bar's current phase: one instruction for a whole block of memory, no tensor map.
 __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

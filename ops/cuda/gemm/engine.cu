@@ -131,12 +131,22 @@ bool engine_gemm_can_implement(const GemmProblem& p, DType dtype) {
   return dtype == DType::f32 && fits(p.M) && fits(p.N) && fits(p.K) && p.M >= 1 && p.N >= 1;
 }
 
+bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
+                                  const EnginePolicy& policy) {
+  // The policy may ask for the mma.sync kernels (arch 80) or a tile the TMA kernel lacks (64, 16).
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  return precision == Precision::TF32 && policy.arch != 80 && tile && x.dtype() == DType::f32 &&
+         x.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
+         engine::conv_fprop_tma_applies(s, x.data<float>(), x.device().index);
+}
+
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                          Precision precision, const EnginePolicy& policy) {
   TG_CHECK(engine_conv_can_implement(s, y.dtype()), "engine_conv_forward: problem x ", s.x_shape(), ", w ",
            s.w_shape(), " (", dtype_name(y.dtype()), ") is outside the engine's limits");
   const int dev = y.device().index;
   set_device(dev);
+  if (engine_conv_forward_uses_tma(s, x, precision, policy)) return engine::conv_fprop_tma(y, x, w, b, s, policy);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.N * s.out_volume(), N = s.K, red = s.C * s.kernel_volume();
   const Tensor packed = pack_forward_weights(w, s);
@@ -275,7 +285,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
     const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
     const bool pays = plan.splits == 1 && tiles128 >= sms && 2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
     if (policy.tile == 256 || (policy.tile == 0 && pays)) {
-      plan.tma_wide = true;
+      plan.tma_cols = 256;
       plan.tiles_n = int32_t((p.N + 255) / 256);
     }
   }

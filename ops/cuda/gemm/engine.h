@@ -27,6 +27,13 @@ struct EnginePolicy {
 bool engine_conv_can_implement(const ConvShape& s, DType dtype);
 bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 
+// Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32 on an
+// sm_90a device, 16+ input channels, a geometry within the TMA unit's im2col ranges,
+// channels-last inputs with C % 4 == 0 (NCHW inputs are transposed first), and a policy that
+// allows it (not arch 80, tile 0, 128 or 256).
+bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
+                                  const EnginePolicy& policy = {});
+
 // Same contracts as tg::cuda::conv_forward / conv_grad_input / conv_grad_weight / gemm:
 // outputs fully overwritten, ordered on the device's framework stream.
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,

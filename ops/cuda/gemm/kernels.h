@@ -16,7 +16,7 @@ enum class TileShape { Big, Small, Narrow };  // BigTile, SmallTile, NarrowTile
 struct Plan {
   TileShape shape = TileShape::Big;
   bool sm90 = false;  // BigTile on the wgmma kernel (Hopper), else the mma.sync kernels
-  bool tma_wide = false;  // the TMA matmul kernel's 128 x 256 tile (tiles_n counts 256 columns)
+  int tma_cols = 128;  // the TMA kernels' tile width: 64, 128 or 256 (tiles_n counts such tiles)
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
 };

@@ -1,155 +1,39 @@
 // The engine's TF32 matrix product on Hopper when both operands are row-major with the
-// reduction index contiguous (C = A B^T: Linear's forward, x w^T): the tiles are moved by the
-// TMA unit, so no consumer thread spends an instruction on loading.
-//
-// Warp roles (288 threads, one block per SM): warp 8 is the producer; its lane 0 asks the TMA
-// unit for each stage's two boxes (128 rows x 32 k of A and of B, 16 KB each, in the 128-byte
-// swizzle: chunk c of row r at c ^ (r % 8), exactly the K-major layout the wgmma descriptors of
-// mainloop_sm90.cuh describe) and announces their bytes on the stage's `full` barrier.
-// Warpgroups 0 and 1 each own 64 rows of the 128 x 128 tile: per stage they wait on `full`, run
-// four m64n128k8 wgmmas, keep one wgmma group in flight (wait<1>), and, once the previous
-// stage's group has retired, release that stage (one arrival per consumer warp on `empty`).
-// Boxes reaching past the matrix (rows, or k past the reduction) arrive as zeros, so ragged
-// edges need no code. Split reductions and the output map (bias, partial sums) are the other
-// kernels' (MainloopArgs::store). Design note: docs/kernels/gemm.md.
-#include "core/cuda_context.h"
-#include "ops/cuda/arch/cp_async.cuh"
+// reduction index contiguous (C = A B^T: Linear's forward, x w^T): both tiles are plain boxes of
+// the two matrices, moved by the TMA unit (tma_mainloop_sm90.cuh), so no consumer thread spends
+// an instruction on loading. Design note: docs/kernels/gemm.md.
 #include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/arch/tensor_map.h"
-#include "ops/cuda/arch/tma.cuh"
-#include "ops/cuda/arch/wgmma.cuh"
-#include "ops/cuda/gemm/kernels.h"
-#include "ops/cuda/gemm/mainloop_sm90.cuh"
+#include "ops/cuda/gemm/operands.cuh"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
 
 namespace tg::cuda::engine {
-namespace {
 
-constexpr int kBM = 128;
-constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 32;
-constexpr int kBoxBytes = kBM * kBK * 4;  // A's share of a stage: 16 KB
+// The producer for tma_mainloop_sm90.cuh (outside the anonymous namespace: unused internal
+// members would warn in the device passes without sm_90a code).
+// k-tile kt of A (rows m0..) and of B (rows n0..): box (k, row) of each matrix.
+struct MatrixBoxes {
+  CUtensorMap a, b;
 
-// Tile 128 x kBN (128 or 256 columns): the wider tile reads 25% fewer bytes per product (the
-// limit of this kernel on large problems is the L2 -> shared traffic), the narrower wastes
-// less on ragged or narrow outputs and makes more blocks. Shared memory holds as many stages
-// as fit in about 192 KB.
-template <int kBN>
-struct TmaTile {
-  static constexpr int kBBytes = kBN * kBK * 4;
-  static constexpr int kStageBytes = kBoxBytes + kBBytes;  // A then B
-  static constexpr int kStages = kBN == 128 ? 6 : 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+  __device__ __forceinline__ void prefetch() const {
+    tma::prefetch_map(&a);
+    tma::prefetch_map(&b);
+  }
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, int32_t kt,
+                                       int32_t m0, int32_t n0, uint64_t policy) const {
+    tma::load_box(a_dst, &a, bar, kt * kBK, m0, policy);
+    tma::load_box(b_dst, &b, bar, kt * kBK, n0, policy);
+  }
 };
 
-// Leaves the L2's eviction priority as it is: both operands are read by many blocks (A by
-// every column of tiles, B by every row).
-[[maybe_unused]] __device__ __forceinline__ uint64_t l2_evict_normal_policy() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
-template <int kBN>
-__global__ void __launch_bounds__(kThreads, 1)
-    matmul_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                      const MainloopArgs args) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = TmaTile<kBN>;
-  constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes;
-  extern __shared__ unsigned char smem_raw[];
-  // The swizzle pattern is anchored to 1024-byte boundaries of the shared window.
-  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
-  uint64_t* empty = full + kStages;
-
-  const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
-  const int32_t m0 = tile_m * kBM, n0 = tile_n * kBN;
-  const int32_t k_tiles = (args.red + kBK - 1) / kBK;
-  const int32_t kt_begin = blockIdx.y * args.k_tiles_per_split;
-  const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
-  const int32_t count = kt_end - kt_begin;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], kConsumerThreads / 32);
-    }
-    tma::mbar_init_fence();
-  }
-  __syncthreads();
-  // From here on the roles part: no block-wide barrier below. A shuffle makes `warp` visibly
-  // uniform, or ptxas treats the consumer path as divergent and serializes the wgmma.
-  const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
-
-  if (warp == kConsumerThreads / 32) {
-    if (lane == 0) {
-      tma::prefetch_map(&a_map);
-      tma::prefetch_map(&b_map);
-      const uint64_t policy = l2_evict_normal_policy();
-      for (int32_t i = 0; i < count; ++i) {
-        const int s = i % kStages;
-        const uint32_t use = uint32_t(i / kStages);
-        if (use > 0) tma::mbar_wait(&empty[s], (use - 1) & 1);  // every consumer warp released use - 1
-        tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
-        unsigned char* dst = smem + s * kStageBytes;
-        const int32_t k0 = (kt_begin + i) * kBK;
-        tma::load_box(dst, &a_map, &full[s], k0, m0, policy);
-        tma::load_box(dst + kBoxBytes, &b_map, &full[s], k0, n0, policy);
-      }
-    }
-    return;
-  }
-
-  const int warpgroup = warp / 4;
-  float acc[kBN / 2];
-#pragma unroll
-  for (int q = 0; q < kBN / 2; ++q) acc[q] = 0.f;
-  const uint32_t stages = shared_address(smem);
-  // Each warpgroup's 64 rows start 64 rows (8 KB) into the A box.
-  const uint32_t a_rows = uint32_t(warpgroup) * 64 * kBK * 4;
-  for (int32_t i = 0; i < count; ++i) {
-    const int s = i % kStages;
-    tma::mbar_wait(&full[s], uint32_t(i / kStages) & 1);
-    wgmma::fence();
-    const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kBoxBytes;
-#pragma unroll
-    for (int ks = 0; ks < kBK / 8; ++ks) {
-      const uint32_t k_bytes = ks * 32;
-      wgmma::mma_ss_tf32<kBN>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
-                              wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
-    }
-    wgmma::commit();
-    wgmma::wait<1>();  // the previous stage's products retired: release its slot
-    if (i > 0 && lane == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
-  }
-  wgmma::wait<0>();
-#pragma unroll
-  for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
-
-  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e], row0 the warp's first row.
-  const int row0 = warpgroup * 64 + (warp % 4) * 16, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) args.store(m0 + row0 + g + 8 * h, n0 + 8 * j + 2 * t + e, acc[4 * j + 2 * h + e]);
-#else
-  __trap();  // launched only on devices that run sm_90a code
-#endif
-}
+namespace {
 
 template <int kBN>
 void launch_tile(const float* a, const float* b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  using T = TmaTile<kBN>;
-  const CUtensorMap a_map = f32_matrix_map("engine matmul (A)", a, args.M, args.red, {.rows = kBM, .cols = kBK, .swizzle128 = true});
-  const CUtensorMap b_map = f32_matrix_map("engine matmul (B)", b, args.N, args.red, {.rows = kBN, .cols = kBK, .swizzle128 = true});
-  const auto kernel = matmul_tma_kernel<kBN>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, kThreads, T::kSmemBytes, stream>>>(a_map, b_map, args);
-  TG_LAUNCH_CHECK();
+  MatrixBoxes boxes;
+  boxes.a = f32_matrix_map("engine matmul (A)", a, args.M, args.red, {.rows = kTmaBM, .cols = kBK, .swizzle128 = true});
+  boxes.b = f32_matrix_map("engine matmul (B)", b, args.N, args.red, {.rows = kBN, .cols = kBK, .swizzle128 = true});
+  launch_tma_wgmma<kBN>(boxes, plan, args, stream);
 }
 
 }  // namespace
@@ -161,7 +45,7 @@ bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev) {
 void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
                        cudaStream_t stream) {
   // args.tiles_n says the tile width: the plan counted 128- or 256-wide column tiles.
-  if (plan.tma_wide) launch_tile<256>(a, b, plan, args, stream);
+  if (plan.tma_cols == 256) launch_tile<256>(a, b, plan, args, stream);
   else launch_tile<128>(a, b, plan, args, stream);
 }
 

@@ -76,6 +76,48 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   return plan;
 }
 
+// One block of the TMA kernel runs alone on an SM (two for 64-wide tiles) and streams its
+// reduction at about this rate; splitting the reduction s ways makes s times the blocks at 1/s
+// of the work each, plus one pass over s partial outputs. The split taken is the one whose
+// waves plus reduction pass are estimated shortest: splits that only add a partial wave lose
+// (a 96-tile forward on 132 SMs stays unsplit), splits that fill idle SMs win.
+Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy) {
+  constexpr double kSmFlopsPerSecond = 2.2e12, kBytesPerSecond = 3.0e12;
+  const int sms = sm_count(dev);
+  const int blocks_per_sm = cols == 64 ? 2 : 1;
+  Plan plan;
+  plan.shape = TileShape::Big;
+  plan.sm90 = true;
+  plan.tma_cols = cols;
+  plan.tiles_m = ceil_div32(M, 128);
+  plan.tiles_n = ceil_div32(N, cols);
+  const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
+  TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
+  const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, kBK));
+  int64_t splits = 1;
+  if (policy.splits > 0) {
+    splits = policy.splits;
+  } else {
+    const int64_t slots = int64_t(sms) * blocks_per_sm;
+    const double block_seconds = 2.0 * 128 * cols * double(red) / (kSmFlopsPerSecond / blocks_per_sm);
+    double best = 0;
+    for (int64_t s = 1; s <= std::min<int64_t>(kMaxSplits, std::max(1, k_tiles / kMinKTilesPerSplit)); ++s) {
+      const double waves = double((tiles * s + slots - 1) / slots);
+      const double reduce = s > 1 ? double(s + 1) * double(M) * double(N) * 4.0 / kBytesPerSecond : 0.0;
+      const double t = waves * block_seconds / double(s) + reduce;
+      if (s == 1 || t < 0.97 * best) {  // a split must win clearly: its estimate is rough
+        best = t;
+        splits = s;
+      }
+    }
+  }
+  splits = std::clamp<int64_t>(splits, 1, kMaxSplits);
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMaxPartialFloats / std::max<int64_t>(1, M * N)));
+  plan.k_tiles_per_split = ceil_div32(k_tiles, splits);
+  plan.splits = ceil_div32(k_tiles, plan.k_tiles_per_split);  // no empty split
+  return plan;
+}
+
 void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const LaunchFn& launch) {
   const int dev = device.index;
   cudaStream_t st = stream(dev);

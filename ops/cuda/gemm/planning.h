@@ -30,6 +30,10 @@ inline bool fits(int64_t v) { return v >= 0 && v <= kIndexLimit; }
 Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
                Precision precision, bool gather);
 
+// The TMA kernel's plan (tma_mainloop_sm90.cuh): 128 x cols tiles, and the reduction split that
+// a wave model says finishes first (policy.splits forces it).
+Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy);
+
 // Runs one planned launch: straight into args.out, or into partial sums (a workspace) that one
 // fixed-order pass reduces into args.out.
 using LaunchFn = std::function<void(const MainloopArgs&, cudaStream_t)>;
@@ -39,6 +43,13 @@ void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const L
 ConvGeometry geometry(const ConvShape& s);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
+
+// TF32 forward on Hopper through the TMA unit's im2col mode (conv_fprop_sm90_tma.cu): whether
+// it serves this problem (16+ input channels, geometry within the tensor map's ranges,
+// channels-last inputs with C % 4 == 0 and 16-byte alignment), and the pass.
+bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev);
+void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                    const EnginePolicy& policy);
 
 // Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
 bool columns_pay(const ConvShape& s);

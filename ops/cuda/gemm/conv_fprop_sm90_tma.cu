@@ -1,0 +1,180 @@
+// The engine's TF32 convolution forward on Hopper, fed by the TMA unit's im2col mode: the
+// GEMM's A (output pixels x taps * channels) is never formed; each k-tile is one kernel tap
+// and 32 channels, and one TMA request brings the 128 output pixels' inputs at that tap from a
+// channels-last activation, zeros where the window leaves the input (tma_mainloop_sm90.cuh runs
+// the products). B is the weights packed per tap with the channels padded to 32:
+// packed[k][t][c] (zeros for c >= C), so every k-tile is whole.
+//
+// NDHWC inputs with C % 4 == 0 are read in place; NCDHW inputs are first transposed into a
+// channels-last scratch (channels padded to a multiple of 4, the TMA's 16-byte stride rule),
+// which costs one read and one write of x. The output goes through the engine's output map
+// (channels-first or -last, bias, split partial sums). Design note: docs/kernels/gemm.md.
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/gemm/operands.cuh"
+#include "ops/cuda/gemm/planning.h"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+
+namespace tg::cuda::engine {
+
+// The producer for tma_mainloop_sm90.cuh (outside the anonymous namespace: unused internal
+// members would warn in the device passes without sm_90a code).
+// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
+// packed weights' columns kt * 32.. . Spatial arrays are (D, H, W).
+struct Im2colBoxes {
+  CUtensorMap x, w;
+  int32_t slices;  // 32-channel slices per tap
+  int32_t kernel_w, kernel_h;
+  int32_t out_w, out_h, out_volume;
+  int32_t stride[3], pad[3], dil[3];
+  bool three_d;
+
+  __device__ __forceinline__ void prefetch() const {
+    tma::prefetch_map(&x);
+    tma::prefetch_map(&w);
+  }
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, int32_t kt,
+                                       int32_t m0, int32_t n0, uint64_t policy) const {
+    const int32_t tap = kt / slices, c0 = (kt - tap * slices) * kBK;
+    const int32_t tx = tap % kernel_w, ty = (tap / kernel_w) % kernel_h, tz = tap / (kernel_w * kernel_h);
+    // The tile's first output pixel: its window corner is where the walk starts.
+    const int32_t img = m0 / out_volume, pix = m0 - img * out_volume;
+    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
+    const int32_t iw = ow * stride[2] - pad[2], ih = oh * stride[1] - pad[1], id = od * stride[0] - pad[0];
+    const uint16_t off_w = uint16_t(tx * dil[2]), off_h = uint16_t(ty * dil[1]), off_d = uint16_t(tz * dil[0]);
+    if (three_d) tma::load_im2col_5d(a_dst, &x, bar, c0, iw, ih, id, img, off_w, off_h, off_d);
+    else tma::load_im2col_4d(a_dst, &x, bar, c0, iw, ih, img, off_w, off_h);
+    tma::load_box(b_dst, &w, bar, kt * kBK, n0, policy);
+  }
+};
+
+namespace {
+
+// Fewer input channels than this waste most of each 32-channel k-tile: the cp.async kernels
+// serve them.
+constexpr int64_t kTmaMinChannels = 16;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+
+// packed[k][t][c] = w[k][c][t] for c < C, 0 for C <= c < c_pad.
+__global__ void pack_tap_slices_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K, int64_t C,
+                                       int64_t kvol, int64_t c_pad) {
+  const int64_t total = K * kvol * c_pad;
+  TG_GRID_STRIDE(e, total) {
+    const int64_t c = e % c_pad, t = (e / c_pad) % kvol, k = e / (c_pad * kvol);
+    packed[e] = c < C ? w[(k * C + c) * kvol + t] : 0.f;
+  }
+}
+
+// out[n][p][c] = in[n][c][p] for c < C, 0 for C <= c < c_pad: 32 x 32 tiles through shared
+// memory, both sides coalesced.
+__global__ void channels_last_kernel(float* __restrict__ out, const float* __restrict__ in, int32_t C, int32_t c_pad,
+                                     int64_t pixels, int32_t N) {
+  __shared__ float tile[32][33];
+  const int64_t p0 = int64_t(blockIdx.x) * 32;
+  const int32_t c0 = int32_t(blockIdx.y) * 32;
+  for (int32_t n = blockIdx.z; n < N; n += gridDim.z) {
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int32_t c = c0 + j;
+      const int64_t p = p0 + threadIdx.x;
+      tile[j][threadIdx.x] = c < C && p < pixels ? in[(int64_t(n) * C + c) * pixels + p] : 0.f;
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t p = p0 + j;
+      const int32_t c = c0 + threadIdx.x;
+      if (p < pixels && c < c_pad) out[(int64_t(n) * pixels + p) * c_pad + c] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
+Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
+  Im2colGeometry g{};
+  g.dims = s.in[0] == 1 && s.kernel[0] == 1 && s.out[0] == 1 ? 2 : 3;
+  g.N = s.N;
+  g.C = channels;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = s.in[d];
+    g.kernel[d] = s.kernel[d];
+    g.stride[d] = s.stride[d];
+    g.pad[d] = s.pad[d];
+    g.dilation[d] = s.dilation[d];
+  }
+  return g;
+}
+
+// The channels of the map: C itself for channels-last inputs, C padded to 4 for the scratch.
+int64_t map_channels(const ConvShape& s) { return s.channels_last() ? s.C : round_up(s.C, 4); }
+
+}  // namespace
+
+bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev) {
+  if (s.C < kTmaMinChannels || !device_runs_wgmma(dev)) return false;
+  if (s.channels_last() && (s.C % 4 != 0 || !aligned16(x))) return false;
+  const int64_t red = s.kernel_volume() * round_up(s.C, kBK);
+  return red <= kIndexLimit && fits(s.N * s.out_volume()) && im2col_map_fits(im2col_geometry(s, map_channels(s)));
+}
+
+void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                    const EnginePolicy& policy) {
+  const int dev = y.device().index;
+  cudaStream_t st = stream(dev);
+  const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kBK), channels = map_channels(s);
+  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
+
+  Tensor packed = Tensor::empty({s.K * kvol * c_pad}, f32);
+  pack_tap_slices_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(packed.data<float>(),
+                                                                                 w.data<float>(), s.K, s.C, kvol, c_pad);
+  TG_LAUNCH_CHECK();
+  Tensor staged;
+  const float* x_last = x.data<float>();
+  if (!s.channels_last()) {
+    const int64_t pixels = s.in_volume();
+    staged = Tensor::empty({s.N * pixels * channels}, f32);
+    const dim3 grid(static_cast<unsigned>((pixels + 31) / 32), static_cast<unsigned>((channels + 31) / 32),
+                    static_cast<unsigned>(std::min<int64_t>(s.N, 65535)));
+    channels_last_kernel<<<grid, dim3(32, 8), 0, st>>>(staged.data<float>(), x.data<float>(), int32_t(s.C),
+                                                       int32_t(channels), pixels, int32_t(s.N));
+    TG_LAUNCH_CHECK();
+    x_last = staged.data<float>();
+  }
+
+  const int64_t M = s.N * s.out_volume(), red = kvol * c_pad;
+  const int cols = policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
+  const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy);
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(s.K);
+  args.red = int32_t(red);
+  args.out = output_map(y.data<float>(), b.defined() ? b.data<float>() : nullptr, M, s.K);
+  if (!s.channels_last()) {
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(s.out_volume()));
+  }
+
+  Im2colBoxes boxes{};
+  boxes.x = f32_im2col_map("conv forward (x)", x_last, im2col_geometry(s, channels), kBK, kTmaBM);
+  boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), s.K, red,
+                           {.rows = cols, .cols = kBK, .swizzle128 = true});
+  boxes.slices = int32_t(c_pad / kBK);
+  boxes.kernel_w = int32_t(s.kernel[2]);
+  boxes.kernel_h = int32_t(s.kernel[1]);
+  boxes.out_w = int32_t(s.out[2]);
+  boxes.out_h = int32_t(s.out[1]);
+  boxes.out_volume = int32_t(s.out_volume());
+  for (int d = 0; d < 3; ++d) {
+    boxes.stride[d] = int32_t(s.stride[d]);
+    boxes.pad[d] = int32_t(s.pad[d]);
+    boxes.dil[d] = int32_t(s.dilation[d]);
+  }
+  boxes.three_d = im2col_geometry(s, channels).dims == 3;
+  run_plan(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
+    if (cols == 64) launch_tma_wgmma<64>(boxes, plan, a, stm);
+    else if (cols == 128) launch_tma_wgmma<128>(boxes, plan, a, stm);
+    else launch_tma_wgmma<256>(boxes, plan, a, stm);
+  });
+}
+
+}  // namespace tg::cuda::engine

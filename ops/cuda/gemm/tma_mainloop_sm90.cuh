@@ -1,0 +1,152 @@
+// The engine's TMA-fed Hopper kernel, C[M][N] = sum_k A[m][k] B[n][k] at TF32, shared by the
+// products whose operands the TMA unit can fetch as whole boxes: plain k-contiguous matrices
+// (matmul_sm90_tma.cu) and channels-last convolution inputs in im2col mode
+// (conv_fprop_sm90_tma.cu). A `Producer` says where each k-tile's two boxes come from:
+//   void prefetch() const;                                   // warm the tensor maps
+//   void load(a_dst, b_dst, bar, k_tile, m0, n0, policy) const;  // ask for both boxes
+// Each box is 128 rows (A) or kBN rows (B) of 32 k in the 128-byte swizzle: chunk c of row r at
+// c ^ (r % 8), exactly the K-major layout the wgmma descriptors of wgmma.cuh describe.
+//
+// Warp roles (288 threads): warp 8 is the producer; its lane 0 asks for each stage's boxes and
+// announces their bytes on the stage's `full` barrier. Warpgroups 0 and 1 each own 64 rows of
+// the 128 x kBN tile: per stage they wait on `full`, run four m64nNk8 wgmmas, keep one wgmma
+// group in flight (wait<1>), and, once the previous stage's group has retired, release that
+// stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
+// zeros, so ragged edges need no code. Split reductions and the output map (bias, partial sums,
+// channels-first outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm.md.
+#pragma once
+#include "../../../core/cuda_context.h"
+#include "../arch/cp_async.cuh"
+#include "../arch/tma.cuh"
+#include "../arch/wgmma.cuh"
+#include "kernels.h"
+
+namespace tg::cuda::engine {
+
+constexpr int kTmaBM = 128;
+constexpr int kTmaConsumerThreads = 256, kTmaThreads = kTmaConsumerThreads + 32;
+constexpr int kTmaABytes = kTmaBM * kBK * 4;  // A's share of a stage: 16 KB
+
+// Tile 128 x kBN (64, 128 or 256 columns): the wider tile reads fewer bytes per product (the
+// limit on large problems is the L2 -> shared traffic), the narrower wastes less on narrow
+// outputs and makes more blocks. 128 and 256 hold as many stages as fit in about 192 KB (one
+// block per SM); 64 keeps four stages so that two blocks share an SM and one's epilogue hides
+// behind the other's products.
+template <int kBN>
+struct TmaTile {
+  static_assert(kBN == 64 || kBN == 128 || kBN == 256, "TMA tile width");
+  static constexpr int kBBytes = kBN * kBK * 4;
+  static constexpr int kStageBytes = kTmaABytes + kBBytes;  // A then B
+  static constexpr int kStages = kBN == 128 ? 6 : 4;
+  static constexpr int kBlocksPerSm = kBN == 64 ? 2 : 1;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+};
+
+// Leaves the L2's eviction priority as it is: both operands are read by many blocks (A by
+// every column of tiles, B by every row).
+[[maybe_unused]] __device__ __forceinline__ uint64_t l2_evict_normal_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+template <int kBN, class Producer>
+__global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN>::kBlocksPerSm)
+    tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = TmaTile<kBN>;
+  constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes;
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle pattern is anchored to 1024-byte boundaries of the shared window.
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
+  const int32_t m0 = tile_m * kTmaBM, n0 = tile_n * kBN;
+  const int32_t k_tiles = (args.red + kBK - 1) / kBK;
+  const int32_t kt_begin = blockIdx.y * args.k_tiles_per_split;
+  const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
+  const int32_t count = kt_end - kt_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full[s], 1);
+      tma::mbar_init(&empty[s], kTmaConsumerThreads / 32);
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();
+  // From here on the roles part: no block-wide barrier below. A shuffle makes `warp` visibly
+  // uniform, or ptxas treats the consumer path as divergent and serializes the wgmma.
+  const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
+
+  if (warp == kTmaConsumerThreads / 32) {
+    if (lane == 0) {
+      producer.prefetch();
+      const uint64_t policy = l2_evict_normal_policy();
+      for (int32_t i = 0; i < count; ++i) {
+        const int s = i % kStages;
+        const uint32_t use = uint32_t(i / kStages);
+        if (use > 0) tma::mbar_wait(&empty[s], (use - 1) & 1);  // every consumer warp released use - 1
+        tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
+        unsigned char* dst = smem + s * kStageBytes;
+        producer.load(dst, dst + kTmaABytes, &full[s], kt_begin + i, m0, n0, policy);
+      }
+    }
+    return;
+  }
+
+  const int warpgroup = warp / 4;
+  float acc[kBN / 2];
+#pragma unroll
+  for (int q = 0; q < kBN / 2; ++q) acc[q] = 0.f;
+  const uint32_t stages = shared_address(smem);
+  // Each warpgroup's 64 rows start 64 rows (8 KB) into the A box.
+  const uint32_t a_rows = uint32_t(warpgroup) * 64 * kBK * 4;
+  for (int32_t i = 0; i < count; ++i) {
+    const int s = i % kStages;
+    tma::mbar_wait(&full[s], uint32_t(i / kStages) & 1);
+    wgmma::fence();
+    const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks) {
+      const uint32_t k_bytes = ks * 32;
+      wgmma::mma_ss_tf32<kBN>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
+                              wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
+    }
+    wgmma::commit();
+    wgmma::wait<1>();  // the previous stage's products retired: release its slot
+    if (i > 0 && lane == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
+  }
+  wgmma::wait<0>();
+#pragma unroll
+  for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
+
+  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e], row0 the warp's first row.
+  const int row0 = warpgroup * 64 + (warp % 4) * 16, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) args.store(m0 + row0 + g + 8 * h, n0 + 8 * j + 2 * t + e, acc[4 * j + 2 * h + e]);
+#else
+  __trap();  // launched only on devices that run sm_90a code
+#endif
+}
+
+// One launch of the kernel over plan's tiles (plan.tiles_n counts kBN-wide column tiles).
+template <int kBN, class Producer>
+void launch_tma_wgmma(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  using T = TmaTile<kBN>;
+  const auto kernel = tma_wgmma_kernel<kBN, Producer>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args);
+  TG_LAUNCH_CHECK();
+}
+
+}  // namespace tg::cuda::engine

@@ -1,0 +1,167 @@
+// The engine's TMA-fed TF32 convolution forward (ops/cuda/gemm/conv_fprop_sm90_tma.cu) against
+// the f64 CPU reference, at shapes that break its assumptions: channels that are not a
+// multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
+// across rows and images, strides, dilations and paddings larger than the kernel, 3-D
+// volumes, N = 1, output channels past one tile or under 64, split reductions. Outputs are
+// NaN-poisoned before each launch. Also: which problems it serves, and that its split
+// reductions give the same bits every run. Needs an sm_90a GPU (H100 / H200); elsewhere the
+// tests say so and skip.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "ops/cpu/conv.h"
+#include "ops/cuda/gemm/engine.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+constexpr double kTf32Tolerance = 1e-3;
+
+struct ConvCase {
+  const char* name;
+  Shape x, w;  // x in the layout of p
+  ConvParams p;
+};
+
+// Every case has 16+ input channels and a geometry the im2col map can express.
+std::vector<ConvCase> tma_cases() {
+  return {
+      {"3x3 s1 p1, 48 channels, many small images", {37, 48, 5, 3}, {40, 48, 3, 3}, {.padding = {1}}},
+      {"3x3 s2 p1, 33 channels (NCHW pads to 36, slices to 64)", {3, 33, 15, 11}, {67, 33, 3, 3},
+       {.stride = {2}, .padding = {1}}},
+      {"4x4 s2 p1, 20 channels", {2, 20, 16, 17}, {24, 20, 4, 4}, {.stride = {2}, .padding = {1}}},
+      {"1x1 s2, 40 channels, 130 outputs", {2, 40, 9, 9}, {130, 40, 1, 1}, {.stride = {2}}},
+      {"3x3, N = 1, 70 -> 150 channels", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
+      {"3x3 p4 (padding past the kernel)", {2, 16, 6, 5}, {8, 16, 3, 3}, {.padding = {4}}},
+      {"dilated 3x3 d3 p3, stride 3", {2, 24, 17, 14}, {36, 24, 3, 3}, {.stride = {3}, .padding = {3}, .dilation = {3}}},
+      {"rect kernel, per-dim params", {1, 17, 16, 9}, {5, 17, 3, 1}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 3}}},
+      {"300 output channels", {2, 24, 8, 8}, {300, 24, 3, 3}, {.padding = {1}}},
+      {"NHWC 3x3 s1 p1, 36 channels", {2, 9, 11, 36}, {20, 36, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 7x7 s2 p3, 32 channels, 64 outputs", {3, 23, 19, 32}, {64, 32, 7, 7},
+       {.stride = {2}, .padding = {3}, .layout = Layout::NHWC}},
+      {"NHWC 5x5 s2 d2 p3, 16 channels", {2, 17, 13, 16}, {7, 16, 5, 5},
+       {.stride = {2}, .padding = {3}, .dilation = {2}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 p1, 20 channels", {2, 20, 6, 7, 5}, {9, 20, 3, 3, 3}, {.padding = {1}}},
+      {"3d s2 d2 p2, 24 channels", {2, 24, 9, 10, 11}, {24, 24, 3, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+      {"3d anisotropic", {2, 16, 5, 9, 6}, {4, 16, 1, 3, 2}, {.stride = {1, 2, 1}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
+  };
+}
+
+struct Variant {
+  const char* name;
+  cuda::EnginePolicy policy;
+};
+const Variant kVariants[] = {
+    {"auto", {}},
+    {"128 wide, unsplit", {.tile = 128, .splits = 1}},
+    {"128 wide, split 3", {.tile = 128, .splits = 3}},
+    {"256 wide, unsplit", {.tile = 256, .splits = 1}},
+    {"256 wide, split 2", {.tile = 256, .splits = 2}},
+};
+
+Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
+
+bool hopper() { return cuda::engine_conv_forward_uses_tma(make_conv_shape("probe", {1, 16, 4, 4}, {1, 16, 3, 3}, {}),
+                                                          Tensor::empty({1, 16, 4, 4}, {.device = kGpu}),
+                                                          Precision::TF32); }
+
+#define TG_REQUIRE_TMA()                                                            \
+  TG_REQUIRE_GPU();                                                                 \
+  if (!hopper()) GTEST_SKIP() << "the TMA convolution kernel needs an sm_90a GPU"
+
+TEST(ConvTma, ForwardMatchesF64Reference) {
+  TG_REQUIRE_TMA();
+  for (const ConvCase& c : tma_cases()) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
+    Tensor b = random({s.K}, DType::f32, kGpu);
+    Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
+    cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
+    for (const Variant& v : kVariants) {
+      const std::string where = std::string(c.name) + ", " + v.name;
+      ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, v.policy)) << where;
+      Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::f32, .device = kGpu});
+      poison(y);
+      cuda::engine_conv_forward(y, x, w, b, s, Precision::TF32, v.policy);
+      EXPECT_LE(rel_l2(y, y_ref), kTf32Tolerance) << where;
+    }
+  }
+}
+
+// Without a bias and with one: the bias reaches every output channel exactly once (split
+// reductions add it in the final pass, unsplit ones in the epilogue).
+TEST(ConvTma, BiasIsAddedOnceSplitOrNot) {
+  TG_REQUIRE_TMA();
+  const ConvCase c{"bias", {4, 32, 12, 12}, {72, 32, 3, 3}, {.padding = {1}}};
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
+  Tensor b = random({s.K}, DType::f32, kGpu);
+  for (int splits : {1, 4}) {
+    Tensor with = Tensor::empty(s.y_shape(), {.device = kGpu}), without = Tensor::empty(s.y_shape(), {.device = kGpu});
+    poison(with);
+    poison(without);
+    cuda::engine_conv_forward(with, x, w, b, s, Precision::TF32, {.splits = splits});
+    cuda::engine_conv_forward(without, x, w, Tensor(), s, Precision::TF32, {.splits = splits});
+    const auto a = with.to_vector<float>(), z = without.to_vector<float>(), bias = b.to_vector<float>();
+    const int64_t plane = s.out_volume();
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const int64_t k = (int64_t(i) / plane) % s.K;
+      worst = std::max(worst, double(std::abs(a[i] - z[i] - bias[size_t(k)])));
+    }
+    EXPECT_LE(worst, 1e-4) << "splits " << splits;
+  }
+}
+
+TEST(ConvTma, SplitReductionsAreBitReproducible) {
+  TG_REQUIRE_TMA();
+  const ConvCase c{"split", {2, 96, 8, 8}, {48, 96, 3, 3}, {.padding = {1}}};
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
+  for (int splits : {0, 5, 27}) {
+    Tensor first = Tensor::empty(s.y_shape(), {.device = kGpu}), second = Tensor::empty(s.y_shape(), {.device = kGpu});
+    poison(first);
+    poison(second);
+    cuda::engine_conv_forward(first, x, w, Tensor(), s, Precision::TF32, {.splits = splits});
+    cuda::engine_conv_forward(second, x, w, Tensor(), s, Precision::TF32, {.splits = splits});
+    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
+  }
+}
+
+// What it must leave to the cp.async kernels, which then still give the right answer.
+TEST(ConvTma, LeavesWhatItCannotServeToTheOtherKernels) {
+  TG_REQUIRE_TMA();
+  const ConvCase cases[] = {
+      {"8 channels (most of each 32-channel slice wasted)", {2, 8, 9, 9}, {16, 8, 3, 3}, {.padding = {1}}},
+      {"NHWC, 18 channels (rows not 16-byte multiples)", {2, 7, 6, 18}, {8, 18, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"padding 130 (past the im2col corner range)", {1, 16, 4, 4}, {4, 16, 3, 3}, {.padding = {130}}},
+      {"3d padding 17 (past the 5-d corner range)", {1, 16, 3, 3, 3}, {2, 16, 3, 3, 3}, {.padding = {17}}},
+      {"stride 9 (past the traversal stride range)", {1, 16, 20, 20}, {4, 16, 2, 2}, {.stride = {9}}},
+  };
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
+    EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32)) << c.name;
+    Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
+    poison(y);
+    cuda::engine_conv_forward(y, x, w, Tensor(), s, Precision::TF32);
+    Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
+    cpu::conv_forward(y_ref, ref(x), ref(w), Tensor(), s);
+    EXPECT_LE(rel_l2(y, y_ref), kTf32Tolerance) << c.name;
+  }
+  // FP32 mode and the mma.sync policy never take it.
+  const ConvShape s = make_conv_shape("test", {2, 32, 8, 8}, {32, 32, 3, 3}, {.padding = {1}});
+  Tensor x = random({2, 32, 8, 8}, DType::f32, kGpu);
+  EXPECT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32));
+  EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32));
+  EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.arch = 80}));
+  EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.tile = 64}));
+}
+
+}  // namespace
