@@ -90,7 +90,7 @@ std::unique_ptr<Setup> make_setup(const std::string& model, int64_t batch, const
     s->inputs.push_back(tg::randn(in_shape, {.device = d}));
     std::vector<int64_t> t(static_cast<size_t>(batch));
     for (auto& v : t) v = label(gen);
-    s->labels.push_back(tg::from_vector(t, {batch}, {.device = d}));
+    s->labels.push_back(tg::from_vector(t, {batch}, {.dtype = tg::DType::i64, .device = d}));
   }
   Setup* p = s.get();
   p->step = [p] {

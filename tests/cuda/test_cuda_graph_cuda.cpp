@@ -60,7 +60,7 @@ Batches make_batches(int steps, uint64_t seed) {
     b.inputs.push_back(randn({kBatch, 3, 9, 13}, {.device = Device::cuda()}));
     std::vector<int64_t> t(kBatch);
     for (auto& v : t) v = label(gen);
-    b.targets.push_back(from_vector(t, {kBatch}, {.device = Device::cuda()}));
+    b.targets.push_back(from_vector(t, {kBatch}, {.dtype = DType::i64, .device = Device::cuda()}));
   }
   return b;
 }
@@ -190,7 +190,7 @@ TEST(CudaGraph, HostOpsFailNamingTheOpAndTheStreamStaysUsable) {
   Model model(Device::cuda(), DropoutKind::none);
   nn::SGD opt(model.parameters(), {.lr = 0.05});
   Tensor x = randn({kBatch, 3, 9, 13}, {.device = Device::cuda()});
-  Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 0}, {kBatch}, {.device = Device::cuda()});
+  Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 0}, {kBatch}, {.dtype = DType::i64, .device = Device::cuda()});
   auto forward_backward = [&] {
     Tape tape;
     Tensor loss = cross_entropy(model.forward(x), y);
@@ -270,8 +270,8 @@ TEST(CudaGraph, CrossEntropyReportsABadTargetUnderReplay) {
   Model model(Device::cuda(), DropoutKind::none);
   nn::SGD opt(model.parameters(), {.lr = 0.01});
   Tensor x = randn({kBatch, 3, 9, 13}, {.device = Device::cuda()});
-  Tensor good = from_vector(std::vector<int64_t>{4, 3, 2, 1, 0, 2}, {kBatch}, {.device = Device::cuda()});
-  Tensor bad = from_vector(std::vector<int64_t>{4, 3, 7, 1, 0, 2}, {kBatch}, {.device = Device::cuda()});
+  Tensor good = from_vector(std::vector<int64_t>{4, 3, 2, 1, 0, 2}, {kBatch}, {.dtype = DType::i64, .device = Device::cuda()});
+  Tensor bad = from_vector(std::vector<int64_t>{4, 3, 7, 1, 0, 2}, {kBatch}, {.dtype = DType::i64, .device = Device::cuda()});
   Tensor y = good.clone();
   cuda::GraphedStep step(
       [&] {
