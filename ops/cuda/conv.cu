@@ -241,14 +241,17 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
   return conv1x1_applies(s, dtype) && s.C <= kPointwiseMaxChannels && s.K <= kPointwiseMaxChannels;
 }
 // The 3x3 kernels tile the image; on small images most of each tile is wasted and the engine's
-// (pixels x channels) tiles are faster at TF32: H200 forward, 384 channels at 16x16 0.44 against
-// 0.34 ms, 512 at 8x8 0.76 against 0.30; at 32x32 and up the 3x3 kernels win (192 channels:
-// 0.24 against 0.29). Grad-input runs the same kernels on the same image size; grad-weight
-// measured level and stays. FP32 mode measured level on small images and stays.
-constexpr int64_t kConv3x3MinPixelsTf32 = 512;
-bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype) {
+// (pixels x channels) tiles are faster at TF32: its mma.sync kernel under 512 output pixels
+// (H200 forward, 384 channels at 16x16: 0.34 ms against 0.44), its TMA kernel (Hopper, 16+
+// channels) under 4096 (192 channels at 32x32: 0.14 against 0.24; at 64x64 with 96 channels
+// the 3x3 kernels win, 0.19 against 0.22). Grad-input runs the same kernels on the same image
+// size (`engine_tma`: the engine would run this pass on its TMA kernel); grad-weight measured
+// level and stays. FP32 mode measured level on small images and stays.
+constexpr int64_t kConv3x3MinPixelsTf32 = 512, kConv3x3MinPixelsTf32Tma = 4096;
+bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype, bool engine_tma) {
   if (dtype != DType::f32 || !conv3x3_applies(s)) return false;
-  return precision() != Precision::TF32 || s.out[1] * s.out[2] >= kConv3x3MinPixelsTf32;
+  const int64_t min_pixels = engine_tma ? kConv3x3MinPixelsTf32Tma : kConv3x3MinPixelsTf32;
+  return precision() != Precision::TF32 || s.out[1] * s.out[2] >= min_pixels;
 }
 
 unsigned reduce_blocks(int64_t count) {
@@ -263,7 +266,8 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
-    if (conv3x3_claims_data_pass(s, y.dtype())) return conv3x3_forward(y, x, w, b, s);
+    if (conv3x3_claims_data_pass(s, y.dtype(), engine_conv_forward_uses_tma(s, x, precision(), policy.engine)))
+      return conv3x3_forward(y, x, w, b, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, y.dtype()))
     return engine_conv_forward(y, x, w, b, s, precision(), policy.engine);
@@ -283,7 +287,8 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
-    if (conv3x3_claims_data_pass(s, dx.dtype())) return conv3x3_grad_input(dx, dy, w, s);
+    if (conv3x3_claims_data_pass(s, dx.dtype(), engine_conv_grad_input_uses_tma(s, dy, precision(), policy.engine)))
+      return conv3x3_grad_input(dx, dy, w, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dx.dtype()))
     return engine_conv_grad_input(dx, dy, w, s, precision(), policy.engine);

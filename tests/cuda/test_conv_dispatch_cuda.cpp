@@ -1,7 +1,8 @@
 // Which kernel the CUDA convolution dispatcher picks (ops/cuda/conv.cu): each routed result must
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules:
-// TF32 3x3 stride-1 NCHW forward and grad-input on images under 512 pixels go to the engine
-// (grad-weight stays on the 3x3 kernels; FP32 stays).
+// TF32 3x3 stride-1 NCHW forward and grad-input go to the engine on images under 4096 output
+// pixels where the engine runs that pass on its TMA kernel (Hopper, 16+ channels into it), under
+// 512 otherwise (grad-weight stays on the 3x3 kernels; FP32 stays).
 #include "common/test_util.h"
 #include "core/precision.h"
 #include "ops/cuda/conv.h"
@@ -49,37 +50,48 @@ std::vector<float> run(const Shape& shape, Fn&& fn) {
 TEST(CudaConvDispatch, Tf32SmallImages3x3GoToTheEngine) {
   TG_REQUIRE_GPU();
   PrecisionGuard tf32(Precision::TF32);
-  Problem p = make({2, 64, 8, 8}, {48, 64, 3, 3}, 1);  // 64 output pixels
-  ASSERT_TRUE(cuda::conv3x3_applies(p.s));
-  const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
-  const auto engine = run(p.s.y_shape(), [&](const Tensor& y) {
-    cuda::engine_conv_forward(y, p.x, p.w, Tensor(), p.s, Precision::TF32);
-  });
-  EXPECT_EQ(routed, engine);
-  const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
-  const auto dx_engine = run(p.s.x_shape(), [&](const Tensor& t) {
-    cuda::engine_conv_grad_input(t, p.dy, p.w, p.s, Precision::TF32);
-  });
-  EXPECT_EQ(dx, dx_engine);
-  const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
-  const auto dw_3x3 = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s); });
-  EXPECT_EQ(dw, dw_3x3);
+  // 64 output pixels; and 576, under the TMA limit where the engine's TMA kernel serves both passes.
+  for (const Shape& x_shape : {Shape{2, 64, 8, 8}, Shape{2, 32, 24, 24}}) {
+    Problem p = make(x_shape, {48, x_shape[1], 3, 3}, 1);
+    ASSERT_TRUE(cuda::conv3x3_applies(p.s));
+    const bool tma = cuda::engine_conv_forward_uses_tma(p.s, p.x, Precision::TF32);
+    if (x_shape[2] == 24 && !tma) continue;  // no TMA kernel on this GPU: the 512-pixel rule keeps the 3x3 kernels
+    const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
+    const auto engine = run(p.s.y_shape(), [&](const Tensor& y) {
+      cuda::engine_conv_forward(y, p.x, p.w, Tensor(), p.s, Precision::TF32);
+    });
+    EXPECT_EQ(routed, engine) << "x " << x_shape;
+    const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
+    const auto dx_engine = run(p.s.x_shape(), [&](const Tensor& t) {
+      cuda::engine_conv_grad_input(t, p.dy, p.w, p.s, Precision::TF32);
+    });
+    EXPECT_EQ(dx, dx_engine) << "x " << x_shape;
+    const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
+    const auto dw_3x3 = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s); });
+    EXPECT_EQ(dw, dw_3x3) << "x " << x_shape;
+  }
 }
 
 TEST(CudaConvDispatch, Tf32LargeImagesAndFp32Stay3x3) {
   TG_REQUIRE_GPU();
-  for (Precision mode : {Precision::TF32, Precision::FP32}) {
-    PrecisionGuard guard(mode);
-    // 24 x 24 = 576 pixels (TF32 threshold 512); FP32 at 8 x 8 too.
-    for (const Shape& x_shape : {Shape{2, 32, 24, 24}, Shape{2, 32, 8, 8}}) {
-      if (mode == Precision::TF32 && x_shape[2] == 8) continue;
-      Problem p = make(x_shape, {40, 32, 3, 3}, 1);
-      const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
-      const auto direct = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv3x3_forward(y, p.x, p.w, Tensor(), p.s); });
-      EXPECT_EQ(routed, direct) << "x " << x_shape;
-      const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
-      const auto dx_3x3 = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_input(t, p.dy, p.w, p.s); });
-      EXPECT_EQ(dx, dx_3x3) << "x " << x_shape;
-    }
+  struct Case {
+    Precision mode;
+    Shape x, w;
+  };
+  const Case cases[] = {
+      {Precision::TF32, {2, 32, 64, 64}, {40, 32, 3, 3}},  // 4096 pixels: the TMA limit
+      {Precision::TF32, {2, 8, 24, 24}, {12, 8, 3, 3}},    // 576 pixels, too few channels for TMA: the 512 rule
+      {Precision::FP32, {2, 32, 24, 24}, {40, 32, 3, 3}},
+      {Precision::FP32, {2, 32, 8, 8}, {40, 32, 3, 3}},
+  };
+  for (const Case& c : cases) {
+    PrecisionGuard guard(c.mode);
+    Problem p = make(c.x, c.w, 1);
+    const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
+    const auto direct = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv3x3_forward(y, p.x, p.w, Tensor(), p.s); });
+    EXPECT_EQ(routed, direct) << "x " << c.x;
+    const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
+    const auto dx_3x3 = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_input(t, p.dy, p.w, p.s); });
+    EXPECT_EQ(dx, dx_3x3) << "x " << c.x;
   }
 }

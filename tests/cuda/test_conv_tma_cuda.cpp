@@ -1,4 +1,5 @@
-// The engine's TMA-fed TF32 convolution forward (ops/cuda/gemm/conv_fprop_sm90_tma.cu) against
+// The engine's TMA-fed TF32 convolution forward (ops/cuda/gemm/conv_fprop_sm90_tma.cu), and the
+// stride-1 grad-input it runs as a forward, against
 // the f64 CPU reference, at shapes that break its assumptions: channels that are not a
 // multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
 // across rows and images, strides, dilations and paddings larger than the kernel, 3-D
@@ -63,6 +64,8 @@ const Variant kVariants[] = {
     {"128 wide, split 3", {.tile = 128, .splits = 3}},
     {"256 wide, unsplit", {.tile = 256, .splits = 1}},
     {"256 wide, split 2", {.tile = 256, .splits = 2}},
+    {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
+    {"128 wide, two blocks per SM, split 2", {.tile = 128, .splits = 2, .blocks_per_sm = 2}},
 };
 
 Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
@@ -131,6 +134,51 @@ TEST(ConvTma, SplitReductionsAreBitReproducible) {
     cuda::engine_conv_forward(first, x, w, Tensor(), s, Precision::TF32, {.splits = splits});
     cuda::engine_conv_forward(second, x, w, Tensor(), s, Precision::TF32, {.splits = splits});
     EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
+  }
+}
+
+// Stride-1 grad-input runs as the forward of dy with the weights transposed and flipped.
+TEST(ConvTma, GradInputMatchesF64Reference) {
+  TG_REQUIRE_TMA();
+  const ConvCase cases[] = {
+      {"3x3 p1", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {1}}},
+      {"3x3 d2 p2", {2, 20, 12, 10}, {24, 20, 3, 3}, {.padding = {2}, .dilation = {2}}},
+      {"5x5 p1 (padding under the reach)", {2, 16, 11, 9}, {20, 16, 5, 5}, {.padding = {1}}},
+      {"1x1", {2, 20, 5, 5}, {36, 20, 1, 1}, {}},
+      {"19 output channels (NCHW pads dy's to 20)", {1, 10, 8, 8}, {19, 10, 3, 3}, {.padding = {1}}},
+      {"150 -> 70 channels, N = 1", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
+      {"NHWC 3x3 p1", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 p1", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}},
+  };
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    for (const Variant& v : kVariants) {
+      const std::string where = std::string(c.name) + ", " + v.name;
+      ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32, v.policy)) << where;
+      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+      poison(dx);
+      cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32, v.policy);
+      EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << where;
+    }
+  }
+  const ConvCase others[] = {
+      {"stride 2", {2, 24, 9, 11}, {32, 24, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"padding past the reach", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {3}}},
+      {"NHWC, 18 output channels", {2, 8, 7, 12}, {18, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+  };
+  for (const ConvCase& c : others) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32)) << c.name;
+    Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+    poison(dx);
+    cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32);
+    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
   }
 }
 

@@ -89,10 +89,13 @@ const Variant kVariants[] = {
     {"128x128 wgmma where it applies", {.tile = 128, .splits = 1, .arch = 90}},
     {"128x128 wgmma split 3", {.tile = 128, .splits = 3, .arch = 90}},
 };
-// Matrix products also take the TMA kernel's 128 x 256 tile (TF32, both operands k-contiguous).
+// Matrix products also take the TMA kernel's 128 x 256 tile and its two-blocks-per-SM 128 x 128
+// configuration (TF32, both operands k-contiguous).
 const Variant kWideVariants[] = {
     {"128x256 where the TMA kernel applies", {.tile = 256, .splits = 1}},
     {"128x256 split 3", {.tile = 256, .splits = 3}},
+    {"128x128 TMA, two blocks per SM", {.tile = 128, .splits = 1, .arch = 90, .blocks_per_sm = 2}},
+    {"128x128 TMA, two blocks per SM, split 2", {.tile = 128, .splits = 2, .arch = 90, .blocks_per_sm = 2}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
@@ -213,6 +216,10 @@ TEST(GemmEngineMatmul, EveryTransposeMatchesF64Reference) {
       // column, a reduction shorter than one box, enough k-tiles to wrap the stage ring.
       {300, 260, 512, false, true, true}, {129, 1, 36, false, true, false}, {3, 7, 4, false, true, true},
       {130, 257, 1028, false, true, false}, {70, 150, 2052, false, true, true}, {260, 520, 96, false, true, true},
+      // Operands stored with the reduction strided and a reduction of 16-byte rows: at TF32 on
+      // Hopper the arch-90 variants (and "auto" where it pays) transpose them for the TMA kernel.
+      {300, 260, 512, true, false, true}, {130, 257, 1028, true, true, false}, {70, 150, 2052, false, false, true},
+      {260, 520, 96, true, false, false}, {33, 65, 36, true, false, true}, {512, 520, 2048, false, false, true},
   };
   for (const GemmCase& c : cases) {
     const GemmProblem p{.M = c.M, .N = c.N, .K = c.K, .transA = c.transA, .transB = c.transB};

@@ -57,36 +57,16 @@ constexpr int64_t kTmaMinChannels = 16;
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 
-// packed[k][t][c] = w[k][c][t] for c < C, 0 for C <= c < c_pad.
+// packed[k][t][c] = w[k][c][t] for c < C, 0 for C <= c < c_pad. Grad-input (`flipped`): the
+// problem's w is the forward's transposed and flipped, read from the forward's (C, K, kvol)
+// array: w[k][c][t] = forward_w[c][k][kvol - 1 - t].
 __global__ void pack_tap_slices_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K, int64_t C,
-                                       int64_t kvol, int64_t c_pad) {
+                                       int64_t kvol, int64_t c_pad, bool flipped) {
   const int64_t total = K * kvol * c_pad;
   TG_GRID_STRIDE(e, total) {
     const int64_t c = e % c_pad, t = (e / c_pad) % kvol, k = e / (c_pad * kvol);
-    packed[e] = c < C ? w[(k * C + c) * kvol + t] : 0.f;
-  }
-}
-
-// out[n][p][c] = in[n][c][p] for c < C, 0 for C <= c < c_pad: 32 x 32 tiles through shared
-// memory, both sides coalesced.
-__global__ void channels_last_kernel(float* __restrict__ out, const float* __restrict__ in, int32_t C, int32_t c_pad,
-                                     int64_t pixels, int32_t N) {
-  __shared__ float tile[32][33];
-  const int64_t p0 = int64_t(blockIdx.x) * 32;
-  const int32_t c0 = int32_t(blockIdx.y) * 32;
-  for (int32_t n = blockIdx.z; n < N; n += gridDim.z) {
-    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-      const int32_t c = c0 + j;
-      const int64_t p = p0 + threadIdx.x;
-      tile[j][threadIdx.x] = c < C && p < pixels ? in[(int64_t(n) * C + c) * pixels + p] : 0.f;
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-      const int64_t p = p0 + j;
-      const int32_t c = c0 + threadIdx.x;
-      if (p < pixels && c < c_pad) out[(int64_t(n) * pixels + p) * c_pad + c] = tile[threadIdx.x][j];
-    }
-    __syncthreads();
+    const int64_t from = flipped ? (c * K + k) * kvol + (kvol - 1 - t) : (k * C + c) * kvol + t;
+    packed[e] = c < C ? w[from] : 0.f;
   }
 }
 
@@ -117,8 +97,25 @@ bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev) {
   return red <= kIndexLimit && fits(s.N * s.out_volume()) && im2col_map_fits(im2col_geometry(s, map_channels(s)));
 }
 
+// The grad-input of a stride-1 convolution is the forward of dy with the weights transposed
+// and flipped, padded by dil (k - 1) - pad: the same kernel serves it where that padding is
+// not negative.
+bool grad_input_as_forward(const ConvShape& s, ConvShape& forward) {
+  forward = s;
+  forward.C = s.K;
+  forward.K = s.C;
+  for (int d = 0; d < 3; ++d) {
+    if (s.stride[d] != 1) return false;
+    forward.in[d] = s.out[d];
+    forward.out[d] = s.in[d];
+    forward.pad[d] = s.dilation[d] * (s.kernel[d] - 1) - s.pad[d];
+    if (forward.pad[d] < 0) return false;
+  }
+  return true;
+}
+
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
-                    const EnginePolicy& policy) {
+                    const EnginePolicy& policy, bool flipped) {
   const int dev = y.device().index;
   cudaStream_t st = stream(dev);
   const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kBK), channels = map_channels(s);
@@ -126,18 +123,14 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 
   Tensor packed = Tensor::empty({s.K * kvol * c_pad}, f32);
   pack_tap_slices_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(packed.data<float>(),
-                                                                                 w.data<float>(), s.K, s.C, kvol, c_pad);
+                                                                                 w.data<float>(), s.K, s.C, kvol, c_pad, flipped);
   TG_LAUNCH_CHECK();
   Tensor staged;
   const float* x_last = x.data<float>();
   if (!s.channels_last()) {
     const int64_t pixels = s.in_volume();
     staged = Tensor::empty({s.N * pixels * channels}, f32);
-    const dim3 grid(static_cast<unsigned>((pixels + 31) / 32), static_cast<unsigned>((channels + 31) / 32),
-                    static_cast<unsigned>(std::min<int64_t>(s.N, 65535)));
-    channels_last_kernel<<<grid, dim3(32, 8), 0, st>>>(staged.data<float>(), x.data<float>(), int32_t(s.C),
-                                                       int32_t(channels), pixels, int32_t(s.N));
-    TG_LAUNCH_CHECK();
+    transpose_into(staged.data<float>(), x.data<float>(), s.N, s.C, pixels, channels, st);
     x_last = staged.data<float>();
   }
 
@@ -155,7 +148,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   }
 
   Im2colBoxes boxes{};
-  boxes.x = f32_im2col_map("conv forward (x)", x_last, im2col_geometry(s, channels), kBK, kTmaBM);
+  boxes.x = f32_im2col_map(flipped ? "conv grad-input (dy)" : "conv forward (x)", x_last, im2col_geometry(s, channels), kBK, kTmaBM);
   boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), s.K, red,
                            {.rows = cols, .cols = kBK, .swizzle128 = true});
   boxes.slices = int32_t(c_pad / kBK);
@@ -170,11 +163,8 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
     boxes.dil[d] = int32_t(s.dilation[d]);
   }
   boxes.three_d = im2col_geometry(s, channels).dims == 3;
-  run_plan(plan, args, y.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
-    if (cols == 64) launch_tma_wgmma<64>(boxes, plan, a, stm);
-    else if (cols == 128) launch_tma_wgmma<128>(boxes, plan, a, stm);
-    else launch_tma_wgmma<256>(boxes, plan, a, stm);
-  });
+  run_plan(plan, args, y.device(),
+           [&](const MainloopArgs& a, cudaStream_t stm) { launch_tma_wgmma(boxes, plan, a, stm); });
 }
 
 }  // namespace tg::cuda::engine

@@ -113,6 +113,26 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
   }
 }
 
+// The TMA matmul kernel takes a TF32 product on Hopper where the reduction is long or there
+// are tiles for two blocks per SM (engine_gemm).
+constexpr int64_t kTmaMinReduction = 2048;
+
+// Whether engine_gemm transposes the operands stored with the reduction strided, so that the
+// TMA kernel serves the product: TF32 on Hopper, a reduction of whole 16-byte rows, a product
+// the TMA kernel would take, and at least 64 FLOPs per byte the transposes move (each reads
+// and writes its matrix once; Linear's backward at 4096^3: ~0.1 ms of transposes against
+// ~0.7 ms of product). Policy arch 90 asks for them wherever they are possible.
+bool transposes_pay(const GemmProblem& p, bool a_k, bool b_k, Precision precision, const EnginePolicy& policy,
+                    int dev) {
+  if (precision != Precision::TF32 || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
+  if (p.K < 4 || p.K % 4 != 0 || (p.K + 31) / 32 > 65535) return false;
+  if (policy.arch == 90) return true;
+  const int64_t sms = sm_count(dev), tiles = ((p.M + 127) / 128) * ((p.N + 127) / 128);
+  const bool tma = p.K >= kTmaMinReduction || engine::tma_blocks_per_sm(128, tiles, int(sms), policy) == 2;
+  const double moved = 8.0 * double((a_k ? 0 : p.M * p.K) + (b_k ? 0 : p.N * p.K));
+  return tma && 2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
+}
+
 }  // namespace
 
 bool engine_conv_can_implement(const ConvShape& s, DType dtype) {
@@ -138,6 +158,13 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
   return precision == Precision::TF32 && policy.arch != 80 && tile && x.dtype() == DType::f32 &&
          x.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
          engine::conv_fprop_tma_applies(s, x.data<float>(), x.device().index);
+}
+
+bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
+                                     const EnginePolicy& policy) {
+  ConvShape forward;
+  return engine::grad_input_as_forward(s, forward) && !engine::columns_pay(s) &&
+         engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
 }
 
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
@@ -173,6 +200,11 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   const int dev = dx.device().index;
   set_device(dev);
   if (engine::columns_pay(s)) return engine::grad_input_by_columns(dx, dy, w, s, precision, policy);
+  if (engine_conv_grad_input_uses_tma(s, dy, precision, policy)) {
+    ConvShape forward;
+    engine::grad_input_as_forward(s, forward);
+    return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
+  }
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
@@ -265,36 +297,60 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   args.red = int32_t(p.K);
   args.out = output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
   // a is (M, K) or, transposed, (K, M); b is (K, N) or, transposed, (N, K).
-  const bool a_k = !p.transA, b_k = p.transB;
+  bool a_k = !p.transA, b_k = p.transB;
+  const float* a_data = a.data<float>();
+  const float* b_data = b.data<float>();
+  // The TMA kernel reads the reduction contiguous: an operand stored the other way (Linear's
+  // backward) is transposed into scratch where that costs little against the product.
+  Tensor a_scratch, b_scratch;
+  if (transposes_pay(p, a_k, b_k, precision, policy, dev)) {
+    cudaStream_t st = stream(dev);
+    if (!a_k) {
+      a_scratch = Tensor::empty({p.M * p.K}, {.dtype = DType::f32, .device = c.device()});
+      engine::transpose_into(a_scratch.data<float>(), a_data, 1, p.K, p.M, p.K, st);
+      a_data = a_scratch.data<float>();
+      a_k = true;
+    }
+    if (!b_k) {
+      b_scratch = Tensor::empty({p.N * p.K}, {.dtype = DType::f32, .device = c.device()});
+      engine::transpose_into(b_scratch.data<float>(), b_data, 1, p.K, p.N, p.K, st);
+      b_data = b_scratch.data<float>();
+      b_k = true;
+    }
+  }
   const int64_t lda = a_k ? p.K : p.M, ldb = b_k ? p.K : p.N;
   Plan plan = make_plan(p.M, p.N, p.K, dev, policy, /*narrow_ok=*/b_k, precision, /*gather=*/false);
   // TF32 with both operands k-contiguous (Linear's forward) on 128x128 tiles, on Hopper: the TMA
-  // kernel (one block per SM) where the reduction is long; on short ones (under 2048) a block's
-  // main loop is short and its epilogue, which nothing overlaps, costs more than the two-blocks-
-  // per-SM mma.sync kernel loses on loading (docs/kernels/gemm.md). arch 90 forces it wherever it
-  // applies, arch 80 never.
-  constexpr int64_t kTmaMinReduction = 2048;
+  // kernel where the reduction is long (2048+) or there are tiles for two blocks per SM. On
+  // short reductions a block's main loop is short and its epilogue, which nothing overlaps in a
+  // one-block-per-SM kernel, costs more than the two-blocks-per-SM mma.sync kernel loses on
+  // loading (docs/kernels/gemm.md); two TMA blocks per SM overlap it. arch 90 forces the TMA
+  // kernel wherever it applies, arch 80 never.
+  const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
+  const int pair_blocks = engine::tma_blocks_per_sm(128, tiles128, int(sms), policy);
   const bool tma = precision == Precision::TF32 && a_k && b_k && plan.shape == engine::TileShape::Big &&
-                   (policy.arch == 90 || (policy.arch == 0 && p.K >= kTmaMinReduction)) &&
-                   engine::matmul_tma_applies(a.data<float>(), b.data<float>(), p.K, dev);
-  // Its 128 x 256 tile moves a quarter fewer bytes per product; take it where it costs no
-  // waves: blocks of twice the work, counted in waves of one block per SM, no more than the
-  // 128-wide tiles' (unsplit reductions only).
+                   (policy.arch == 90 || (policy.arch == 0 && (p.K >= kTmaMinReduction || pair_blocks == 2))) &&
+                   engine::matmul_tma_applies(a_data, b_data, p.K, dev);
+  if (tma) plan.tma_blocks_per_sm = pair_blocks;
+  // Its 128 x 256 tile moves a quarter fewer bytes per product; take it on long reductions where
+  // it costs no waves: blocks of twice the work, counted in waves of one block per SM, no more
+  // than the 128-wide tiles' (unsplit reductions only).
   if (tma && p.N > 128) {
-    const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
     const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
-    const bool pays = plan.splits == 1 && tiles128 >= sms && 2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
+    const bool pays = plan.splits == 1 && p.K >= kTmaMinReduction && policy.blocks_per_sm != 2 && tiles128 >= sms &&
+                      2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
     if (policy.tile == 256 || (policy.tile == 0 && pays)) {
       plan.tma_cols = 256;
+      plan.tma_blocks_per_sm = 1;
       plan.tiles_n = int32_t((p.N + 255) / 256);
     }
   }
   engine::run_plan(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
     if (tma) {
-      engine::launch_matmul_tma(a.data<float>(), b.data<float>(), plan, ma, st);
+      engine::launch_matmul_tma(a_data, b_data, plan, ma, st);
       return;
     }
-    engine::launch_matmul(a.data<float>(), a_k, lda, b.data<float>(), b_k, ldb, plan, ma,
+    engine::launch_matmul(a_data, a_k, lda, b_data, b_k, ldb, plan, ma,
                           precision == Precision::FP32, st);
   });
 }

@@ -20,6 +20,7 @@ struct EnginePolicy {
                    // 256: 128x256 where the TMA matmul kernel runs (else 128x128)
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
   int arch = 0;    // 0: the engine's choice; 80: mma.sync kernels only; 90: wgmma wherever it applies
+  int blocks_per_sm = 0;  // the TMA kernels' 128-wide tiles: 0 by problem size; 1 or 2
 };
 
 // Whether the engine serves this problem: f32 data and every row, column and reduction
@@ -33,6 +34,10 @@ bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 // allows it (not arch 80, tile 0, 128 or 256).
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy = {});
+// The same for engine_conv_grad_input, which runs stride-1 problems (padding at most the
+// dilated kernel's reach) as a forward of dy with the weights transposed and flipped.
+bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
+                                     const EnginePolicy& policy = {});
 
 // Same contracts as tg::cuda::conv_forward / conv_grad_input / conv_grad_weight / gemm:
 // outputs fully overwritten, ordered on the device's framework stream.

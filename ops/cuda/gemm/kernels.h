@@ -17,6 +17,7 @@ struct Plan {
   TileShape shape = TileShape::Big;
   bool sm90 = false;  // BigTile on the wgmma kernel (Hopper), else the mma.sync kernels
   int tma_cols = 128;  // the TMA kernels' tile width: 64, 128 or 256 (tiles_n counts such tiles)
+  int tma_blocks_per_sm = 1;  // the TMA kernels' 128-wide tiles: 1 (six stages) or 2 (three)
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
 };

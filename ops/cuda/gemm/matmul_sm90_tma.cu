@@ -26,27 +26,18 @@ struct MatrixBoxes {
   }
 };
 
-namespace {
-
-template <int kBN>
-void launch_tile(const float* a, const float* b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  MatrixBoxes boxes;
-  boxes.a = f32_matrix_map("engine matmul (A)", a, args.M, args.red, {.rows = kTmaBM, .cols = kBK, .swizzle128 = true});
-  boxes.b = f32_matrix_map("engine matmul (B)", b, args.N, args.red, {.rows = kBN, .cols = kBK, .swizzle128 = true});
-  launch_tma_wgmma<kBN>(boxes, plan, args, stream);
-}
-
-}  // namespace
-
 bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev) {
   return red > 0 && red % 4 == 0 && aligned16(a) && aligned16(b) && device_runs_wgmma(dev);
 }
 
 void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
                        cudaStream_t stream) {
-  // args.tiles_n says the tile width: the plan counted 128- or 256-wide column tiles.
-  if (plan.tma_cols == 256) launch_tile<256>(a, b, plan, args, stream);
-  else launch_tile<128>(a, b, plan, args, stream);
+  MatrixBoxes boxes;
+  const TmaBox a_box{.rows = kTmaBM, .cols = kBK, .swizzle128 = true};
+  const TmaBox b_box{.rows = plan.tma_cols, .cols = kBK, .swizzle128 = true};
+  boxes.a = f32_matrix_map("engine matmul (A)", a, args.M, args.red, a_box);
+  boxes.b = f32_matrix_map("engine matmul (B)", b, args.N, args.red, b_box);
+  launch_tma_wgmma(boxes, plan, args, stream);
 }
 
 }  // namespace tg::cuda::engine

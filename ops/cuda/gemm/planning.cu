@@ -38,8 +38,41 @@ __global__ void reduce_partials_kernel(const float* __restrict__ partials, int32
   }
 }
 
-// Runs one planned launch: straight into `out`, or into partial sums reduced afterwards.
+// out[b][col][row] = in[b][row][col] for row < rows, 0 for rows <= row < padded_rows: 32 x 32
+// tiles through shared memory, reads and writes both coalesced.
+__global__ void transpose_kernel(float* __restrict__ out, const float* __restrict__ in, int32_t rows,
+                                 int32_t padded_rows, int64_t cols, int64_t batches) {
+  __shared__ float tile[32][33];
+  const int64_t c0 = int64_t(blockIdx.x) * 32;
+  const int32_t r0 = int32_t(blockIdx.y) * 32;
+  for (int64_t b = blockIdx.z; b < batches; b += gridDim.z) {
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int32_t r = r0 + j;
+      const int64_t c = c0 + threadIdx.x;
+      tile[j][threadIdx.x] = r < rows && c < cols ? in[(b * rows + r) * cols + c] : 0.f;
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t c = c0 + j;
+      const int32_t r = r0 + threadIdx.x;
+      if (c < cols && r < padded_rows) out[(b * cols + c) * padded_rows + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
+                    cudaStream_t stream) {
+  TG_CHECK(rows <= padded_rows && padded_rows < (int64_t(1) << 31) && (padded_rows + 31) / 32 <= 65535,
+           "implicit-GEMM engine: cannot transpose ", rows, " x ", cols, " (", padded_rows, " rows)");
+  if (batches == 0 || cols == 0 || padded_rows == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((padded_rows + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>(batches, 65535)));
+  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(out, in, int32_t(rows), int32_t(padded_rows), cols, batches);
+  TG_LAUNCH_CHECK();
+}
 
 Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
                Precision precision, bool gather) {
@@ -76,15 +109,21 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   return plan;
 }
 
-// One block of the TMA kernel runs alone on an SM (two for 64-wide tiles) and streams its
-// reduction at about this rate; splitting the reduction s ways makes s times the blocks at 1/s
+int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy) {
+  if (cols == 64) return 2;
+  if (cols != 128) return 1;
+  if (policy.blocks_per_sm == 1 || policy.blocks_per_sm == 2) return policy.blocks_per_sm;
+  return tiles >= 2 * int64_t(sms) ? 2 : 1;
+}
+
+// A block of the TMA kernel streams its reduction at about this rate when alone on an SM (half
+// when two share one); splitting the reduction s ways makes s times the blocks at 1/s
 // of the work each, plus one pass over s partial outputs. The split taken is the one whose
 // waves plus reduction pass are estimated shortest: splits that only add a partial wave lose
 // (a 96-tile forward on 132 SMs stays unsplit), splits that fill idle SMs win.
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy) {
   constexpr double kSmFlopsPerSecond = 2.2e12, kBytesPerSecond = 3.0e12;
   const int sms = sm_count(dev);
-  const int blocks_per_sm = cols == 64 ? 2 : 1;
   Plan plan;
   plan.shape = TileShape::Big;
   plan.sm90 = true;
@@ -93,6 +132,8 @@ Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const E
   plan.tiles_n = ceil_div32(N, cols);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
   TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
+  plan.tma_blocks_per_sm = tma_blocks_per_sm(cols, tiles, sms, policy);
+  const int blocks_per_sm = plan.tma_blocks_per_sm;
   const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, kBK));
   int64_t splits = 1;
   if (policy.splits > 0) {

@@ -33,6 +33,14 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
 // The TMA kernel's plan (tma_mainloop_sm90.cuh): 128 x cols tiles, and the reduction split that
 // a wave model says finishes first (policy.splits forces it).
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy);
+// Blocks per SM of the TMA kernel for `tiles` tiles `cols` wide: two (half the stages each)
+// where there are tiles for two per SM, so that one's fill and epilogue hide behind the other.
+int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy);
+
+// out[b][col][row] = in[b][row][col] for `batches` row-major (rows x cols) matrices; rows
+// from `rows` to `padded_rows` are zeros (the TMA's 16-byte row rule). On `stream`.
+void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
+                    cudaStream_t stream);
 
 // Runs one planned launch: straight into args.out, or into partial sums (a workspace) that one
 // fixed-order pass reduces into args.out.
@@ -47,9 +55,14 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
 // TF32 forward on Hopper through the TMA unit's im2col mode (conv_fprop_sm90_tma.cu): whether
 // it serves this problem (16+ input channels, geometry within the tensor map's ranges,
 // channels-last inputs with C % 4 == 0 and 16-byte alignment), and the pass.
+// `flipped`: s is a grad-input posed as a forward (grad_input_as_forward), x is dy, y is dx
+// and w the forward's weights, read transposed and flipped.
 bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev);
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
-                    const EnginePolicy& policy);
+                    const EnginePolicy& policy, bool flipped = false);
+// The grad-input of s as the forward problem that computes it (stride 1, padding at most the
+// dilated kernel's reach in every dim); false where there is none.
+bool grad_input_as_forward(const ConvShape& s, ConvShape& forward);
 
 // Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
 bool columns_pay(const ConvShape& s);

@@ -29,16 +29,17 @@ constexpr int kTmaABytes = kTmaBM * kBK * 4;  // A's share of a stage: 16 KB
 
 // Tile 128 x kBN (64, 128 or 256 columns): the wider tile reads fewer bytes per product (the
 // limit on large problems is the L2 -> shared traffic), the narrower wastes less on narrow
-// outputs and makes more blocks. 128 and 256 hold as many stages as fit in about 192 KB (one
-// block per SM); 64 keeps four stages so that two blocks share an SM and one's epilogue hides
-// behind the other's products.
-template <int kBN>
+// outputs and makes more blocks. kBlocksPerSm 1: as many stages as fit in about 192 KB; 2:
+// half the stages, so that two blocks share an SM and one's pipeline fill and epilogue hide
+// behind the other's products (64-wide tiles always run two per SM; 256-wide ones never fit).
+template <int kBN, int kBlocksPerSmArg = 1>
 struct TmaTile {
   static_assert(kBN == 64 || kBN == 128 || kBN == 256, "TMA tile width");
+  static constexpr int kBlocksPerSm = kBN == 64 ? 2 : kBlocksPerSmArg;
+  static_assert(kBlocksPerSm == 1 || (kBlocksPerSm == 2 && kBN <= 128), "two 256-wide blocks do not fit an SM");
   static constexpr int kBBytes = kBN * kBK * 4;
   static constexpr int kStageBytes = kTmaABytes + kBBytes;  // A then B
-  static constexpr int kStages = kBN == 128 ? 6 : 4;
-  static constexpr int kBlocksPerSm = kBN == 64 ? 2 : 1;
+  static constexpr int kStages = kBlocksPerSm == 2 ? (kBN == 64 ? 4 : 3) : (kBN == 128 ? 6 : 4);
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
 };
 
@@ -52,11 +53,11 @@ struct TmaTile {
   return policy;
 }
 
-template <int kBN, class Producer>
-__global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN>::kBlocksPerSm)
+template <int kBN, int kBlocksPerSm, class Producer>
+__global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBlocksPerSm)
     tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = TmaTile<kBN>;
+  using T = TmaTile<kBN, kBlocksPerSm>;
   constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle pattern is anchored to 1024-byte boundaries of the shared window.
@@ -138,15 +139,24 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN>::kBlocksPerSm)
 #endif
 }
 
-// One launch of the kernel over plan's tiles (plan.tiles_n counts kBN-wide column tiles).
-template <int kBN, class Producer>
-void launch_tma_wgmma(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  using T = TmaTile<kBN>;
-  const auto kernel = tma_wgmma_kernel<kBN, Producer>;
+// One launch of the kernel over plan's tiles: plan.tma_cols wide (plan.tiles_n counts such
+// tiles), plan.tma_blocks_per_sm blocks per SM.
+template <int kBN, int kBlocksPerSm, class Producer>
+void launch_tma_config(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  using T = TmaTile<kBN, kBlocksPerSm>;
+  const auto kernel = tma_wgmma_kernel<kBN, kBlocksPerSm, Producer>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
   kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args);
   TG_LAUNCH_CHECK();
+}
+
+template <class Producer>
+void launch_tma_wgmma(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  if (plan.tma_cols == 64) launch_tma_config<64, 2>(producer, plan, args, stream);
+  else if (plan.tma_cols == 256) launch_tma_config<256, 1>(producer, plan, args, stream);
+  else if (plan.tma_blocks_per_sm == 2) launch_tma_config<128, 2>(producer, plan, args, stream);
+  else launch_tma_config<128, 1>(producer, plan, args, stream);
 }
 
 }  // namespace tg::cuda::engine
