@@ -245,13 +245,23 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
 // (H200 forward, 384 channels at 16x16: 0.34 ms against 0.44), its TMA kernel (Hopper, 16+
 // channels) under 4096 (192 channels at 32x32: 0.14 against 0.24; at 64x64 with 96 channels
 // the 3x3 kernels win, 0.19 against 0.22). Grad-input runs the same kernels on the same image
-// size (`engine_tma`: the engine would run this pass on its TMA kernel); grad-weight measured
-// level and stays. FP32 mode measured level on small images and stays.
+// size (`engine_tma`: the engine would run this pass on its TMA kernel). FP32 mode measured
+// level on small images and stays.
 constexpr int64_t kConv3x3MinPixelsTf32 = 512, kConv3x3MinPixelsTf32Tma = 4096;
 bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype, bool engine_tma) {
   if (dtype != DType::f32 || !conv3x3_applies(s)) return false;
   const int64_t min_pixels = engine_tma ? kConv3x3MinPixelsTf32Tma : kConv3x3MinPixelsTf32;
   return precision() != Precision::TF32 || s.out[1] * s.out[2] >= min_pixels;
+}
+
+// Grad-weight stays on the 3x3 kernels except on images under 512 output pixels where the
+// engine runs it on its TMA product (TF32, Hopper, 160+ output channels): H200, forward +
+// backward, 384 channels at 16x16 0.53 -> 0.49 ms, 512 at 8x8 0.57 -> 0.40; at 32x32 the 3x3
+// kernel wins (192 channels: 0.43 against 0.64).
+constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512;
+bool conv3x3_claims_grad_weight(const ConvShape& s, DType dtype, bool engine_tma) {
+  if (dtype != DType::f32 || !conv3x3_applies(s)) return false;
+  return !(engine_tma && precision() == Precision::TF32 && s.out[1] * s.out[2] < kConv3x3GradWeightMinPixelsTma);
 }
 
 unsigned reduce_blocks(int64_t count) {
@@ -308,7 +318,8 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
-    if (dw.dtype() == DType::f32 && conv3x3_applies(s)) return conv3x3_grad_weight(dw, dy, x, s);
+    if (conv3x3_claims_grad_weight(s, dw.dtype(), engine_conv_grad_weight_uses_tma(s, dw, precision(), policy.engine)))
+      return conv3x3_grad_weight(dw, dy, x, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dw.dtype()))
     return engine_conv_grad_weight(dw, dy, x, s, precision(), policy.engine);

@@ -2,7 +2,8 @@
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules:
 // TF32 3x3 stride-1 NCHW forward and grad-input go to the engine on images under 4096 output
 // pixels where the engine runs that pass on its TMA kernel (Hopper, 16+ channels into it), under
-// 512 otherwise (grad-weight stays on the 3x3 kernels; FP32 stays).
+// 512 otherwise; grad-weight stays on the 3x3 kernels except for the engine's TMA product on
+// images under 512 pixels; FP32 stays.
 #include "common/test_util.h"
 #include "core/precision.h"
 #include "ops/cuda/conv.h"
@@ -93,5 +94,23 @@ TEST(CudaConvDispatch, Tf32LargeImagesAndFp32Stay3x3) {
     const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
     const auto dx_3x3 = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_input(t, p.dy, p.w, p.s); });
     EXPECT_EQ(dx, dx_3x3) << "x " << c.x;
+  }
+}
+
+// Grad-weight leaves the 3x3 kernels only for the engine's TMA product (160+ output channels)
+// on images under 512 output pixels.
+TEST(CudaConvDispatch, Tf32SmallImageGradWeightGoesToTheTmaProduct) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard tf32(Precision::TF32);
+  for (const Shape& x_shape : {Shape{2, 32, 8, 8}, Shape{2, 32, 32, 32}}) {
+    Problem p = make(x_shape, {192, 32, 3, 3}, 1);
+    Tensor probe = out(p.s.w_shape());
+    const bool engine = x_shape[2] == 8 && cuda::engine_conv_grad_weight_uses_tma(p.s, probe, Precision::TF32);
+    const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
+    const auto want = run(p.s.w_shape(), [&](const Tensor& t) {
+      if (engine) cuda::engine_conv_grad_weight(t, p.dy, p.x, p.s, Precision::TF32);
+      else cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s);
+    });
+    EXPECT_EQ(dw, want) << "x " << x_shape << (engine ? " (engine)" : " (3x3 kernel)");
   }
 }

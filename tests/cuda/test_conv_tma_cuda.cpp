@@ -1,6 +1,6 @@
-// The engine's TMA-fed TF32 convolution forward (ops/cuda/gemm/conv_fprop_sm90_tma.cu), and the
-// stride-1 grad-input it runs as a forward, against
-// the f64 CPU reference, at shapes that break its assumptions: channels that are not a
+// The engine's TMA-fed TF32 convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
+// forward and the stride-1 grad-input it runs as a forward; conv_wgrad_sm90_tma.cu: grad-weight)
+// against the f64 CPU reference, at shapes that break its assumptions: channels that are not a
 // multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
 // across rows and images, strides, dilations and paddings larger than the kernel, 3-D
 // volumes, N = 1, output channels past one tile or under 64, split reductions. Outputs are
@@ -179,6 +179,54 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
     Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
     cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
     EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
+  }
+}
+
+// Grad-weight: dy and the input's columns written out with the pixels contiguous, then the
+// TMA product; the pixel count is not a multiple of 4 in most cases (padded rows).
+TEST(ConvTma, GradWeightMatchesF64Reference) {
+  TG_REQUIRE_TMA();
+  const ConvCase cases[] = {
+      {"3x3 p1, 5x7 images", {3, 12, 5, 7}, {170, 12, 3, 3}, {.padding = {1}}},
+      {"3x3 s2 p1, 33 channels", {3, 33, 15, 11}, {167, 33, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"1 channel 5x5 d2 p3 (narrow columns)", {2, 1, 17, 19}, {32, 1, 5, 5}, {.padding = {3}, .dilation = {2}}},
+      {"1x1, 300 outputs", {2, 20, 5, 5}, {300, 20, 1, 1}, {}},
+      {"NHWC 3x3 s2, 5 channels", {3, 13, 10, 5}, {196, 5, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 s2 p1", {2, 6, 9, 8, 7}, {160, 6, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"3d 3x3x3, 2 channels (narrow columns)", {1, 2, 6, 5, 7}, {40, 2, 3, 3, 3}, {.padding = {1}}},
+      {"N = 1, kernel past the input", {1, 4, 3, 2}, {200, 4, 5, 5}, {.padding = {2}}},
+  };
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
+    cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
+    for (const Variant& v : kVariants) {
+      const std::string where = std::string(c.name) + ", " + v.name;
+      Tensor dw = Tensor::empty(c.w, {.device = kGpu});
+      ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, Precision::TF32, v.policy)) << where;
+      poison(dw);
+      cuda::engine_conv_grad_weight(dw, dy, x, s, Precision::TF32, v.policy);
+      EXPECT_LE(rel_l2(dw, dw_ref), kTf32Tolerance) << where;
+    }
+  }
+  // A long reduction split many ways gives the same bits every run.
+  const ConvShape s = make_conv_shape("test", {8, 16, 40, 40}, {192, 16, 3, 3}, {.padding = {1}});
+  Tensor x = random(s.x_shape(), DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  for (int splits : {0, 7, 64}) {
+    Tensor first = Tensor::empty(s.w_shape(), {.device = kGpu}), second = Tensor::empty(s.w_shape(), {.device = kGpu});
+    poison(first);
+    poison(second);
+    cuda::engine_conv_grad_weight(first, dy, x, s, Precision::TF32, {.splits = splits});
+    cuda::engine_conv_grad_weight(second, dy, x, s, Precision::TF32, {.splits = splits});
+    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
+  }
+  // Fewer output channels than the columns pay for: the cp.async kernel.
+  for (const Shape& w_shape : {Shape{128, 16, 3, 3}, Shape{16, 4, 3, 3}}) {
+    const ConvShape few = make_conv_shape("test", {2, w_shape[1], 8, 8}, w_shape, {.padding = {1}});
+    EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(few, Tensor::empty(few.w_shape(), {.device = kGpu}),
+                                                        Precision::TF32))
+        << w_shape;
   }
 }
 

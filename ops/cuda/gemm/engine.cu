@@ -167,6 +167,14 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
          engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
 }
 
+bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
+                                      const EnginePolicy& policy) {
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  return precision == Precision::TF32 && policy.arch != 80 && tile && dw.dtype() == DType::f32 &&
+         dw.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
+         engine::conv_wgrad_tma_applies(s, dw.device().index);
+}
+
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                          Precision precision, const EnginePolicy& policy) {
   TG_CHECK(engine_conv_can_implement(s, y.dtype()), "engine_conv_forward: problem x ", s.x_shape(), ", w ",
@@ -266,6 +274,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
            s.w_shape(), " (", dtype_name(dw.dtype()), ") is outside the engine's limits");
   const int dev = dw.device().index;
   set_device(dev);
+  if (engine_conv_grad_weight_uses_tma(s, dw, precision, policy)) return engine::conv_wgrad_tma(dw, dy, x, s, policy);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.K, N = s.C * s.kernel_volume(), red = s.N * s.out_volume();
   MainloopArgs args{};

@@ -38,6 +38,11 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 // dilated kernel's reach) as a forward of dy with the weights transposed and flipped.
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy = {});
+// The same for engine_conv_grad_weight, which writes dy and the input's columns out with the
+// pixels contiguous and runs the TMA matrix product over them (160+ output channels, or 32+
+// when C * kvol <= 64; columns within 1 GiB).
+bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
+                                      const EnginePolicy& policy = {});
 
 // Same contracts as tg::cuda::conv_forward / conv_grad_input / conv_grad_weight / gemm:
 // outputs fully overwritten, ordered on the device's framework stream.
