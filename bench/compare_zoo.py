@@ -137,8 +137,9 @@ def time_layer(torch, w, pass_name, warmup, repeats):
     return ct.time_events(torch, warmup, repeats, run)
 
 
-def resnet_mirror(torch, groups, classes):
-    """bench/zoo_model.h's network with its parameter names (conv1, gn1, layerN.M.*, fc)."""
+def resnet_mirror(torch, groups, classes, width=64):
+    """bench/zoo_model.h's network with its parameter names (conv1, gn1, layerN.M.*, fc); `width`
+    channels in the first stage, doubling per stage (bench/graphs uses narrower ones)."""
     nn, F = torch.nn, torch.nn.functional
 
     class BasicBlock(nn.Module):
@@ -159,15 +160,15 @@ def resnet_mirror(torch, groups, classes):
     class ResNet18GN(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-            self.gn1 = nn.GroupNorm(groups, 64)
-            cin = 64
-            for i, width in enumerate((64, 128, 256, 512)):
+            self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+            self.gn1 = nn.GroupNorm(groups, width)
+            cin = width
+            for i, w in enumerate((width, 2 * width, 4 * width, 8 * width)):
                 stride = 1 if i == 0 else 2
-                blocks = nn.Sequential(BasicBlock(cin, width, stride), BasicBlock(width, width, 1))
+                blocks = nn.Sequential(BasicBlock(cin, w, stride), BasicBlock(w, w, 1))
                 setattr(self, f"layer{i + 1}", blocks)
-                cin = width
-            self.fc = nn.Linear(512, classes)
+                cin = w
+            self.fc = nn.Linear(cin, classes)
 
         def forward(self, x):
             h = F.relu(self.gn1(self.conv1(x)))

@@ -21,6 +21,7 @@
 
 #include "common/example.h"
 #include "common/profiling.h"
+#include "common/shapes_cnn.h"
 #include "common/shapes_dataset.h"
 #include "common/svg.h"
 #include "common/train_step.h"
@@ -32,22 +33,6 @@ namespace {
 
 namespace nn = tg::nn;
 
-std::shared_ptr<nn::Sequential> make_model(tg::Device device) {
-  const tg::TensorOptions on{.device = device};
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(
-      nn::Conv2dOptions{.in_channels = 1, .out_channels = 16, .kernel_size = 3, .padding = {1}}, on));
-  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 4, .num_channels = 16}, on));
-  m->add(std::make_shared<nn::ReLU>());
-  // Stride 2 halves the map to 8x8: four times less work, and a wider view for each unit.
-  m->add(std::make_shared<nn::Conv2d>(
-      nn::Conv2dOptions{.in_channels = 16, .out_channels = 32, .kernel_size = 3, .stride = {2}, .padding = {1}}, on));
-  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 8, .num_channels = 32}, on));
-  m->add(std::make_shared<nn::ReLU>());
-  m->add(std::make_shared<nn::MeanPool>());  // (N, 32, 8, 8) -> (N, 32)
-  m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 32, .out_features = ex::kShapeClasses}, on));
-  return m;
-}
 
 // The images as a data::Dataset, so that a data::DataLoader shuffles and batches them:
 // example i is image i, (1, 16, 16), and its label, an i64 scalar.
@@ -115,7 +100,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(train.count), static_cast<long long>(test.count),
                 ex::shape_class_names()[4].c_str(), ex::ascii_image(train, 4).c_str());
 
-    auto model = make_model(device);
+    auto model = ex::make_shapes_cnn(device);
     auto optimizer = ex::make_optimizer("adam", model->parameters(), lr);
     std::printf("model: %zu parameter tensors, Adam lr %g, batch %lld, %s%s\n", model->parameters().size(), lr,
                 static_cast<long long>(batch), device.str().c_str(), graph ? ", CUDA-graphed steps" : "");

@@ -27,6 +27,7 @@
 #include "common/args.h"
 #include "common/example.h"
 #include "common/resnet.h"
+#include "common/shapes_cnn.h"
 #include "tapegrad/tapegrad.h"
 
 namespace {
@@ -34,7 +35,7 @@ namespace {
 namespace nn = tg::nn;
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kClasses = 10;
+constexpr int64_t kClasses = ex::kShapeClasses;
 constexpr int kRing = 4;  // distinct batches the steps cycle through
 
 struct Config {
@@ -43,21 +44,6 @@ struct Config {
   std::string precision = "fp32";
 };
 
-// The cnn example's model (examples/cnn.cpp): 1x16x16 images.
-std::shared_ptr<nn::Module> make_cnn(tg::Device d) {
-  const tg::TensorOptions on{.device = d};
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = 1, .out_channels = 16, .kernel_size = 3, .padding = {1}}, on));
-  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 4, .num_channels = 16}, on));
-  m->add(std::make_shared<nn::ReLU>());
-  m->add(std::make_shared<nn::Conv2d>(
-      nn::Conv2dOptions{.in_channels = 16, .out_channels = 32, .kernel_size = 3, .stride = {2}, .padding = {1}}, on));
-  m->add(std::make_shared<nn::GroupNorm>(nn::GroupNormOptions{.num_groups = 8, .num_channels = 32}, on));
-  m->add(std::make_shared<nn::ReLU>());
-  m->add(std::make_shared<nn::MeanPool>());
-  m->add(std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 32, .out_features = kClasses}, on));
-  return m;
-}
 
 struct Setup {
   std::shared_ptr<nn::Module> model;
@@ -73,7 +59,7 @@ std::unique_ptr<Setup> make_setup(const std::string& model, int64_t batch, const
   auto s = std::make_unique<Setup>();
   tg::Shape in_shape;
   if (model == "cnn") {
-    s->model = make_cnn(d);
+    s->model = ex::make_shapes_cnn(d);
     in_shape = {batch, 1, 16, 16};
   } else {
     const int64_t groups = std::min<int64_t>(32, std::max<int64_t>(1, c.width / 2));

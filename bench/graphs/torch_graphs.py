@@ -21,8 +21,12 @@ Prints one JSON object per line (bench/graphs/run.sh reads them).
 import argparse
 import copy
 import json
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare_zoo import resnet_mirror  # noqa: E402  (bench/compare_zoo.py)
 
 RING = 4
 CLASSES = 10
@@ -55,42 +59,8 @@ def mean_hw(nn):
 
 
 def make_resnet(torch, width):
-    nn, F = torch.nn, torch.nn.functional
-    groups = min(32, max(1, width // 2))
-
-    class BasicBlock(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.gn1 = nn.GroupNorm(groups, cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.gn2 = nn.GroupNorm(groups, cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
-
-        def forward(self, x):
-            y = self.gn2(self.conv2(F.relu(self.gn1(self.conv1(x)))))
-            return F.relu(y + (x if self.downsample is None else self.downsample(x)))
-
-    class ResNet18GN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
-            self.gn1 = nn.GroupNorm(groups, width)
-            layers, cin = [], width
-            for i, w in enumerate((width, 2 * width, 4 * width, 8 * width)):
-                stride = 1 if i == 0 else 2
-                layers.append(nn.Sequential(BasicBlock(cin, w, stride), BasicBlock(w, w, 1)))
-                cin = w
-            self.layers = nn.Sequential(*layers)
-            self.fc = nn.Linear(cin, CLASSES)
-
-        def forward(self, x):
-            h = self.layers(F.relu(self.gn1(self.conv1(x))))
-            return self.fc(h.mean(dim=(2, 3)))
-
-    return ResNet18GN()
+    """The zoo's ResNet-18-style GroupNorm net (compare_zoo.resnet_mirror) at `width` channels."""
+    return resnet_mirror(torch, min(32, max(1, width // 2)), CLASSES, width)
 
 
 class Setup:
