@@ -205,8 +205,12 @@ Tensor from_values(const std::vector<T>& values, const Shape& shape, TensorOptio
 }  // namespace
 
 Tensor from_vector(const std::vector<float>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
-Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
-Tensor from_vector(const std::vector<int64_t>& v, const Shape& s, TensorOptions o) { return from_values(v, s, o); }
+Tensor from_vector(const std::vector<double>& v, const Shape& s, ValueOptions o) {
+  return from_values(v, s, {.dtype = o.dtype.value_or(DType::f64), .device = o.device});
+}
+Tensor from_vector(const std::vector<int64_t>& v, const Shape& s, ValueOptions o) {
+  return from_values(v, s, {.dtype = o.dtype.value_or(DType::i64), .device = o.device});
+}
 
 // ---- copies without autograd ------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -15,9 +16,18 @@
 
 namespace tg {
 
+// Options of from_vector over int64 or double values: the dtype defaults to the values' own
+// (i64, f64), not to f32, so that from_vector(labels, shape, {.device = d}) keeps integer class
+// labels integers. An explicit .dtype converts.
+struct ValueOptions {
+  std::optional<DType> dtype;
+  Device device = Device::cpu();
+};
+
 struct TensorOptions {
   DType dtype = DType::f32;
   Device device = Device::cpu();
+  operator ValueOptions() const { return {dtype, device}; }  // a TensorOptions names its dtype
 };
 
 struct GradHooks;  // autograd/grad_hooks.h: hooks run when a leaf's grad is final
@@ -129,8 +139,8 @@ Tensor randn(const Shape& shape, TensorOptions opts = {});  // standard normal
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {});
 Tensor arange(int64_t n, TensorOptions opts = {});          // 0, 1, ..., n-1
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, TensorOptions opts = {});
-Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {.dtype = DType::f64});
-Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, TensorOptions opts = {.dtype = DType::i64});
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, ValueOptions opts = {});   // f64
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, ValueOptions opts = {});  // i64
 
 // Fills `t` in place (used by the factories and by nn init).
 void fill_uniform_(Tensor& t, double low, double high);

@@ -118,3 +118,19 @@ TEST(Tensor, PrintsShapeDtypeDeviceValues) {
   EXPECT_EQ(os.str(), "Tensor(f32[3] on cpu, values [1, 2, 3])");
   TG_EXPECT_ERROR(Tensor::empty({1, 1, 1, 1, 1, 1, 1}), "more than 6");
 }
+
+// Integer labels stay integers (and doubles doubles) when only the device is given; an explicit
+// dtype converts. (Before, {.device = d} meant f32 and cross_entropy rejected the "labels".)
+TEST(Tensor, FromVectorKeepsTheValuesDtypeUnlessTold) {
+  const Tensor labels = from_vector(std::vector<int64_t>{3, -1, int64_t{1} << 40}, {3}, {.device = Device::cpu()});
+  EXPECT_EQ(labels.dtype(), DType::i64);
+  EXPECT_EQ(labels.to_vector<int64_t>(), (std::vector<int64_t>{3, -1, int64_t{1} << 40}));
+  const Tensor exact = from_vector(std::vector<double>{1.0 / 3}, {1}, {.device = Device::cpu()});
+  EXPECT_EQ(exact.dtype(), DType::f64);
+  EXPECT_EQ(exact.to_vector<double>()[0], 1.0 / 3);
+  const Tensor converted = from_vector(std::vector<int64_t>{2, 5}, {2}, {.dtype = DType::f32});
+  EXPECT_EQ(converted.dtype(), DType::f32);
+  EXPECT_EQ(converted.to_vector<float>(), (std::vector<float>{2.f, 5.f}));
+  const TensorOptions named{.dtype = DType::f64};  // a TensorOptions says its dtype
+  EXPECT_EQ(from_vector(std::vector<int64_t>{7}, {1}, named).dtype(), DType::f64);
+}
