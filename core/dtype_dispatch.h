@@ -10,20 +10,40 @@
 
 namespace tg {
 
-template <class F>
-void dispatch_floating(const char* op, DType t, F&& f) {
-  if (t == DType::f32) f(static_cast<float*>(nullptr));
-  else if (t == DType::f64) f(static_cast<double*>(nullptr));
-  else TG_FAIL(op, ": dtype ", dtype_name(t), " is not supported");
+// The error every op gives a bf16 / f16 tensor (a DTypeError naming the op and the dtype):
+// the half types are storage-only until their kernels exist (issue 29). Callers check with
+// it before allocating or launching anything.
+[[noreturn]] inline void fail_storage_only(const char* op, DType t) {
+  TG_FAIL_AS(DTypeError, op, ": ", dtype_name(t), " tensors are storage-only for now (no op computes in them); ",
+             "convert with .to(DType::f32)");
+}
+inline void check_not_half(const char* op, DType t) {
+  if (is_half(t)) fail_storage_only(op, t);
 }
 
-// The same for every dtype, i64 included: for code that only moves or converts values
-// (fills, casts, printing).
+// The half types are deliberately not instantiated here: doing so would instantiate every
+// CPU and CUDA kernel for them. They get the storage-only DTypeError instead.
 template <class F>
-void dispatch_any(DType t, F&& f) {
+void dispatch_floating(const char* op, DType t, F&& f) {
+  check_not_half(op, t);
+  if (t == DType::f32) f(static_cast<float*>(nullptr));
+  else if (t == DType::f64) f(static_cast<double*>(nullptr));
+  else TG_FAIL_AS(DTypeError, op, ": dtype ", dtype_name(t), " is not supported");
+}
+
+// The same for f32, f64 and i64: for code that only moves or converts values (fills,
+// casts, printing). Code that takes the half types handles them before calling this
+// (core/half.h); here they get the storage-only DTypeError, named after `op`.
+template <class F>
+void dispatch_any(const char* op, DType t, F&& f) {
+  check_not_half(op, t);
   if (t == DType::f32) f(static_cast<float*>(nullptr));
   else if (t == DType::f64) f(static_cast<double*>(nullptr));
   else f(static_cast<int64_t*>(nullptr));
+}
+template <class F>
+void dispatch_any(DType t, F&& f) {
+  dispatch_any("a copy or fill", t, static_cast<F&&>(f));
 }
 
 }  // namespace tg

@@ -269,16 +269,21 @@ const char* dtype_code(DType t) {
   switch (t) {
     case DType::f32: return "F32";
     case DType::f64: return "F64";
-    default: return "I64";
+    case DType::i64: return "I64";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
   }
+  TG_FAIL("safetensors: no code for dtype ", static_cast<int>(t));
 }
 
 DType dtype_from_code(const std::string& code, const std::string& tensor_name) {
   if (code == "F32") return DType::f32;
   if (code == "F64") return DType::f64;
   if (code == "I64") return DType::i64;
+  if (code == "BF16") return DType::bf16;
+  if (code == "F16") return DType::f16;
   TG_FAIL("safetensors: tensor '", tensor_name, "' has dtype ", code,
-          ", which tapegrad cannot hold (it has F32, F64 and I64; tg::load converts F16 and BF16)");
+          ", which tapegrad cannot hold (it has F32, F64, I64, BF16 and F16)");
 }
 
 Header read_header(const std::string& path) {
@@ -353,7 +358,8 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
   Fd fd = open_for_reading(path);
   NamedTensors out;
   for (const TensorInfo* info : infos) {
-    const bool half = widen_half && is_half_code(info->dtype);  // F16 / BF16: read, then widened to f32
+    // F16 / BF16: read, then widened to f32 when asked; otherwise read as bf16 / f16 tensors.
+    const bool half = widen_half && is_half_code(info->dtype);
     Tensor t = Tensor::empty(Shape(info->shape), {.dtype = half ? DType::f32 : dtype_from_code(info->dtype, info->name)});
     const uint64_t bytes = half ? static_cast<uint64_t>(t.numel()) * 2 : t.nbytes();
     // The header may have been built by the caller rather than by read_header: the byte

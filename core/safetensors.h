@@ -26,13 +26,15 @@
 #include <utility>
 #include <vector>
 
+#include "half.h"
 #include "tensor.h"
 
 namespace tg::safetensors {
 
 // A header entry as written in the file. `dtype` is the file's code ("F32", "BF16", ...);
-// any dtype the format defines is accepted in a header; F32, F64 and I64 become tensors of
-// their dtype, and F16 and BF16 become F32 tensors where the reader is asked to widen them.
+// any dtype the format defines is accepted in a header; F32, F64, I64, BF16 and F16 become
+// tensors of their dtype, except that F16 and BF16 become F32 tensors where the reader is
+// asked to widen them.
 struct TensorInfo {
   std::string name;
   std::string dtype;
@@ -66,9 +68,11 @@ using Metadata = std::vector<std::pair<std::string, std::string>>;
 Header read_header(const std::string& path);
 
 // Reads every tensor onto the CPU, in header order. A tensor of a dtype tapegrad has no
-// equivalent for (F16, BF16, I32, ...) fails naming it, except that with `widen_half` F16
-// and BF16 tensors are widened to f32, exactly (subnormals, infinities and NaN payloads
-// included: decode_f16 / decode_bf16); the header (read_header) keeps the file's dtype.
+// equivalent for (I32, U8, ...) fails naming it. F16 and BF16 entries become f16 / bf16
+// tensors holding the file's bits, or with `widen_half` f32 tensors, widened exactly
+// (subnormals, infinities and NaN payloads included: decode_f16 / decode_bf16) for callers
+// that compute with them (tg::load into f32 parameters); the header (read_header) keeps the
+// file's dtype.
 NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr, bool widen_half = false);
 
 // Reads the listed tensors of a file whose header was already read (onto the CPU), under
@@ -76,7 +80,7 @@ NamedTensors load_file(const std::string& path, Metadata* metadata = nullptr, bo
 NamedTensors read_tensors(const std::string& path, const Header& header, const std::vector<std::string>& names,
                           bool widen_half = false);
 
-// Writes `tensors` (any devices; F32, F64 or I64) and `metadata` atomically: the data goes
+// Writes `tensors` (any devices; F32, F64, I64, BF16 or F16, the last two bit for bit) and `metadata` atomically: the data goes
 // to a temporary file next to `path`, is fsync'ed, then renamed over `path`, so a failure
 // at any point leaves a previous file at `path` as it was (and no temporary behind).
 // Names, metadata keys and values must be valid UTF-8.
@@ -92,32 +96,27 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
 // in another container or on another host saving the same path of a shared directory must
 // not rely on this (their pids may look dead from here).
 //
-// `floats`: f16 / bf16 store every f32 and f64 tensor as an F16 / BF16 entry (encode_half:
-// each value rounded once, to nearest even), as PyTorch's model.half() / .bfloat16() state
-// dicts; I64 tensors are written as they are.
+// `floats`: f16 / bf16 store every floating tensor as an F16 / BF16 entry (encode_half:
+// each value rounded once, to nearest even; a tensor already of that type is copied bit for
+// bit), as PyTorch's model.half() / .bfloat16() state dicts; I64 tensors are written as they
+// are.
 enum class FloatFormat { as_is, f16, bf16 };
 void save_file(const NamedTensors& tensors, const std::string& path, const Metadata& metadata = {},
                FloatFormat floats = FloatFormat::as_is);
 
-// The file's dtype code of a tapegrad dtype ("F32", "F64", "I64"), and back (throws for
-// codes with no tapegrad equivalent).
+// The file's dtype code of a tapegrad dtype ("F32", "F64", "I64", "BF16", "F16"), and back
+// (throws for codes with no tapegrad equivalent).
 const char* dtype_code(DType t);
 DType dtype_from_code(const std::string& code, const std::string& tensor_name);
 
-// Half-precision codes the reader widens to f32 (core/safetensors_convert.cpp).
+// Half-precision codes the reader can widen to f32 (core/safetensors_convert.cpp).
 bool is_half_code(const std::string& code);  // "F16" or "BF16"
-// The f32 value of an IEEE binary16 / a bfloat16 bit pattern. Both are exact: subnormals
-// become the same (normal) f32 value, +-inf stay infinite, a NaN stays a NaN with its sign
-// and payload (shifted into the f32 payload's high bits, so a quiet NaN stays quiet).
-float decode_f16(uint16_t bits);
-float decode_bf16(uint16_t bits);
-// The nearest IEEE binary16 / bfloat16 (round half to even); past the largest finite value,
-// infinity; a NaN stays a NaN (quiet) with its sign and the high bits of its payload.
-// Inverse of the decoders on every non-NaN pattern.
-uint16_t encode_f16(float value);
-uint16_t encode_bf16(float value);
-// The same (bfloat16 when bf16, else binary16) from an f64 or f32 value, rounded once.
-uint16_t encode_half(bool bf16, double value);
+// The element conversions (core/half.h), under the names this namespace has always used.
+using tg::decode_bf16;
+using tg::decode_f16;
+using tg::encode_bf16;
+using tg::encode_f16;
+using tg::encode_half;
 // Decodes `n` little-endian 2-byte values of `code` ("F16" or "BF16") into `out`.
 void decode_half(const std::string& code, const unsigned char* bytes, float* out, size_t n);
 // A floating dtype code (F64, F32, F16, BF16): what LoadOptions::convert_dtype converts.

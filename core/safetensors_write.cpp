@@ -154,7 +154,8 @@ void check_utf8(const std::string& s, const char* what) {
 
 namespace {
 
-// A floating tensor as little-endian 2-byte `code` values, encoded in slices.
+// A floating tensor (f32, f64, or the other half type) as little-endian 2-byte `code`
+// values, encoded in slices.
 void write_half(TempWriter& out, const Tensor& host, const char* code) {
   constexpr int64_t kSlice = int64_t{1} << 20;
   std::vector<unsigned char> bytes;
@@ -164,8 +165,10 @@ void write_half(TempWriter& out, const Tensor& host, const char* code) {
     const int64_t count = std::min(kSlice, n - begin);
     bytes.resize(static_cast<size_t>(2 * count));
     for (int64_t i = 0; i < count; ++i) {
-      const double v = host.dtype() == DType::f32 ? static_cast<double>(host.data<float>()[begin + i])
-                                                  : host.data<double>()[begin + i];
+      const double v = host.dtype() == DType::f32   ? static_cast<double>(host.data<float>()[begin + i])
+                       : host.dtype() == DType::f64 ? host.data<double>()[begin + i]
+                                                    : tg::decode_half(host.dtype(), static_cast<const uint16_t*>(
+                                                                                    host.raw_data())[begin + i]);
       const uint16_t h = encode_half(bf16, v);
       bytes[static_cast<size_t>(2 * i)] = static_cast<unsigned char>(h & 0xff);
       bytes[static_cast<size_t>(2 * i + 1)] = static_cast<unsigned char>(h >> 8);
@@ -207,9 +210,12 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
   }
   // The code each tensor is stored as: its own, or the half format for floating tensors.
   const char* half = floats == FloatFormat::f16 ? "F16" : floats == FloatFormat::bf16 ? "BF16" : nullptr;
-  auto stored_code = [&](const Tensor& t) { return half && t.dtype() != DType::i64 ? half : dtype_code(t.dtype()); };
+  const DType half_dtype = floats == FloatFormat::f16 ? DType::f16 : DType::bf16;
+  // Encoded value by value: floating tensors stored in a half format they are not already in.
+  auto encoded = [&](const Tensor& t) { return half && t.dtype() != DType::i64 && t.dtype() != half_dtype; };
+  auto stored_code = [&](const Tensor& t) { return encoded(t) ? half : dtype_code(t.dtype()); };
   auto stored_bytes = [&](const Tensor& t) {
-    return half && t.dtype() != DType::i64 ? static_cast<uint64_t>(t.numel()) * 2 : static_cast<uint64_t>(t.nbytes());
+    return encoded(t) ? static_cast<uint64_t>(t.numel()) * 2 : static_cast<uint64_t>(t.nbytes());
   };
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -238,7 +244,7 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
     for (const auto& [name, t] : tensors) {
       // GPU tensors come to the host one at a time; detach so no tape records the copy.
       Tensor host = t.device().is_cpu() ? t : t.detach().to(Device::cpu());
-      if (half && host.dtype() != DType::i64) {
+      if (encoded(host)) {
         write_half(out, host, half);
       } else {
         out.write(host.raw_data(), host.nbytes());

@@ -7,6 +7,7 @@
 
 #include "core/dtype_dispatch.h"
 #include "core/cuda_graph.h"
+#include "core/half.h"
 #include "core/random.h"
 #include "core/tensor_kernels.h"
 
@@ -22,6 +23,11 @@ namespace {
 // The CPU side of the random fills: element i of t gets value_of(i) (a double) in t's type.
 template <class ValueOf>
 void fill_elementwise_cpu(Tensor& t, ValueOf value_of) {
+  if (is_half(t.dtype())) {
+    uint16_t* p = static_cast<uint16_t*>(t.raw_data());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = encode_half(t.dtype(), value_of(i));
+    return;
+  }
   dispatch_any(t.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* p = t.data<T>();
@@ -66,6 +72,12 @@ RandomDraw next_random_draw(uint64_t n) {
 
 // ---- construction -----------------------------------------------------------------------
 
+void check_half_device(const char* op, DType dtype, Device device) {
+  TG_CHECK_AS(UnsupportedError, !(is_half(dtype) && device.is_cuda()), op, ": ", dtype_name(dtype),
+              " tensors on ", device.str(), ": half-precision CUDA tensors are not supported yet (their kernels ",
+              "are to come, issue 29); keep them on the CPU, or use f32 on the GPU");
+}
+
 int64_t checked_tensor_bytes(const char* op, const Shape& shape, DType dtype) {
   TG_CHECK(shape.rank() <= kMaxDims, op, ": shape ", shape, " has more than ", kMaxDims, " dims");
   const int64_t extent = checked_extent(shape.dims(), op);
@@ -80,6 +92,7 @@ namespace {
 // Tensor::empty with errors naming the public function that was called.
 Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
   const int64_t bytes = checked_tensor_bytes(op, shape, opts.dtype);
+  check_half_device(op, opts.dtype, opts.device);  // unsupported on any CUDA device, present or not
   check_device(op, opts.device);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
@@ -92,7 +105,11 @@ Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
 Tensor Tensor::empty(const Shape& shape, TensorOptions opts) { return empty_for("Tensor::empty", shape, opts); }
 
 Tensor& Tensor::fill_(double value) {
-  if (device().is_cpu()) {
+  if (is_half(dtype())) {  // CPU only (empty_for refuses half-precision CUDA tensors)
+    uint16_t* p = static_cast<uint16_t*>(raw_data());
+    const uint16_t v = encode_half(dtype(), value);
+    for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
+  } else if (device().is_cpu()) {
     dispatch_any(dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* p = data<T>();
@@ -123,7 +140,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 void fill_uniform_(Tensor& t, double low, double high) {
-  TG_CHECK(is_floating(t.dtype()), "uniform: needs a floating dtype, got ", describe(t));
+  TG_CHECK_AS(DTypeError, is_floating(t.dtype()) || is_half(t.dtype()), "uniform: needs a floating dtype, got ",
+              describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
     fill_elementwise_cpu(t, [&](int64_t i) { return low + (high - low) * uniform_at(draw.seed, draw.offset + i); });
@@ -138,7 +156,8 @@ void fill_uniform_(Tensor& t, double low, double high) {
 }
 
 void fill_normal_(Tensor& t, double mean, double stddev) {
-  TG_CHECK(is_floating(t.dtype()), "randn: needs a floating dtype, got ", describe(t));
+  TG_CHECK_AS(DTypeError, is_floating(t.dtype()) || is_half(t.dtype()), "randn: needs a floating dtype, got ",
+              describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
     fill_elementwise_cpu(t, [&](int64_t i) { return mean + stddev * normal_at(draw.seed, draw.offset + i); });
@@ -180,7 +199,10 @@ Tensor randn(const Shape& shape, TensorOptions opts) {
 
 Tensor arange(int64_t n, TensorOptions opts) {
   TG_CHECK(n >= 0, "arange: negative length ", n);
+  check_half_device("arange", opts.dtype, opts.device);
   check_device("arange", opts.device);  // before the host buffer is filled
+  // Every integer up to 2^53 is exact in f64; the half types round once from there.
+  if (is_half(opts.dtype)) return arange(n, {.dtype = DType::f64}).to(opts.dtype);
   Tensor host = empty_for("arange", Shape{n}, {.dtype = opts.dtype});
   dispatch_any(opts.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -194,6 +216,7 @@ namespace {
 template <class T>
 Tensor from_values(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
   checked_tensor_bytes("from_vector", shape, opts.dtype);
+  check_half_device("from_vector", opts.dtype, opts.device);
   check_device("from_vector", opts.device);
   TG_CHECK(static_cast<int64_t>(values.size()) == checked_numel(shape.dims(), "from_vector"), "from_vector: ",
            values.size(), " values do not fill shape ", shape);
@@ -244,6 +267,7 @@ void Tensor::set_data_(const Tensor& src) const {
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
+  if (on && is_half(dtype())) fail_storage_only("requires_grad_ (autograd)", dtype());
   TG_CHECK(!on || is_floating(dtype()), "requires_grad_: ", describe(*this), " is not floating point");
   impl()->requires_grad = on;
   return *this;
@@ -266,6 +290,7 @@ double Tensor::item() const {
   TG_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, not one");
   cuda::fail_if_capturing("item", device(), "it copies to the host and waits for the GPU");
   if (dtype() == DType::i64) return static_cast<double>(to_vector<int64_t>()[0]);
+  if (is_half(dtype())) return decode_half(dtype(), *static_cast<const uint16_t*>(raw_data()));  // CPU only
   return to_vector<double>()[0];
 }
 
@@ -284,7 +309,11 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (shown > 0) {
     // Copy only the first few elements: printing must not move a whole GPU tensor.
     std::vector<double> v(static_cast<size_t>(shown));
-    dispatch_any(t.dtype(), [&](auto* tag) {
+    if (is_half(t.dtype())) {
+      std::vector<uint16_t> head(static_cast<size_t>(shown));
+      copy_bytes(head.data(), Device::cpu(), t.raw_data(), t.device(), head.size() * sizeof(uint16_t));
+      for (int64_t i = 0; i < shown; ++i) v[i] = decode_half(t.dtype(), head[i]);
+    } else dispatch_any(t.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       std::vector<T> head(static_cast<size_t>(shown));
       copy_bytes(head.data(), Device::cpu(), t.raw_data(), t.device(), head.size() * sizeof(T));

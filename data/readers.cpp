@@ -82,6 +82,8 @@ uint64_t load_bits(const uint8_t* p, int size, bool big_endian) {
 Tensor convert(const File& f, uint64_t base, const uint8_t* src, ElemType t, const Shape& shape, DType dtype) {
   if (t.kind == Kind::flt && dtype == DType::i64)
     TG_FAIL_AS(DTypeError, "reading '", f.path(), "': floating-point data cannot be read as i64");
+  TG_CHECK_AS(DTypeError, !is_half(dtype), "reading '", f.path(), "' as ", dtype_name(dtype), ": ", dtype_name(dtype),
+              " tensors are storage-only for now; read as f32 and convert with .to()");
   Tensor out = Tensor::empty(shape, {.dtype = dtype});
   const int64_t n = out.numel();
   const bool native_copy = !t.big_endian && ((t.kind == Kind::flt && t.size == 4 && dtype == DType::f32) ||
@@ -126,7 +128,9 @@ Tensor convert(const File& f, uint64_t base, const uint8_t* src, ElemType t, con
       int64_t* p = out.data<int64_t>();
       for (int64_t i = 0; i < n; ++i) p[i] = value_at(i, static_cast<int64_t*>(nullptr));
       break;
-    }
+    }    case DType::bf16:
+    case DType::f16:
+      break;  // refused above, before the allocation
   }
   return out;
 }

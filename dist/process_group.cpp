@@ -103,6 +103,9 @@ struct MpiWork final : Work {
 
 void check_tensor(const char* op, const ProcessGroup::Impl& g, const Tensor& t) {
   TG_CHECK(t.defined(), "dist::", op, ": undefined tensor");
+  // MPI and NCCL would be handed the wrong element type (mpi_type, nccl_type): refused.
+  TG_CHECK_AS(DTypeError, !is_half(t.dtype()), "dist::", op, ": ", describe(t), ": ", dtype_name(t.dtype()),
+              " tensors are storage-only for now; convert with .to(DType::f32)");
   if (t.device().is_cuda()) {
     TG_CHECK_AS(DeviceError, g.nccl != nullptr, "dist::", op, ": ", describe(t),
                 " is a CUDA tensor, but this process group has no NCCL communicator (",

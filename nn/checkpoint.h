@@ -45,7 +45,8 @@
 //   floating parameter of another dtype, converted (rounded to nearest; beyond f32's range
 //   an f64 becomes +-inf, as in PyTorch). Without it any dtype mismatch is a tg::DTypeError
 //   naming the key and both dtypes. Integer tensors are never converted. F16 and BF16 are
-//   read exactly (tapegrad has neither dtype: they always need convert_dtype).
+//   read exactly (parameters are never bf16 / f16, tapegrad's storage-only dtypes: they
+//   always need convert_dtype).
 //
 // SaveOptions::model_only writes only the module's state_dict (no "optim.*" entries, no
 // optimizer metadata): a file PyTorch's strict load_state_dict accepts, key for key, with

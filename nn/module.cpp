@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include "autograd/tape.h"
+#include "core/dtype_dispatch.h"
 
 namespace tg::nn {
 
@@ -166,6 +167,7 @@ void Module::to(Device d) {
 }
 
 void Module::to(DType t) {
+  check_not_half("Module::to", t);  // parameters in bf16 / f16 wait for autocast (issue 29)
   TG_CHECK(is_floating(t), "Module::to: parameters must stay floating point, not ", dtype_name(t));
   NoGradGuard no_grad;
   for (auto& [name, slot] : named_state_slots()) {

@@ -98,6 +98,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
+  check_half_device("Tensor::to(device)", dtype(), target);
   cuda::fail_if_capturing("to(device)", device().is_cuda() ? device() : target, "the host waits for the copy");
   profile::OpScope scope("to_device", [&] { return copy_info(*this, static_cast<double>(nbytes())); });
   Tensor out = Tensor::empty(shape(), {.dtype = dtype(), .device = target});
@@ -114,6 +115,13 @@ Tensor Tensor::to(Device target) const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
+  // Before anything is allocated: half-precision casts run on the CPU only, and autograd
+  // does not take the half types (their gradient would have no op to flow through).
+  check_half_device("Tensor::to(dtype)", is_half(target) ? target : dtype(), device());
+  if (is_half(target) && should_record({*this}))
+    TG_FAIL_AS(DTypeError, "Tensor::to(", dtype_name(target), "): ", describe(*this), " requires grad, and ",
+               dtype_name(target), " tensors are storage-only for now (autograd does not take them); convert a ",
+               "detach()ed tensor");
   profile::OpScope scope("to_dtype", [&] {
     return copy_info(*this, static_cast<double>(numel()) * static_cast<double>(dtype_size(target)));
   });

@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "core/precision.h"
 #include "core/profiler.h"
 #include "core/random.h"

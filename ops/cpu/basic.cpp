@@ -125,6 +125,7 @@ void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dim
 }
 
 void cast(const Tensor& out, const Tensor& x) {
+  if (is_half(x.dtype()) || is_half(out.dtype())) return cast_half(out, x);
   dispatch_any(x.dtype(), [&](auto* stag) {
     using S = TG_ELEMENT_TYPE(stag);
     const S* ps = static_cast<const S*>(x.raw_data());

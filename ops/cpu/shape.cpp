@@ -20,12 +20,20 @@ void for_each_row(const SliceProblem& p, F&& f) {
   });
 }
 
+// dispatch_any, plus the half types moved as their 2-byte bit patterns: these ops only copy
+// values, so bf16 / f16 tensors may be cut and joined on the CPU like any other.
+template <class F>
+void dispatch_moved(DType t, F&& f) {
+  if (is_half(t)) f(static_cast<uint16_t*>(nullptr));
+  else dispatch_any(t, f);
+}
+
 }  // namespace
 
 void slice_gather(const Tensor& small, const Tensor& big, const SliceProblem& p) {
   check_slice_buffers("slice_gather", big, small, p);
   if (small.numel() == 0) return;
-  dispatch_any(big.dtype(), [&](auto* tag) {
+  dispatch_moved(big.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* src = static_cast<const T*>(big.raw_data());
     T* dst = static_cast<T*>(small.raw_data());
@@ -36,7 +44,7 @@ void slice_gather(const Tensor& small, const Tensor& big, const SliceProblem& p)
 void slice_scatter(const Tensor& big, const Tensor& small, const SliceProblem& p) {
   check_slice_buffers("slice_scatter", big, small, p);
   if (small.numel() == 0) return;
-  dispatch_any(big.dtype(), [&](auto* tag) {
+  dispatch_moved(big.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* src = static_cast<const T*>(small.raw_data());
     T* dst = static_cast<T*>(big.raw_data());
