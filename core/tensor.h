@@ -20,7 +20,7 @@ namespace tg {
 // (i64, f64), not to f32, so that from_vector(labels, shape, {.device = d}) keeps integer class
 // labels integers. An explicit .dtype converts.
 struct ValueOptions {
-  std::optional<DType> dtype;
+  std::optional<DType> dtype = std::nullopt;
   Device device = Device::cpu();
 };
 
