@@ -1,7 +1,10 @@
 // Experiment (not built by CMake): does compute-sanitizer memcheck follow allocations made inside
 // a stream capture? docs/cuda_graphs.md ("Known issue") has the report this probes. On an H200
-// (driver 580.159.04, CUDA 13.0) this program ran clean under memcheck, while
-// test_cuda_graph_cuda did not. Run on a GPU machine:
+// (driver 580.159.04, CUDA 13.0) two smaller probes (allocations, kernels and frees inside a
+// capture; an auto-freed output; 3-4 launches) ran clean under memcheck while
+// test_cuda_graph_cuda did not; this extended one (eager pool warm-up, buffers from before the
+// capture, a pinned copy node, five launches after refilling an input) has not run yet.
+// Run on a GPU machine:
 //   nvcc -arch=sm_90a -o /tmp/probe dev/graph_memcheck_probe.cu && compute-sanitizer --tool memcheck /tmp/probe
 #include <cstdio>
 #include <cuda_runtime.h>
