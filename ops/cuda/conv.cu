@@ -248,10 +248,13 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
 // size (`engine_tma`: the engine would run this pass on its TMA kernel). FP32 mode measured
 // level on small images and stays.
 constexpr int64_t kConv3x3MinPixelsTf32 = 512, kConv3x3MinPixelsTf32Tma = 4096;
-bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype, bool engine_tma) {
+// `engine_tma()` is asked only for the images whose routing depends on it.
+template <class EngineTma>
+bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype, EngineTma&& engine_tma) {
   if (dtype != DType::f32 || !conv3x3_applies(s)) return false;
-  const int64_t min_pixels = engine_tma ? kConv3x3MinPixelsTf32Tma : kConv3x3MinPixelsTf32;
-  return precision() != Precision::TF32 || s.out[1] * s.out[2] >= min_pixels;
+  const int64_t pixels = s.out[1] * s.out[2];
+  if (precision() != Precision::TF32 || pixels >= kConv3x3MinPixelsTf32Tma) return true;
+  return pixels >= kConv3x3MinPixelsTf32 && !engine_tma();
 }
 
 // Grad-weight stays on the 3x3 kernels except on images under 512 output pixels where the
@@ -259,9 +262,10 @@ bool conv3x3_claims_data_pass(const ConvShape& s, DType dtype, bool engine_tma) 
 // backward, 384 channels at 16x16 0.53 -> 0.49 ms, 512 at 8x8 0.57 -> 0.40; at 32x32 the 3x3
 // kernel wins (192 channels: 0.43 against 0.64).
 constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512;
-bool conv3x3_claims_grad_weight(const ConvShape& s, DType dtype, bool engine_tma) {
+template <class EngineTma>
+bool conv3x3_claims_grad_weight(const ConvShape& s, DType dtype, EngineTma&& engine_tma) {
   if (dtype != DType::f32 || !conv3x3_applies(s)) return false;
-  return !(engine_tma && precision() == Precision::TF32 && s.out[1] * s.out[2] < kConv3x3GradWeightMinPixelsTma);
+  return precision() != Precision::TF32 || s.out[1] * s.out[2] >= kConv3x3GradWeightMinPixelsTma || !engine_tma();
 }
 
 unsigned reduce_blocks(int64_t count) {
@@ -276,7 +280,8 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
-    if (conv3x3_claims_data_pass(s, y.dtype(), engine_conv_forward_uses_tma(s, x, precision(), policy.engine)))
+    if (conv3x3_claims_data_pass(s, y.dtype(),
+                                 [&] { return engine_conv_forward_uses_tma(s, x, precision(), policy.engine); }))
       return conv3x3_forward(y, x, w, b, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, y.dtype()))
@@ -297,7 +302,8 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, dx.dtype())) return conv1x1_grad_input(dx, dy, w, s);
-    if (conv3x3_claims_data_pass(s, dx.dtype(), engine_conv_grad_input_uses_tma(s, dy, precision(), policy.engine)))
+    if (conv3x3_claims_data_pass(s, dx.dtype(),
+                                 [&] { return engine_conv_grad_input_uses_tma(s, dy, precision(), policy.engine); }))
       return conv3x3_grad_input(dx, dy, w, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dx.dtype()))
@@ -318,7 +324,8 @@ void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const
   const KernelPolicy& policy = kernel_policy();
   if (policy.conv == KernelPath::Auto) {
     if (pointwise_claims(s, dw.dtype())) return conv1x1_grad_weight(dw, dy, x, s);
-    if (conv3x3_claims_grad_weight(s, dw.dtype(), engine_conv_grad_weight_uses_tma(s, dw, precision(), policy.engine)))
+    if (conv3x3_claims_grad_weight(s, dw.dtype(),
+                                   [&] { return engine_conv_grad_weight_uses_tma(s, dw, precision(), policy.engine); }))
       return conv3x3_grad_weight(dw, dy, x, s);
   }
   if (policy.conv != KernelPath::Direct && engine_conv_can_implement(s, dw.dtype()))

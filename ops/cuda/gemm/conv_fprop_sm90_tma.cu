@@ -10,6 +10,7 @@
 // which costs one read and one write of x. The output goes through the engine's output map
 // (channels-first or -last, bias, split partial sums). Design note: docs/kernels/gemm.md.
 #include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/gemm/operands.cuh"
 #include "ops/cuda/gemm/planning.h"
@@ -53,8 +54,6 @@ namespace {
 // Fewer input channels than this waste most of each 32-channel k-tile: the cp.async kernels
 // serve them.
 constexpr int64_t kTmaMinChannels = 16;
-
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 
 // packed[k][t][c] = w[k][c][t] for c < C, 0 for C <= c < c_pad. Grad-input (`flipped`): the
@@ -147,8 +146,9 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
     args.out.div = FastDivmod(uint32_t(s.out_volume()));
   }
 
+  const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   Im2colBoxes boxes{};
-  boxes.x = f32_im2col_map(flipped ? "conv grad-input (dy)" : "conv forward (x)", x_last, im2col_geometry(s, channels), kBK, kTmaBM);
+  boxes.x = f32_im2col_map(flipped ? "conv grad-input (dy)" : "conv forward (x)", x_last, geometry_x, kBK, kTmaBM);
   boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), s.K, red,
                            {.rows = cols, .cols = kBK, .swizzle128 = true});
   boxes.slices = int32_t(c_pad / kBK);
@@ -162,7 +162,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
     boxes.pad[d] = int32_t(s.pad[d]);
     boxes.dil[d] = int32_t(s.dilation[d]);
   }
-  boxes.three_d = im2col_geometry(s, channels).dims == 3;
+  boxes.three_d = geometry_x.dims == 3;
   run_plan(plan, args, y.device(),
            [&](const MainloopArgs& a, cudaStream_t stm) { launch_tma_wgmma(boxes, plan, a, stm); });
 }

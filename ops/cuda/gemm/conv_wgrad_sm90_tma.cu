@@ -11,6 +11,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda::engine {
@@ -25,8 +26,6 @@ constexpr int64_t kMaxColumnFloats = int64_t(1) << 28;
 // -> 1.43). Except where the reduction's other side is narrow (C * kvol <= 64: a stem with one
 // input channel, 1.32 -> 0.96), where the cp.async kernel's tiles are mostly empty.
 constexpr int64_t kMinOutputChannels = 160, kMinOutputChannelsNarrow = 32, kNarrowColumns = 64;
-
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len: one row j per
 // blockIdx.y (its channel and tap decoded once), threads along r (writes coalesced; NCHW reads

@@ -114,8 +114,25 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
 }
 
 // The TMA matmul kernel takes a TF32 product on Hopper where the reduction is long or there
-// are tiles for two blocks per SM (engine_gemm).
+// are tiles for two blocks per SM (the policy's arch 80 / 90 aside); `blocks_per_sm` is how many
+// of its 128-wide blocks would share an SM.
 constexpr int64_t kTmaMinReduction = 2048;
+struct TmaMatmulChoice {
+  bool pays;
+  int blocks_per_sm;
+};
+TmaMatmulChoice tma_matmul_choice(const GemmProblem& p, int dev, const EnginePolicy& policy) {
+  const int64_t tiles = ((p.M + 127) / 128) * ((p.N + 127) / 128);
+  const int blocks = engine::tma_blocks_per_sm(128, tiles, sm_count(dev), policy);
+  return {p.K >= kTmaMinReduction || blocks == 2, blocks};
+}
+
+// The TMA convolution passes run at TF32 unless the policy asks for the mma.sync kernels
+// (arch 80) or a tile the TMA kernel lacks (64, 16).
+bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  return precision == Precision::TF32 && policy.arch != 80 && tile;
+}
 
 // Whether engine_gemm transposes the operands stored with the reduction strided, so that the
 // TMA kernel serves the product: TF32 on Hopper, a reduction of whole 16-byte rows, a product
@@ -127,10 +144,8 @@ bool transposes_pay(const GemmProblem& p, bool a_k, bool b_k, Precision precisio
   if (precision != Precision::TF32 || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
   if (p.K < 4 || p.K % 4 != 0 || (p.K + 31) / 32 > 65535) return false;
   if (policy.arch == 90) return true;
-  const int64_t sms = sm_count(dev), tiles = ((p.M + 127) / 128) * ((p.N + 127) / 128);
-  const bool tma = p.K >= kTmaMinReduction || engine::tma_blocks_per_sm(128, tiles, int(sms), policy) == 2;
   const double moved = 8.0 * double((a_k ? 0 : p.M * p.K) + (b_k ? 0 : p.N * p.K));
-  return tma && 2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
+  return tma_matmul_choice(p, dev, policy).pays && 2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
 }
 
 }  // namespace
@@ -153,10 +168,8 @@ bool engine_gemm_can_implement(const GemmProblem& p, DType dtype) {
 
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy) {
-  // The policy may ask for the mma.sync kernels (arch 80) or a tile the TMA kernel lacks (64, 16).
-  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
-  return precision == Precision::TF32 && policy.arch != 80 && tile && x.dtype() == DType::f32 &&
-         x.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
+  return tma_conv_allowed(precision, policy) && x.dtype() == DType::f32 && x.device().is_cuda() &&
+         engine_conv_can_implement(s, DType::f32) &&
          engine::conv_fprop_tma_applies(s, x.data<float>(), x.device().index);
 }
 
@@ -169,9 +182,8 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
 
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy) {
-  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
-  return precision == Precision::TF32 && policy.arch != 80 && tile && dw.dtype() == DType::f32 &&
-         dw.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
+  return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 && dw.device().is_cuda() &&
+         engine_conv_can_implement(s, DType::f32) &&
          engine::conv_wgrad_tma_applies(s, dw.device().index);
 }
 
@@ -208,11 +220,10 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   const int dev = dx.device().index;
   set_device(dev);
   if (engine::columns_pay(s)) return engine::grad_input_by_columns(dx, dy, w, s, precision, policy);
-  if (engine_conv_grad_input_uses_tma(s, dy, precision, policy)) {
-    ConvShape forward;
-    engine::grad_input_as_forward(s, forward);
+  // engine_conv_grad_input_uses_tma, with the columns and limits already settled above.
+  ConvShape forward;
+  if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_uses_tma(forward, dy, precision, policy))
     return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
-  }
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
@@ -335,16 +346,16 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // one-block-per-SM kernel, costs more than the two-blocks-per-SM mma.sync kernel loses on
   // loading (docs/kernels/gemm.md); two TMA blocks per SM overlap it. arch 90 forces the TMA
   // kernel wherever it applies, arch 80 never.
-  const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
-  const int pair_blocks = engine::tma_blocks_per_sm(128, tiles128, int(sms), policy);
+  const TmaMatmulChoice choice = tma_matmul_choice(p, dev, policy);
   const bool tma = precision == Precision::TF32 && a_k && b_k && plan.shape == engine::TileShape::Big &&
-                   (policy.arch == 90 || (policy.arch == 0 && (p.K >= kTmaMinReduction || pair_blocks == 2))) &&
+                   (policy.arch == 90 || (policy.arch == 0 && choice.pays)) &&
                    engine::matmul_tma_applies(a_data, b_data, p.K, dev);
-  if (tma) plan.tma_blocks_per_sm = pair_blocks;
+  if (tma) plan.tma_blocks_per_sm = choice.blocks_per_sm;
   // Its 128 x 256 tile moves a quarter fewer bytes per product; take it on long reductions where
   // it costs no waves: blocks of twice the work, counted in waves of one block per SM, no more
   // than the 128-wide tiles' (unsplit reductions only).
   if (tma && p.N > 128) {
+    const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
     const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
     const bool pays = plan.splits == 1 && p.K >= kTmaMinReduction && policy.blocks_per_sm != 2 && tiles128 >= sms &&
                       2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
