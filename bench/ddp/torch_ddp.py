@@ -27,6 +27,7 @@ processes (gloo, wall-clock timing): a smoke test of the script where no GPU is 
 import argparse
 import json
 import os
+import sys
 import time
 
 # NVLink SHARP (NVLS) multicast is off on these machines for every process (see
@@ -72,48 +73,10 @@ def parse_args():
     return a
 
 
-# examples/common/resnet.h: conv 3x3 in->w s1 (no bias) -> GroupNorm -> relu -> layer1..4 of two
-# BasicBlocks (w, 2w, 4w, 8w channels; the first block of layers 2-4 has stride 2 and a 1x1
-# stride-2 conv + GroupNorm shortcut) -> mean over H, W -> Linear 8w->classes (with bias).
-# Every conv is bias-free with padding k // 2; every GroupNorm has eps 1e-5 and an affine
-# weight and bias; groups = min(32, w / 2) as in examples/ddp_train.cpp. Names follow
-# tapegrad's (conv1, gn1, layerN.M.conv1, layerN.M.downsample.0, fc).
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride, groups):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.gn1 = nn.GroupNorm(groups, cout, eps=1e-5)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.gn2 = nn.GroupNorm(groups, cout, eps=1e-5)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
-                                            nn.GroupNorm(groups, cout, eps=1e-5))
-
-    def forward(self, x):
-        y = self.gn2(self.conv2(F.relu(self.gn1(self.conv1(x)))))
-        return F.relu(y + (x if self.downsample is None else self.downsample(x)))
-
-
-class ResNet18GN(nn.Module):
-    def __init__(self, in_channels, classes, width, groups):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
-        self.gn1 = nn.GroupNorm(groups, width, eps=1e-5)
-        cin = width
-        for i in range(4):
-            cout = width << i
-            stride = 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}",
-                    nn.Sequential(BasicBlock(cin, cout, stride, groups), BasicBlock(cout, cout, 1, groups)))
-            cin = cout
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        h = F.relu(self.gn1(self.conv1(x)))
-        for i in range(1, 5):
-            h = getattr(self, f"layer{i}")(h)
-        return self.fc(h.mean(dim=(2, 3)))
+# The ResNet-style model is compare_zoo's mirror of examples/common/resnet.h (tapegrad's
+# parameter names), with groups = min(32, width / 2) as in examples/ddp_train.cpp.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare_zoo import resnet_mirror  # noqa: E402  (bench/compare_zoo.py)
 
 
 def main():
@@ -138,7 +101,7 @@ def main():
     if conv_a:
         model = nn.Conv2d(64, 128, 3, stride=1, padding=0, bias=False).to(device)
     else:
-        model = ResNet18GN(3, a.classes, a.width, min(32, a.width // 2)).to(device)
+        model = resnet_mirror(torch, min(32, a.width // 2), a.classes, a.width).to(device)
     # bucket_cap_mb 25 as tapegrad's default.
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=None if a.cpu else [local_rank])
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum)
