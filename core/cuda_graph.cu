@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <unordered_set>
 #include <utility>
@@ -77,6 +78,13 @@ CaptureState* capture_of(int device) {
 
 // After a failed capture: frees what the step dropped (nothing will use it: the graph never
 // ran) and marks what it allocated and kept as abandoned.
+// What Graph::capture says when CUDA ended the capture with `ended` (not cudaSuccess).
+std::string invalidated_capture(cudaError_t ended) {
+  return std::string("Graph::capture: CUDA invalidated the capture (") + cudaGetErrorName(ended) +
+         "): the step made a call that cannot be captured (a host synchronisation, cudaMalloc, a copy from "
+         "pageable host memory, or a first-use initialisation: run the step eagerly once first)";
+}
+
 void abandon(CaptureState& state, cudaGraph_t graph, cudaStream_t stream) {
   for (void* p : state.kept) cudaFreeAsync(p, stream);
   state.kept.clear();
@@ -277,10 +285,7 @@ void Graph::capture(const std::function<void()>& fn) {
     const cudaError_t ended = end_capture();
     abandon(state, graph, s);
     if (ended == cudaSuccess) throw;
-    TG_FAIL_AS(CaptureError, "Graph::capture: CUDA invalidated the capture (", cudaGetErrorName(ended),
-               "): the step made a call that cannot be captured (a host synchronisation, cudaMalloc, a copy from "
-               "pageable host memory, or a first-use initialisation: run the step eagerly once first); then: ",
-               e.what());
+    TG_FAIL_AS(CaptureError, invalidated_capture(ended), "; then: ", e.what());
   } catch (...) {
     end_capture();
     abandon(state, graph, s);
@@ -289,9 +294,7 @@ void Graph::capture(const std::function<void()>& fn) {
   const cudaError_t ended = end_capture();
   if (ended != cudaSuccess) {
     abandon(state, graph, s);
-    TG_FAIL_AS(CaptureError, "Graph::capture: CUDA invalidated the capture (", cudaGetErrorName(ended),
-               "): the step made a call that cannot be captured (a host synchronisation, cudaMalloc, a copy "
-               "from pageable host memory, or a first-use initialisation: run the step eagerly once first)");
+    TG_FAIL_AS(CaptureError, invalidated_capture(ended));
   }
 
   // The process-wide generator must have moved only by the draws the graph will shift.

@@ -1,11 +1,9 @@
 // Experiment (not built by CMake): does compute-sanitizer memcheck follow allocations made inside
-// a stream capture? docs/cuda_graphs.md ("Known issue") has the report this probes. On an H200
-// (driver 580.159.04, CUDA 13.0) two smaller probes (allocations, kernels and frees inside a
-// capture; an auto-freed output; 3-4 launches) ran clean under memcheck while
-// test_cuda_graph_cuda did not; this extended one (eager pool warm-up, buffers from before the
-// capture, a pinned copy node, five launches after refilling an input) has not run yet.
-// Run on a GPU machine:
-//   nvcc -arch=sm_90a -o /tmp/probe dev/graph_memcheck_probe.cu && compute-sanitizer --tool memcheck /tmp/probe
+// a stream capture? It mimics a graphed training step: an eager phase that warms the default
+// pool, buffers allocated before capture and read inside, a kept output, temporaries of several
+// sizes freed inside, a device-to-pinned-host copy node, and replays that refill an input first.
+// Build it with nvcc for sm_90a and run it under `compute-sanitizer --tool memcheck`; the open
+// report it probes is described in docs/cuda_graphs.md ("Known issue").
 #include <cstdio>
 #include <cuda_runtime.h>
 __global__ void fill(float* p, int n, float v) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = v + i; }
