@@ -91,6 +91,10 @@ struct OutputMap {
     if (bias) v += bias[n];
     data[offset(m, n)] = v;
   }
+  // Whether consecutive m (pixels) land on consecutive addresses: the channels-first layouts.
+  __device__ __forceinline__ bool m_contiguous() const {
+    return mode == kChannelsFirst || (mode == kPhase && !phase.channels_last);
+  }
 };
 
 struct MainloopArgs {
@@ -106,7 +110,36 @@ struct MainloopArgs {
     if (partials) partials[(int64_t(blockIdx.y) * M + m) * N + n] = v;
     else out.store(m, n, v);
   }
+  __device__ __forceinline__ bool m_contiguous() const { return !partials && out.m_contiguous(); }
 };
+
+// The epilogue's second half, shared by the engine's kernels. Storing each accumulator straight
+// through the OutputMap would unroll the map's branches and divisions once per element: code
+// larger than the instruction cache, which then stalls every warp on instruction fetch. So the
+// kernels first stage their kBM x kBN tile in shared memory (row stride kBN + 1: odd, so that
+// reading a column is free of bank conflicts), and this one small loop applies the map,
+// consecutive threads on consecutive addresses of the output's contiguous dimension.
+template <int kBM, int kBN>
+constexpr int staged_tile_floats() {
+  return kBM * (kBN + 1);
+}
+template <int kBM, int kBN, int kThreads>
+__device__ __forceinline__ void store_staged_tile(const float* stage, int tid, int32_t m0, int32_t n0,
+                                                  const MainloopArgs& args) {
+  constexpr int kStride = kBN + 1;
+  const int rows = min(kBM, args.M - m0), cols = min(kBN, args.N - n0);
+  if (args.m_contiguous()) {
+    for (int e = tid; e < kBM * kBN; e += kThreads) {
+      const int m = e % kBM, n = e / kBM;
+      if (m < rows && n < cols) args.store(m0 + m, n0 + n, stage[m * kStride + n]);
+    }
+  } else {
+    for (int e = tid; e < kBM * kBN; e += kThreads) {
+      const int n = e % kBN, m = e / kBN;
+      if (m < rows && n < cols) args.store(m0 + m, n0 + n, stage[m * kStride + n]);
+    }
+  }
+}
 
 // One operand's share of a stage: which rows and reduction indices this thread copies.
 // k adjacent: 8 threads along k (4 consecutive each, one 16-byte copy when the four are
@@ -292,15 +325,20 @@ __global__ void __launch_bounds__(Cfg::kThreads) igemm_sm80_kernel(const OpA a, 
     }
   }
   cp_async_wait<0>();
+  __syncthreads();  // every copy landed and every fragment read: the stages are free
 
   // Accumulator r of mma tile (i, j) holds C[row + 8 (r / 2)][col + r % 2].
+  constexpr int kStride = Cfg::kBN + 1;
+  static_assert(staged_tile_floats<Cfg::kBM, Cfg::kBN>() <= Cfg::kStages * (kTileA + kTileB), "staged tile must fit");
 #pragma unroll
   for (int i = 0; i < Cfg::kMI; ++i)
 #pragma unroll
     for (int j = 0; j < Cfg::kNI; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        args.store(m0 + warp_m0 + i * 16 + g + 8 * (r / 2), n0 + warp_n0 + j * 8 + 2 * t + r % 2, acc[i][j][r]);
+        smem[(warp_m0 + i * 16 + g + 8 * (r / 2)) * kStride + warp_n0 + j * 8 + 2 * t + r % 2] = acc[i][j][r];
+  __syncthreads();
+  store_staged_tile<Cfg::kBM, Cfg::kBN, Cfg::kThreads>(smem, tid, m0, n0, args);
 }
 
 template <class Cfg, class OpA, class OpB>

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "../arch/wgmma.cuh"
+#include "epilogue_sm90.cuh"
 #include "mainloop_sm80.cuh"
 
 namespace tg::cuda::engine {
@@ -232,16 +233,9 @@ __global__ void __launch_bounds__(256, 1) igemm_sm90_kernel(const OpA a, const O
   wgmma::wait<0>();
 #pragma unroll
   for (int q = 0; q < 64; ++q) wgmma::fence_operand(acc[q]);
-  cp_async_wait<0>();
-
-  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e], row0 the warp's first row.
-  const int row0 = warpgroup * 64 + (warp % 4) * 16, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) args.store(m0 + row0 + g + 8 * h, n0 + 8 * j + 2 * t + e, acc[4 * j + 2 * h + e]);
+  cp_async_wait<0>();  // this thread's copies; the epilogue's barrier covers the others'
+  static_assert(staged_tile_floats<128, 128>() <= P::kFloats, "staged tile must fit the stages");
+  store_tile_staged<128>(acc, smem, tid, m0, n0, args);
 #else
   __trap();  // engine.cu launches this kernel only on devices that run sm_90a code
 #endif

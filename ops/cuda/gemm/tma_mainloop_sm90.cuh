@@ -12,13 +12,15 @@
 // the 128 x kBN tile: per stage they wait on `full`, run four m64nNk8 wgmmas, keep one wgmma
 // group in flight (wait<1>), and, once the previous stage's group has retired, release that
 // stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
-// zeros, so ragged edges need no code. Split reductions and the output map (bias, partial sums,
-// channels-first outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm.md.
+// zeros, so ragged edges need no code. The tile leaves through shared memory
+// (epilogue_sm90.cuh); split reductions and the output map (bias, partial sums, channels-first
+// outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm.md.
 #pragma once
 #include "../../../core/cuda_context.h"
 #include "../arch/cp_async.cuh"
 #include "../arch/tma.cuh"
 #include "../arch/wgmma.cuh"
+#include "epilogue_sm90.cuh"
 #include "kernels.h"
 
 namespace tg::cuda::engine {
@@ -125,15 +127,9 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
   wgmma::wait<0>();
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
-
-  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e], row0 the warp's first row.
-  const int row0 = warpgroup * 64 + (warp % 4) * 16, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) args.store(m0 + row0 + g + 8 * h, n0 + 8 * j + 2 * t + e, acc[4 * j + 2 * h + e]);
+  // Every load the producer issued has been waited for: the stages are free for the epilogue.
+  static_assert(staged_tile_floats<128, kBN>() * 4 <= kStages * kStageBytes, "staged tile must fit the stages");
+  store_tile_staged<kBN>(acc, reinterpret_cast<float*>(smem), threadIdx.x, m0, n0, args);
 #else
   __trap();  // launched only on devices that run sm_90a code
 #endif
