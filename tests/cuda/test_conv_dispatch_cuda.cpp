@@ -7,6 +7,7 @@
 #include "common/test_util.h"
 #include "core/precision.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/gemm/engine.h"
 
@@ -112,5 +113,34 @@ TEST(CudaConvDispatch, Tf32SmallImageGradWeightGoesToTheTmaProduct) {
       else cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s);
     });
     EXPECT_EQ(dw, want) << "x " << x_shape << (engine ? " (engine)" : " (3x3 kernel)");
+  }
+}
+
+TEST(CudaConvDispatch, PointwiseForwardPast128InputChannelsGoesToTheEngine) {
+  TG_REQUIRE_GPU();
+  for (const Precision mode : {Precision::TF32, Precision::FP32}) {
+    PrecisionGuard guard(mode);
+    for (const bool nhwc : {false, true}) {
+      for (const int64_t C : {96, 128, 129, 384}) {
+        ConvParams params;
+        params.layout = nhwc ? Layout::NHWC : Layout::NCHW;
+        const Shape x_shape = nhwc ? Shape{2, 12, 10, C} : Shape{2, C, 12, 10};
+        const Shape w_shape{40, C, 1, 1};
+        const ConvShape s = make_conv_shape("conv2d", x_shape, w_shape, params);
+        ASSERT_TRUE(cuda::conv1x1_applies(s, f32));
+        const Tensor x = random(x_shape, f32).to(kGpu), w = random(w_shape, f32).to(kGpu);
+        const Tensor b = random({40}, f32).to(kGpu);
+        const auto routed = run(s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, x, w, b, s); });
+        const auto want = run(s.y_shape(), [&](const Tensor& y) {
+          if (C > 128) cuda::engine_conv_forward(y, x, w, b, s, mode);
+          else cuda::conv1x1_forward(y, x, w, b, s);
+        });
+        EXPECT_EQ(routed, want) << "C " << C << (nhwc ? " NHWC" : " NCHW") << (C > 128 ? " (engine)" : " (1x1 kernel)");
+        const Tensor dy = random(s.y_shape(), f32).to(kGpu);
+        const auto dx = run(s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, dy, w, s); });
+        const auto dx_1x1 = run(s.x_shape(), [&](const Tensor& t) { cuda::conv1x1_grad_input(t, dy, w, s); });
+        EXPECT_EQ(dx, dx_1x1) << "C " << C << (nhwc ? " NHWC" : " NCHW");
+      }
+    }
   }
 }
