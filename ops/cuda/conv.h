@@ -1,8 +1,8 @@
 // Host launchers of the CUDA convolution kernels; same names and signatures as the CPU
 // reference (ops/cpu/conv.h): outputs, inputs, problem size. Ordered on the framework
-// stream of the outputs' device. Each launcher is the one place that chooses a kernel
-// variant (today the general direct kernels; fast paths for shape classes plug in there).
-// Every output is fully overwritten; no launcher reads its output first.
+// stream of the outputs' device. Each launcher runs the first row of the dispatcher's table
+// (conv_variants.h: the 1x1 and 3x3 kernels, the engine, the direct kernels) that takes the
+// problem. Every output is fully overwritten; no launcher reads its output first.
 #pragma once
 #include "../../core/tensor.h"
 #include "../conv.h"

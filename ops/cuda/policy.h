@@ -4,6 +4,8 @@
 // Tests and the benchmark force one path, or one variant inside a fast path, to measure or
 // check it; nothing reads the environment. Every field is read at each launch.
 #pragma once
+#include <string_view>
+
 #include "gemm/engine.h"
 
 namespace tg::cuda {
@@ -41,6 +43,10 @@ struct Conv1x1Policy {
 
 struct KernelPolicy {
   KernelPath conv = KernelPath::Auto;
+  // Forces one row of the convolution table by name (conv_variants.h: "pointwise", "conv3x3",
+  // "engine", "direct"); empty: the order `conv` allows. A forced row that cannot implement a
+  // problem is an UnsupportedError, never a silent fallback.
+  std::string_view conv_variant;
   KernelPath gemm = KernelPath::Auto;
   EnginePolicy engine;  // tile and split overrides inside the engine
   Conv3x3Policy conv3x3;  // only where conv == Auto lets the 3x3 fast path run

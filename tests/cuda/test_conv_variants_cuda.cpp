@@ -1,0 +1,190 @@
+// Every row of the convolution dispatcher's table (ops/cuda/conv_variants.h) on every case it can
+// implement on this GPU, forced through KernelPolicy::conv_variant, against the CPU reference:
+// forward, grad-input and grad-weight into NaN-poisoned outputs, FP32 (relative L2 <= 1e-5) and
+// TF32 (<= 2e-3: each operand rounded to 10 mantissa bits, a relative error of ~2^-11 per factor,
+// so ~7e-4 per product, which random signs do not let grow in the sum; measured 3e-4 - 8e-4).
+// Also: the default order picks the first row that prefers a problem, a forced row that cannot
+// implement a problem is an UnsupportedError, and each case is implemented by at least the engine
+// or the direct kernels.
+#include <set>
+#include <string>
+
+#include "common/cuda_compare.h"
+#include "common/test_util.h"
+#include "core/precision.h"
+#include "ops/cpu/conv.h"
+#include "ops/cuda/conv.h"
+#include "ops/cuda/conv_variants.h"
+#include "ops/cuda/policy.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+struct Case {
+  const char* name;
+  Shape x, w;  // x in the layout of p
+  ConvParams p;
+};
+
+// Shapes that reach every row: 1x1 (pointwise), 3x3 stride 1 (conv3x3), the engine's TMA and
+// cp.async paths (16+ channels, ragged channel counts, strides, dilation, 3-D), tiny channels.
+std::vector<Case> cases() {
+  const Layout NHWC = Layout::NHWC;
+  return {
+      {"1x1 NCHW C 40", {2, 40, 9, 12}, {24, 40, 1, 1}, {}},
+      {"1x1 NCHW C 136", {2, 136, 6, 8}, {20, 136, 1, 1}, {}},
+      {"1x1 NHWC C 36", {2, 7, 9, 36}, {18, 36, 1, 1}, {.layout = NHWC}},
+      {"3x3 s1 C 32", {2, 32, 12, 14}, {40, 32, 3, 3}, {.padding = {1}}},
+      {"3x3 s1 C 20 K 9", {2, 20, 9, 11}, {9, 20, 3, 3}, {.padding = {1}}},
+      {"3x3 s1 NHWC C 24", {2, 10, 12, 24}, {32, 24, 3, 3}, {.padding = {1}, .layout = NHWC}},
+      {"3x3 s2 C 18", {2, 18, 15, 13}, {34, 18, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"5x5 d2 C 16", {1, 16, 17, 15}, {12, 16, 5, 5}, {.padding = {4}, .dilation = {2}}},
+      {"7x7 s2 C 3", {2, 3, 23, 21}, {16, 3, 7, 7}, {.stride = {2}, .padding = {3}}},
+      {"3x3x3 C 16", {1, 16, 6, 7, 8}, {20, 16, 3, 3, 3}, {.padding = {1}}},
+      {"3x3x3 s2 C 5", {2, 5, 7, 6, 9}, {6, 5, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
+  };
+}
+
+ConvShape shape_of(const Case& c) { return make_conv_shape("test", c.x, c.w, c.p); }
+
+struct Reference {
+  Tensor x, w, b, dy;           // CPU inputs
+  Tensor xg, wg, bg, dyg;       // the same on the GPU
+  Tensor y, dx, dw;             // CPU results
+};
+
+Reference reference(const Case& c) {
+  const ConvShape s = shape_of(c);
+  Reference r;
+  r.x = random(c.x, f32);
+  r.w = random(c.w, f32);
+  r.b = random({s.K}, f32);
+  r.dy = random(s.y_shape(), f32);
+  r.xg = r.x.to(kGpu);
+  r.wg = r.w.to(kGpu);
+  r.bg = r.b.to(kGpu);
+  r.dyg = r.dy.to(kGpu);
+  r.y = Tensor::empty(s.y_shape(), {.dtype = f32});
+  r.dx = Tensor::empty(c.x, {.dtype = f32});
+  r.dw = Tensor::empty(c.w, {.dtype = f32});
+  cpu::conv_forward(r.y, r.x, r.w, r.b, s);
+  cpu::conv_grad_input(r.dx, r.dy, r.w, s);
+  cpu::conv_grad_weight(r.dw, r.dy, r.x, s);
+  return r;
+}
+
+}  // namespace
+
+TEST(CudaConvVariants, EveryRowOnEveryCaseItCanImplement) {
+  TG_REQUIRE_GPU();
+  std::set<std::string> rows_run;
+  for (const Precision mode : {Precision::FP32, Precision::TF32}) {
+    PrecisionGuard guard(mode);
+    const double tol = mode == Precision::FP32 ? 1e-5 : 2e-3;
+    for (const Case& c : cases()) {
+      const ConvShape s = shape_of(c);
+      const Reference r = reference(c);
+      for (const cuda::ConvVariant& v : cuda::conv_variants()) {
+        cuda::KernelPolicy policy = cuda::kernel_policy();
+        policy.conv_variant = v.name;
+        cuda::KernelPolicyGuard forced(policy);
+        const std::string what = std::string(c.name) + " on " + std::string(v.name) + (mode == Precision::TF32 ? " tf32" : " fp32");
+        const Tensor y = poisoned_gpu(s.y_shape(), f32), dx = poisoned_gpu(c.x, f32), dw = poisoned_gpu(c.w, f32);
+        const cuda::ConvOperands fwd{.out = y, .x = r.xg, .w = r.wg, .b = r.bg};
+        const cuda::ConvOperands gi{.out = dx, .w = r.wg, .dy = r.dyg}, gw{.out = dw, .x = r.xg, .dy = r.dyg};
+        bool any = false;
+        if (v.can_implement(cuda::conv_problem(s, f32, cuda::ConvPass::Forward), fwd)) {
+          cuda::conv_forward(y, r.xg, r.wg, r.bg, s);
+          EXPECT_LE(rel_l2(y, r.y), tol) << what << ": forward";
+          any = true;
+        }
+        if (v.can_implement(cuda::conv_problem(s, f32, cuda::ConvPass::GradInput), gi)) {
+          cuda::conv_grad_input(dx, r.dyg, r.wg, s);
+          EXPECT_LE(rel_l2(dx, r.dx), tol) << what << ": grad-input";
+          any = true;
+        }
+        if (v.can_implement(cuda::conv_problem(s, f32, cuda::ConvPass::GradWeight), gw)) {
+          cuda::conv_grad_weight(dw, r.dyg, r.xg, s);
+          EXPECT_LE(rel_l2(dw, r.dw), tol) << what << ": grad-weight";
+          any = true;
+        }
+        if (any) rows_run.insert(std::string(v.name));
+      }
+    }
+  }
+  // Every row of the table ran somewhere: none goes untested.
+  for (const cuda::ConvVariant& v : cuda::conv_variants())
+    EXPECT_TRUE(rows_run.count(std::string(v.name))) << "no case exercised row " << v.name;
+}
+
+TEST(CudaConvVariants, BothGradientsAtOnceOnEveryRow) {
+  TG_REQUIRE_GPU();
+  // conv_grad_input_weight takes the 1x1 kernels' fused backward when both passes route there.
+  for (const Case& c : {cases()[0], cases()[2], cases()[3]}) {
+    const ConvShape s = shape_of(c);
+    const Reference r = reference(c);
+    for (const cuda::ConvVariant& v : cuda::conv_variants()) {
+      const cuda::ConvOperands gi{.out = poisoned_gpu(c.x, f32), .w = r.wg, .dy = r.dyg};
+      if (!v.can_implement(cuda::conv_problem(s, f32, cuda::ConvPass::GradInput), gi)) continue;
+      cuda::KernelPolicy policy = cuda::kernel_policy();
+      policy.conv_variant = v.name;
+      cuda::KernelPolicyGuard forced(policy);
+      const Tensor dx = poisoned_gpu(c.x, f32), dw = poisoned_gpu(c.w, f32);
+      cuda::conv_grad_input_weight(dx, dw, r.dyg, r.xg, r.wg, s);
+      EXPECT_LE(rel_l2(dx, r.dx), 1e-5) << c.name << " on " << v.name << ": dx";
+      EXPECT_LE(rel_l2(dw, r.dw), 1e-5) << c.name << " on " << v.name << ": dw";
+    }
+  }
+}
+
+TEST(CudaConvVariants, DefaultOrderTakesTheFirstPreferredRow) {
+  TG_REQUIRE_GPU();
+  cuda::KernelPolicyGuard automatic(cuda::KernelPolicy{});
+  for (const Precision mode : {Precision::FP32, Precision::TF32}) {
+    PrecisionGuard guard(mode);
+    for (const Case& c : cases()) {
+      const ConvShape s = shape_of(c);
+      const Tensor x = random(c.x, f32).to(kGpu), y = poisoned_gpu(s.y_shape(), f32);
+      const cuda::ConvProblem p = cuda::conv_problem(s, f32, cuda::ConvPass::Forward);
+      const cuda::ConvOperands o{.out = y, .x = x};
+      std::string_view first;
+      for (const cuda::ConvVariant& v : cuda::conv_variants()) {
+        if (v.preferred(p, o)) {
+          EXPECT_TRUE(v.can_implement(p, o)) << c.name << ": row " << v.name << " prefers what it cannot implement";
+          if (first.empty()) first = v.name;
+        }
+      }
+      EXPECT_EQ(cuda::choose_conv_variant(p, o).name, first) << c.name;
+      EXPECT_EQ(p.precision, mode);
+    }
+  }
+  // f64 has only the direct kernels.
+  const Case& c = cases()[3];
+  const ConvShape s = shape_of(c);
+  const cuda::ConvOperands o{.out = poisoned_gpu(s.y_shape(), f64), .x = random(c.x, f64).to(kGpu)};
+  EXPECT_EQ(cuda::choose_conv_variant(cuda::conv_problem(s, f64, cuda::ConvPass::Forward), o).name, "direct");
+}
+
+TEST(CudaConvVariants, ForcedRowThatCannotImplementThrows) {
+  TG_REQUIRE_GPU();
+  const Case c{"5x5 d2", {1, 16, 17, 15}, {12, 16, 5, 5}, {.padding = {4}, .dilation = {2}}};
+  const ConvShape s = shape_of(c);
+  const Tensor x = random(c.x, f32).to(kGpu), w = random(c.w, f32).to(kGpu), y = poisoned_gpu(s.y_shape(), f32);
+  for (const char* name : {"pointwise", "conv3x3", "no_such_kernels"}) {
+    cuda::KernelPolicy policy = cuda::kernel_policy();
+    policy.conv_variant = name;
+    cuda::KernelPolicyGuard forced(policy);
+    try {
+      cuda::conv_forward(y, x, w, Tensor(), s);
+      ADD_FAILURE() << name << ": expected UnsupportedError";
+    } catch (const UnsupportedError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("conv_forward"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    }
+  }
+}
