@@ -12,11 +12,16 @@
 // record (the same op with a tape active and an input that requires grad, minus the launch)
 // and a backward entry (Tape::backward over a chain of those ops, per entry).
 //
+// And the profiler's cost (issue 28: on, <= 5% of a step; off, unmeasurable): the eager step of
+// each (model, batch) with no tg::Profiler alive, with one recording, with one constructed and
+// stopped, and with none again. The two runs without one show the run-to-run noise.
+//
 //   tg_graphs [--models cnn,resnet] [--batches 8,32] [--steps 200] [--warmup 20]
 //             [--size 32] [--width 64] [--precision fp32|tf32] [--json]
 //
 // --json prints one JSON object per line (bench/graphs/run.sh reads them); otherwise a table.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -143,6 +148,58 @@ StepTimes time_steps(const std::string& model, int64_t batch, const Config& c) {
   return t;
 }
 
+// The eager step timed four times on one setup, in this order: no profiler alive (off), a
+// tg::Profiler recording (on), a profiler constructed and stop()ed (stopped: the only disabled
+// state it has besides none alive), and no profiler again. An off cost is measurable only if
+// it exceeds the difference between the two off runs. TG_NVTX=1 is read once at start-up, so
+// under it every run also pushes NVTX ranges; main reports that as nvtx_env.
+struct ProfilerOverhead {
+  double off_ms = 0, on_ms = 0, stopped_ms = 0, off_again_ms = 0;
+  double ops_per_step = 0;  // records the on run made per step (its warm-up steps included)
+  double off_mean() const { return 0.5 * (off_ms + off_again_ms); }
+  double pct(double ms) const { return 100.0 * (ms / off_mean() - 1.0); }
+  double off_spread_pct() const { return 100.0 * std::abs(off_again_ms - off_ms) / off_mean(); }
+};
+
+ProfilerOverhead profiler_overhead(const std::string& model, int64_t batch, const Config& c) {
+  auto s = make_setup(model, batch, c, 13);
+  const std::function<void(int)> step = [&](int k) { refill(*s, k); s->step(); };
+  // profile::ops_recorded() counts every record ever made: it must not move while off.
+  auto off = [&] {
+    const uint64_t before = tg::profile::ops_recorded();
+    const double ms = ms_per_call(step, c.warmup, c.steps);
+    TG_CHECK(tg::profile::ops_recorded() == before, "tg_graphs: ", model, " batch ", batch,
+             ": ops were recorded while no profiler was recording");
+    return ms;
+  };
+  ProfilerOverhead o;
+  o.off_ms = off();
+  {
+    tg::Profiler prof;
+    o.on_ms = ms_per_call(step, c.warmup, c.steps);
+    prof.stop();
+    // Reading the records waits for their events: after the timing, like a report would be.
+    const std::vector<tg::Profiler::Record>& recs = prof.records();
+    const int64_t steps = c.warmup + c.steps;
+    bool backward = false, optimizer = false;
+    for (const auto& r : recs) {
+      backward = backward || r.phase == tg::profile::Phase::backward;
+      optimizer = optimizer || r.phase == tg::profile::Phase::optimizer;
+    }
+    TG_CHECK(static_cast<int64_t>(recs.size()) >= steps && backward && optimizer, "tg_graphs: ", model, " batch ",
+             batch, ": the profiler recorded ", recs.size(), " ops over ", steps,
+             " steps (backward: ", backward, ", optimizer: ", optimizer, "); the on timing measured nothing");
+    o.ops_per_step = static_cast<double>(recs.size()) / static_cast<double>(steps);
+  }
+  {
+    tg::Profiler prof;
+    prof.stop();
+    o.stopped_ms = off();
+  }
+  o.off_again_ms = off();
+  return o;
+}
+
 // Host microseconds per call of `fn` over n calls (the GPU keeps up: the ops are tiny).
 double host_us(const std::function<void()>& fn, int n) {
   for (int k = 0; k < n / 10; ++k) fn();
@@ -228,6 +285,33 @@ int main(int argc, char** argv) {
         } else {
           std::printf("| %s | %lld | %.3f | %.3f | %.2f |\n", m.c_str(), static_cast<long long>(batch), t.eager_ms,
                       t.graphed_ms, t.graphed_ms / t.eager_ms);
+        }
+        std::fflush(stdout);
+      }
+    }
+    // No profiler is alive here: anything enabled is NVTX from TG_NVTX=1.
+    const bool nvtx_env = tg::profile::enabled();
+    if (!c.json)
+      std::printf("\nprofiler overhead%s\n| model | batch | off ms/step | on ms/step | stopped ms/step "
+                  "| off again ms/step | on %% | stopped %% | off vs off %% | ops/step |\n"
+                  "|---|---|---|---|---|---|---|---|---|---|\n",
+                  nvtx_env ? " (TG_NVTX=1: every run pushes NVTX ranges)" : "");
+    for (const std::string& m : models) {
+      for (const std::string& b : batches) {
+        const int64_t batch = std::stoll(b);
+        const ProfilerOverhead o = profiler_overhead(m, batch, c);
+        if (c.json) {
+          std::printf("{\"framework\": \"tapegrad\", \"profiler_overhead\": true, \"model\": \"%s\", "
+                      "\"batch\": %lld, \"precision\": \"%s\", \"nvtx_env\": %s, \"off_ms\": %.5f, "
+                      "\"on_ms\": %.5f, \"stopped_ms\": %.5f, \"off_again_ms\": %.5f, \"on_overhead_pct\": %.3f, "
+                      "\"stopped_overhead_pct\": %.3f, \"off_spread_pct\": %.3f, \"ops_per_step\": %.1f}\n",
+                      m.c_str(), static_cast<long long>(batch), c.precision.c_str(), nvtx_env ? "true" : "false",
+                      o.off_ms, o.on_ms, o.stopped_ms, o.off_again_ms, o.pct(o.on_ms), o.pct(o.stopped_ms),
+                      o.off_spread_pct(), o.ops_per_step);
+        } else {
+          std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.0f |\n", m.c_str(),
+                      static_cast<long long>(batch), o.off_ms, o.on_ms, o.stopped_ms, o.off_again_ms, o.pct(o.on_ms),
+                      o.pct(o.stopped_ms), o.off_spread_pct(), o.ops_per_step);
         }
         std::fflush(stdout);
       }

@@ -2,7 +2,8 @@
 # CUDA-graphed training steps beside PyTorch, on one GPU, in one run: the cnn example's model
 # and the ResNet-18-style GroupNorm net at small batches, each as tapegrad eager, tapegrad
 # graphed (tg::cuda::GraphedStep), PyTorch eager and PyTorch graphed (torch.cuda.graph), plus
-# the host's cost per op launch, tape (autograd) record and backward entry of both.
+# the host's cost per op launch, tape (autograd) record and backward entry of both, and the
+# cost of tapegrad's profiler on the eager step (off, recording, stopped, off again).
 #
 #   BUILD_DIR=build bench/graphs/run.sh        # a tree built with -DTG_CUDA=ON (target tg_graphs)
 #
@@ -65,6 +66,7 @@ import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 steps = {(r["framework"], r["model"], r["batch"], r["mode"]): r["step_ms"] for r in rows if "step_ms" in r}
+overhead = [r for r in rows if r.get("profiler_overhead")]
 host = {r["framework"]: r for r in rows if r.get("host")}
 precision = next((r["precision"] for r in rows if "precision" in r), "?")
 torch_version = next((r["torch"] for r in rows if "torch" in r), "n/a")
@@ -103,6 +105,25 @@ for fw in ("tapegrad", "pytorch"):
 print()
 print("op launch: relu on 256 floats, no tape; record: the same with a tape (requires_grad) minus the launch; "
       "backward entry: backward over a chain of 2000 relus, per entry (its kernel launch included).")
+print()
+print("### Profiler overhead, tapegrad eager step, ms")
+print()
+print("| model | batch | profiler off | on (recording) | stopped | off again | on overhead % "
+      "| stopped overhead % | off vs off % | ops recorded / step |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in sorted(overhead, key=lambda r: (r["model"], r["batch"])):
+    print(f"| {r['model']} | {r['batch']} | {r['off_ms']:.3f} | {r['on_ms']:.3f} | {r['stopped_ms']:.3f} "
+          f"| {r['off_again_ms']:.3f} | {r['on_overhead_pct']:+.2f} | {r['stopped_overhead_pct']:+.2f} "
+          f"| {r['off_spread_pct']:.2f} | {r['ops_per_step']:.0f} |")
+if not overhead:
+    print("| n/a | | | | | | | | | |")
+print()
+print("Overheads are against the mean of the two off runs; off vs off % is their difference, the noise "
+      "floor. Targets (issue 28): on overhead <= 5% of a ResNet-style step; off unmeasurable "
+      "(stopped overhead within the off vs off spread).")
+if any(r.get("nvtx_env") for r in overhead):
+    print()
+    print("TG_NVTX=1 was set: every run, off included, pushed NVTX ranges.")
 EOF
 echo
 cat "$OUT_DIR/table.md"
