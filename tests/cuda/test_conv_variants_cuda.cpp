@@ -163,7 +163,8 @@ TEST(CudaConvVariants, DefaultOrderTakesTheFirstPreferredRow) {
     }
   }
   // f64 has only the direct kernels.
-  const Case& c = cases()[3];
+  const std::vector<Case> all = cases();
+  const Case& c = all[3];
   const ConvShape s = shape_of(c);
   const cuda::ConvOperands o{.out = poisoned_gpu(s.y_shape(), f64), .x = random(c.x, f64).to(kGpu)};
   EXPECT_EQ(cuda::choose_conv_variant(cuda::conv_problem(s, f64, cuda::ConvPass::Forward), o).name, "direct");
