@@ -27,7 +27,7 @@ struct ConvProblem {
 
 // The pass's tensors (undefined where the pass has none): out is y, dx or dw.
 struct ConvOperands {
-  Tensor out, x, w, b, dy;
+  Tensor out{}, x{}, w{}, b{}, dy{};  // default-initialised: designated initialisers may name a few
 };
 
 struct ConvVariant {
