@@ -10,19 +10,19 @@
 
 namespace tg {
 
-// The error every op gives a bf16 / f16 tensor (a DTypeError naming the op and the dtype):
-// the half types are storage-only until their kernels exist (issue 29). Callers check with
-// it before allocating or launching anything.
-[[noreturn]] inline void fail_storage_only(const char* op, DType t) {
-  TG_FAIL_AS(DTypeError, op, ": ", dtype_name(t), " tensors are storage-only for now (no op computes in them); ",
-             "convert with .to(DType::f32)");
+// The error an op without half-precision support gives a bf16 / f16 tensor (a DTypeError
+// naming the op and the dtype): only the elementwise ops and reductions take them so far
+// (ops/half_compute.h). Callers check with it before allocating or launching anything.
+[[noreturn]] inline void fail_no_half_kernels(const char* op, DType t) {
+  TG_FAIL_AS(DTypeError, op, ": no ", dtype_name(t), " kernels (only the elementwise ops and reductions take ",
+             dtype_name(t), " tensors, computing in f32); convert with .to(DType::f32)");
 }
 inline void check_not_half(const char* op, DType t) {
-  if (is_half(t)) fail_storage_only(op, t);
+  if (is_half(t)) fail_no_half_kernels(op, t);
 }
 
 // The half types are deliberately not instantiated here: doing so would instantiate every
-// CPU and CUDA kernel for them. They get the storage-only DTypeError instead.
+// CPU and CUDA kernel for them. They get fail_no_half_kernels's DTypeError instead.
 template <class F>
 void dispatch_floating(const char* op, DType t, F&& f) {
   check_not_half(op, t);
@@ -33,7 +33,7 @@ void dispatch_floating(const char* op, DType t, F&& f) {
 
 // The same for f32, f64 and i64: for code that only moves or converts values (fills,
 // casts, printing). Code that takes the half types handles them before calling this
-// (core/half.h); here they get the storage-only DTypeError, named after `op`.
+// (core/half.h); here they get fail_no_half_kernels's DTypeError, named after `op`.
 template <class F>
 void dispatch_any(const char* op, DType t, F&& f) {
   check_not_half(op, t);

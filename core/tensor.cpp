@@ -267,7 +267,8 @@ void Tensor::set_data_(const Tensor& src) const {
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
-  if (on && is_half(dtype())) fail_storage_only("requires_grad_ (autograd)", dtype());
+  TG_CHECK_AS(DTypeError, !(on && is_half(dtype())), "requires_grad_ (autograd): ", dtype_name(dtype()),
+              " tensors carry no gradients (parameters stay f32 or f64); convert with .to(DType::f32)");
   TG_CHECK(!on || is_floating(dtype()), "requires_grad_: ", describe(*this), " is not floating point");
   impl()->requires_grad = on;
   return *this;

@@ -167,7 +167,10 @@ void Module::to(Device d) {
 }
 
 void Module::to(DType t) {
-  check_not_half("Module::to", t);  // parameters in bf16 / f16 wait for autocast (issue 29)
+  // Parameters carry gradients, which the half types do not: they stay f32 / f64.
+  TG_CHECK_AS(DTypeError, !is_half(t), "Module::to: parameters stay f32 or f64 (", dtype_name(t),
+              " tensors carry no gradients); convert inputs or a detached state dict with .to(DType::",
+              dtype_name(t), ") instead");
   TG_CHECK(is_floating(t), "Module::to: parameters must stay floating point, not ", dtype_name(t));
   NoGradGuard no_grad;
   for (auto& [name, slot] : named_state_slots()) {

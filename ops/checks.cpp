@@ -6,7 +6,7 @@ namespace tg {
 
 void check_floating(const char* op, const Tensor& t) {
   TG_CHECK(t.defined(), op, ": an input is an undefined tensor");
-  check_not_half(op, t.dtype());  // storage-only: the DTypeError that says how to convert
+  check_not_half(op, t.dtype());  // ops that take half tensors handle them before this (ops/half_compute.h)
   TG_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected a floating-point tensor, got ", describe(t));
 }
 

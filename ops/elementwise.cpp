@@ -6,6 +6,7 @@
 #include "ops/checks.h"
 #include "ops/cpu/kernels.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #include "ops/reduce.h"
 #if TG_CUDA
 #include "ops/cuda/kernels.h"
@@ -86,6 +87,8 @@ const char* backward_name(BinaryOp op) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
+  if (any_half({a, b}))
+    return compute_in_f32(name, {a, b}, [op](const std::vector<Tensor>& v) { return binary(op, v[0], v[1]); });
   check_same_device_dtype(name, a, b);
   Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
   profile::OpScope scope(name, [&] { return elementwise_info({&a, &b}, out_shape, a.dtype()); });
@@ -141,6 +144,8 @@ Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b
 Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
 
 Tensor affine(const Tensor& a, double scale, double shift) {
+  if (any_half({a}))
+    return compute_in_f32("affine", {a}, [=](const std::vector<Tensor>& v) { return affine(v[0], scale, shift); });
   check_floating("affine", a);
   profile::OpScope scope("affine", [&] { return elementwise_info({&a}, a.shape(), a.dtype()); });
   Tensor out = Tensor::empty(a.shape(), {.dtype = a.dtype(), .device = a.device()});
@@ -156,6 +161,7 @@ Tensor affine(const Tensor& a, double scale, double shift) {
 }
 
 Tensor relu(const Tensor& x) {
+  if (any_half({x})) return compute_in_f32("relu", {x}, [](const std::vector<Tensor>& v) { return relu(v[0]); });
   check_floating("relu", x);
   profile::OpScope scope("relu", [&] { return elementwise_info({&x}, x.shape(), x.dtype()); });
   Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});

@@ -8,6 +8,7 @@
 #include "ops/checks.h"
 #include "ops/cpu/unary_kernels.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/unary_kernels.h"
 #endif
@@ -84,6 +85,10 @@ void check_unary_backward_buffers(const char* op, const Tensor& dx, const Tensor
 
 Tensor unary(const Tensor& x, const UnaryParams& p) {
   const char* name = unary_name(p.op);
+  if (any_half({x})) {
+    check_unary_params(p);
+    return compute_in_f32(name, {x}, [&p](const std::vector<Tensor>& v) { return unary(v[0], p); });
+  }
   check_floating(name, x);
   check_unary_params(p);
   profile::OpScope scope(name, [&] {

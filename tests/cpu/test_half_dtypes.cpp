@@ -84,7 +84,7 @@ TEST(HalfDtypes, NamesSizesAndPrinting) {
   EXPECT_EQ(dtype_size(DType::f16), 2u);
   EXPECT_STREQ(dtype_name(tg::bf16), "bf16");
   EXPECT_STREQ(dtype_name(tg::f16), "f16");
-  EXPECT_FALSE(is_floating(DType::bf16));  // storage-only: no op computes in it
+  EXPECT_FALSE(is_floating(DType::bf16));  // no kernels: the ops that take it compute in f32
   EXPECT_TRUE(is_half(DType::f16));
   EXPECT_FALSE(is_half(DType::f32));
   std::ostringstream os;
