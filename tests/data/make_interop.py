@@ -26,7 +26,10 @@ It writes, with safetensors.torch.save_file (a few KB in all):
 loads the files tapegrad's test wrote into DIR (run test_checkpoint_interop with
 TG_INTEROP_ROUNDTRIP_DIR=DIR) with safetensors.torch.load_file and checks that PyTorch's
 strict load_state_dict accepts the model-only ones and refuses the checkpoint that holds
-optimizer state (its "optim.*" keys).
+optimizer state (its "optim.*" keys); and that tapegrad's f32 -> bf16 / f16 roundings and its
+bf16 / f16 elementwise ops and reductions (tg_half.safetensors) match PyTorch's on the CPU:
+bit for bit for roundings and add / sub / mul / div, within one unit in the last place for
+exp, tanh, sum and mean (whose f32 results may differ in the last bits).
 """
 import argparse
 import os
@@ -129,8 +132,48 @@ def write(out):
             print(f"{name}: {os.path.getsize(os.path.join(out, name))} bytes")
 
 
+def same_bits(a, b):
+    """Bitwise equality of two same-dtype tensors, NaN patterns compared as NaN."""
+    ia, ib = a.view(torch.int16), b.view(torch.int16)
+    nan = torch.isnan(a.float()) & torch.isnan(b.float())
+    return (ia == ib) | nan
+
+
+def check_half(path):
+    """tapegrad's bf16 / f16 roundings and elementwise ops against PyTorch's (CPU)."""
+    t = load_file(path)
+    ok = True
+    for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+        mine, ref = t["x." + name], t["x.f32"].to(dt)
+        bad = int((~same_bits(mine, ref)).sum())
+        ok &= bad == 0
+        print(f"{'ok' if bad == 0 else 'FAIL'}: f32 -> {name} rounding of {ref.numel()} values: {bad} differ from torch")
+        a, b = t["a." + name], t["b." + name]
+        exact = {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}
+        close = {"exp": torch.exp(a), "tanh": torch.tanh(a), "sum": a.sum(1), "mean": a.mean(0)}
+        for op, want in exact.items():
+            got = t[f"{op}.{name}"]
+            bad = int((~same_bits(got, want)).sum())
+            ok &= bad == 0 and got.dtype == dt
+            print(f"{'ok' if bad == 0 else 'FAIL'}: {name} {op}: {bad} of {want.numel()} differ from torch (bit for bit)")
+        for op, want in close.items():
+            # Both round an f32 result once; the f32 results (transcendental approximations,
+            # summation order) may differ in the last f32 bits, so a value near a rounding
+            # midpoint may land one half-ulp apart.
+            got = t[f"{op}.{name}"]
+            diff = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+            bad_bits, far = int((diff != 0).sum()), int((diff > 1).sum())
+            ok &= far == 0 and got.dtype == dt
+            print(f"{'ok' if far == 0 else 'FAIL'}: {name} {op}: {bad_bits} of {want.numel()} differ from torch "
+                  f"by one unit in the last place, {far} by more")
+    return ok
+
+
 def check_roundtrip(d):
     ok = True
+    half = os.path.join(d, "tg_half.safetensors")
+    if os.path.exists(half):
+        ok &= check_half(half)
     for name, make, should_load in (
         ("tg_mlp_model_only.safetensors", mlp, True),
         ("tg_net.safetensors", Net, True),
