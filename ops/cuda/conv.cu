@@ -24,8 +24,9 @@ constexpr int64_t kPointwiseMaxChannels = 512;
 bool pointwise_claims(const ConvShape& s, DType dtype) {
   return conv1x1_applies(s, dtype) && s.C <= kPointwiseMaxChannels && s.K <= kPointwiseMaxChannels;
 }
-// The forward re-reads its output once per 64 input channels; past 128 the engine's product is
-// faster (H100, 384 -> 96 channels at 32x32: NCHW TF32 0.074 -> 0.068 ms, FP32 0.083 -> 0.066;
+// Past 64 input channels the forward runs one launch per 128 of them and per 64 output
+// channels (re-reading its output per reduction group, its input per channel block); past 128
+// input channels the engine's product is faster (H100, 384 -> 96 channels at 32x32: NCHW TF32 0.074 -> 0.068 ms, FP32 0.083 -> 0.066;
 // NHWC TF32 0.087 -> 0.043, FP32 0.095 -> 0.049), at 96 it is not (96 -> 384: 0.058 against
 // 0.063). The fused backward reads dy once and stays.
 constexpr int64_t kPointwiseForwardMaxChannels = 128;
