@@ -9,6 +9,7 @@
 #include "autograd/anomaly.h"  // [anomaly hooks]
 #include "autograd/grad_hooks.h"
 #include "core/accumulate.h"
+#include "core/autocast.h"
 #include "core/profiler.h"
 
 namespace tg {
@@ -161,6 +162,7 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
   }
   used_ = true;
   NoGradGuard no_grad;  // gradients are not themselves recorded
+  Autocast no_autocast(DType::bf16, false);  // backward ops run in their forward's types, as in PyTorch
   profile::PhaseGuard phase(profile::Phase::backward);  // what runs here is the backward pass
 
   std::unordered_map<TensorImpl*, Tensor> grads;

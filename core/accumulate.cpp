@@ -1,6 +1,7 @@
 #include "core/accumulate.h"
 
 #include "core/dtype_dispatch.h"
+#include "core/half.h"
 #include "core/tensor_kernels.h"
 
 namespace tg {
@@ -19,6 +20,13 @@ Tensor sum_of(const Tensor& a, const Tensor& b) {
 #else
     TG_FAIL_AS(UnsupportedError, "gradient accumulation: tapegrad was built without CUDA");
 #endif
+    return out;
+  }
+  if (is_half(a.dtype())) {  // the sum of the two exact f32 values, rounded once (ops/half_compute.h)
+    const uint16_t *pa = static_cast<const uint16_t*>(a.raw_data()), *pb = static_cast<const uint16_t*>(b.raw_data());
+    uint16_t* po = static_cast<uint16_t*>(out.raw_data());
+    for (int64_t i = 0, n = a.numel(); i < n; ++i)
+      po[i] = encode_half(a.dtype(), static_cast<double>(decode_half(a.dtype(), pa[i]) + decode_half(a.dtype(), pb[i])));
     return out;
   }
   dispatch_any(a.dtype(), [&](auto* tag) {

@@ -11,11 +11,13 @@
 namespace tg {
 
 // The error an op without half-precision support gives a bf16 / f16 tensor (a DTypeError
-// naming the op and the dtype): only the elementwise ops and reductions take them so far
-// (ops/half_compute.h). Callers check with it before allocating or launching anything.
+// naming the op and the dtype): only the elementwise ops, the reductions and the matrix ops
+// take them so far (ops/half_compute.h); inside tg::Autocast the others get f32 copies.
+// Callers check with it before allocating or launching anything.
 [[noreturn]] inline void fail_no_half_kernels(const char* op, DType t) {
-  TG_FAIL_AS(DTypeError, op, ": no ", dtype_name(t), " kernels (only the elementwise ops and reductions take ",
-             dtype_name(t), " tensors, computing in f32); convert with .to(DType::f32)");
+  TG_FAIL_AS(DTypeError, op, ": no ", dtype_name(t), " kernels (the elementwise ops, reductions, conv, linear and ",
+             "matmul take ", dtype_name(t), " tensors, computing in f32; inside tg::Autocast this op gets f32 ",
+             "copies); convert with .to(DType::f32)");
 }
 inline void check_not_half(const char* op, DType t) {
   if (is_half(t)) fail_no_half_kernels(op, t);

@@ -267,8 +267,9 @@ void Tensor::set_data_(const Tensor& src) const {
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
-  TG_CHECK_AS(DTypeError, !(on && is_half(dtype())), "requires_grad_ (autograd): ", dtype_name(dtype()),
-              " tensors carry no gradients (parameters stay f32 or f64); convert with .to(DType::f32)");
+  TG_CHECK_AS(DTypeError, !(on && is_half(dtype())), "requires_grad_ (autograd): a ", dtype_name(dtype()),
+              " leaf takes no gradient (parameters stay f32 or f64; half tensors get gradients only as results of "
+              "recorded ops, such as tg::Autocast's casts); convert with .to(DType::f32)");
   TG_CHECK(!on || is_floating(dtype()), "requires_grad_: ", describe(*this), " is not floating point");
   impl()->requires_grad = on;
   return *this;

@@ -11,6 +11,7 @@
 #include "ops/cpu/conv.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/conv.h"
 #endif
@@ -196,12 +197,15 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
   return s;
 }
 
+// Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
-  return conv_nd("conv2d", 2, x, w, b, p);
+  if (!needs_matrix_half_path(x, w, b)) return conv_nd("conv2d", 2, x, w, b, p);
+  return matrix_op("conv2d", {x, w, b}, [&](const std::vector<Tensor>& v) { return conv_nd("conv2d", 2, v[0], v[1], v[2], p); });
 }
 
 Tensor conv3d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
-  return conv_nd("conv3d", 3, x, w, b, p);
+  if (!needs_matrix_half_path(x, w, b)) return conv_nd("conv3d", 3, x, w, b, p);
+  return matrix_op("conv3d", {x, w, b}, [&](const std::vector<Tensor>& v) { return conv_nd("conv3d", 3, v[0], v[1], v[2], p); });
 }
 
 Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape, const ConvParams& p) {

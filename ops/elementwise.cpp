@@ -87,8 +87,14 @@ const char* backward_name(BinaryOp op) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
-  if (any_half({a, b}))
+  if (any_half(a, b)) {
+    // Inside an Autocast scope f32 meeting a half type computes in f32 (core/autocast.h).
+    if (a.defined() && b.defined() && a.dtype() != b.dtype()) {
+      const Tensor af = autocast_f32(a), bf = autocast_f32(b);
+      if (!any_half(af, bf)) return binary(op, af, bf);
+    }
     return compute_in_f32(name, {a, b}, [op](const std::vector<Tensor>& v) { return binary(op, v[0], v[1]); });
+  }
   check_same_device_dtype(name, a, b);
   Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
   profile::OpScope scope(name, [&] { return elementwise_info({&a, &b}, out_shape, a.dtype()); });
@@ -144,7 +150,7 @@ Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b
 Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
 
 Tensor affine(const Tensor& a, double scale, double shift) {
-  if (any_half({a}))
+  if (any_half(a))
     return compute_in_f32("affine", {a}, [=](const std::vector<Tensor>& v) { return affine(v[0], scale, shift); });
   check_floating("affine", a);
   profile::OpScope scope("affine", [&] { return elementwise_info({&a}, a.shape(), a.dtype()); });
@@ -161,7 +167,7 @@ Tensor affine(const Tensor& a, double scale, double shift) {
 }
 
 Tensor relu(const Tensor& x) {
-  if (any_half({x})) return compute_in_f32("relu", {x}, [](const std::vector<Tensor>& v) { return relu(v[0]); });
+  if (any_half(x)) return compute_in_f32("relu", {x}, [](const std::vector<Tensor>& v) { return relu(v[0]); });
   check_floating("relu", x);
   profile::OpScope scope("relu", [&] { return elementwise_info({&x}, x.shape(), x.dtype()); });
   Tensor out = Tensor::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});

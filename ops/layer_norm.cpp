@@ -7,6 +7,7 @@
 #include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/layer_norm.h"
 #endif
@@ -63,8 +64,9 @@ static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const 
   return {std::vector<const Tensor*>(in), per * static_cast<double>(x.numel()), profile::bytes_of(in) + written};
 }
 
-Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape, const Tensor& weight,
+Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   const char* op = "layer_norm";
   check_floating(op, x);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());

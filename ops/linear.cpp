@@ -5,6 +5,7 @@
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/linear.h"
 #endif
@@ -68,7 +69,9 @@ void check_gemm_operands(const Tensor& c, const Tensor& a, const Tensor& b, cons
   }
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+namespace {
+
+Tensor matmul_impl(const Tensor& a, const Tensor& b) {
   check_same_device_dtype("matmul", a, b);
   TG_CHECK_AS(ShapeError, a.dim() == 2 && b.dim() == 2, "matmul: expects two 2-D matrices, got ", describe(a),
               " and ", describe(b));
@@ -93,7 +96,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return c;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_same_device_dtype("linear", x, w);
   TG_CHECK_AS(ShapeError, w.dim() == 2, "linear: weight must be 2-D (out, in), got ", describe(w));
   TG_CHECK_AS(ShapeError, x.dim() == 1 || x.dim() == 2, "linear: input must be (batch, in) or (in), got ", describe(x));
@@ -110,7 +113,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                            profile::bytes_of({&x, &w, &b}) + static_cast<double>(B * out) * dtype_size(x.dtype()), true};
   });
   // A vector is a batch of one; the reshapes are recorded, so gradients flow through them.
-  if (x.dim() == 1) return linear(x.reshape({1, x.size(0)}), w, b).reshape({w.size(0)});
+  if (x.dim() == 1) return linear_impl(x.reshape({1, x.size(0)}), w, b).reshape({w.size(0)});
 
   // y (B, out) = x (B, in) * w^T, with w stored (out, in): transB.
   const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
@@ -135,6 +138,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     });
   }
   return y;
+}
+
+}  // namespace
+
+// Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (!needs_matrix_half_path(a, b)) return matmul_impl(a, b);
+  return matrix_op("matmul", {a, b}, [](const std::vector<Tensor>& v) { return matmul_impl(v[0], v[1]); });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (!needs_matrix_half_path(x, w, b)) return linear_impl(x, w, b);
+  return matrix_op("linear", {x, w, b}, [](const std::vector<Tensor>& v) { return linear_impl(v[0], v[1], v[2]); });
 }
 
 }  // namespace tg

@@ -7,6 +7,7 @@
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/loss.h"
 #endif
@@ -65,7 +66,9 @@ static profile::OpInfo loss_backward_info(const BackwardArgs& a, double per) {
   return loss_info({&a.grad_outputs[0], &x, &y}, x.numel() * grads, per, grads * static_cast<double>(x.nbytes()));
 }
 
-Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in) {
+  const Tensor pred = autocast_f32(pred_in);  // f32 inside an Autocast scope (core/autocast.h)
+  const Tensor target = autocast_f32(target_in);  // f32 inside an Autocast scope (core/autocast.h)
   check_same_device_dtype("mse_loss", pred, target);
   TG_CHECK_AS(ShapeError, pred.shape() == target.shape(), "mse_loss: prediction ", pred.shape(), " and target ",
               target.shape(), " differ");
@@ -90,7 +93,8 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets) {
+  const Tensor logits = autocast_f32(logits_in);  // f32 inside an Autocast scope (core/autocast.h)
   check_floating("cross_entropy", logits);
   TG_CHECK(targets.defined(), "cross_entropy: targets is an undefined tensor");
   TG_CHECK_AS(ShapeError, logits.dim() == 2, "cross_entropy: logits must be (N, classes), got ", describe(logits));
@@ -207,7 +211,9 @@ void check_pointwise_loss_backward_buffers(const Tensor& dpred, const Tensor& dt
 
 namespace {
 
-Tensor pointwise_loss(const Tensor& pred, const Tensor& target, const PointwiseLossParams& p) {
+Tensor pointwise_loss(const Tensor& pred_in, const Tensor& target_in, const PointwiseLossParams& p) {
+  const Tensor pred = autocast_f32(pred_in);  // f32 inside an Autocast scope (core/autocast.h)
+  const Tensor target = autocast_f32(target_in);  // f32 inside an Autocast scope (core/autocast.h)
   const char* op = pointwise_loss_name(p.kind);
   check_pointwise_params(op, p);
   check_floating(op, pred);
@@ -240,7 +246,9 @@ Tensor pointwise_loss(const Tensor& pred, const Tensor& target, const PointwiseL
 
 }  // namespace
 
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor logits = autocast_f32(logits_in);  // f32 inside an Autocast scope (core/autocast.h)
+  const Tensor target = autocast_f32(target_in);  // f32 inside an Autocast scope (core/autocast.h)
   return pointwise_loss(logits, target, {.kind = PointwiseLoss::bce_with_logits, .reduction = reduction});
 }
 
@@ -252,7 +260,9 @@ Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target, SmoothL1Options 
   return pointwise_loss(pred, target, {.kind = PointwiseLoss::smooth_l1, .reduction = o.reduction, .beta = o.beta});
 }
 
-Tensor huber_loss(const Tensor& pred, const Tensor& target, HuberOptions o) {
+Tensor huber_loss(const Tensor& pred_in, const Tensor& target_in, HuberOptions o) {
+  const Tensor pred = autocast_f32(pred_in);  // f32 inside an Autocast scope (core/autocast.h)
+  const Tensor target = autocast_f32(target_in);  // f32 inside an Autocast scope (core/autocast.h)
   return pointwise_loss(pred, target, {.kind = PointwiseLoss::huber, .reduction = o.reduction, .beta = o.delta});
 }
 

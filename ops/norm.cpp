@@ -5,6 +5,7 @@
 #include "ops/checks.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/norm.h"
 #endif
@@ -56,7 +57,8 @@ static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const 
   return {std::vector<const Tensor*>(in), per * static_cast<double>(x.numel()), profile::bytes_of(in) + written};
 }
 
-Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
+Tensor group_norm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   check_floating("group_norm", x);
   TG_CHECK_AS(ShapeError, x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));
   const int64_t N = x.size(0), C = x.size(1);

@@ -9,6 +9,7 @@
 #include "ops/checks.h"
 #include "ops/cpu/shape_pool_kernels.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/shape_pool_kernels.h"
 #endif
@@ -90,7 +91,8 @@ static profile::OpInfo pool_backward_info(const char* op, const PoolProblem& p, 
   return info;
 }
 
-MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x, const PoolParams& params) {
+MaxPoolResult max_pool(const char* op, int spatial, const Tensor& x_in, const PoolParams& params) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   const PoolProblem p = make_pool_problem(op, PoolKind::max, spatial, x, params);
   profile::OpScope scope(op, [&] { return pool_info(p, x, kNoIndices, false); });
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
@@ -256,16 +258,20 @@ Tensor max_pool3d(const Tensor& x, const PoolParams& p) { return max_pool("max_p
 MaxPoolResult max_pool2d_with_indices(const Tensor& x, const PoolParams& p) { return max_pool("max_pool2d", 2, x, p); }
 MaxPoolResult max_pool3d_with_indices(const Tensor& x, const PoolParams& p) { return max_pool("max_pool3d", 3, x, p); }
 
-Tensor avg_pool2d(const Tensor& x, const PoolParams& p) {
+Tensor avg_pool2d(const Tensor& x_in, const PoolParams& p) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   return avg_pool("avg_pool2d", x, make_pool_problem("avg_pool2d", PoolKind::avg, 2, x, p));
 }
-Tensor avg_pool3d(const Tensor& x, const PoolParams& p) {
+Tensor avg_pool3d(const Tensor& x_in, const PoolParams& p) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   return avg_pool("avg_pool3d", x, make_pool_problem("avg_pool3d", PoolKind::avg, 3, x, p));
 }
-Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size) {
+Tensor adaptive_avg_pool2d(const Tensor& x_in, const std::vector<int64_t>& output_size) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   return avg_pool("adaptive_avg_pool2d", x, make_adaptive_pool_problem("adaptive_avg_pool2d", 2, x, output_size));
 }
-Tensor adaptive_avg_pool3d(const Tensor& x, const std::vector<int64_t>& output_size) {
+Tensor adaptive_avg_pool3d(const Tensor& x_in, const std::vector<int64_t>& output_size) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   return avg_pool("adaptive_avg_pool3d", x, make_adaptive_pool_problem("adaptive_avg_pool3d", 3, x, output_size));
 }
 

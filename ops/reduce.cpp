@@ -126,20 +126,20 @@ double count_of(const Shape& s, const std::vector<bool>& red) {
 }  // namespace
 
 Tensor sum(const Tensor& x) {
-  if (any_half({x})) return compute_in_f32("sum", {x}, [](const std::vector<Tensor>& v) { return sum(v[0]); });
+  if (any_half(x)) return compute_in_f32("sum", {x}, [](const std::vector<Tensor>& v) { return sum(v[0]); });
   check_floating("sum", x);
   return sum_impl("sum", x, std::vector<bool>(static_cast<size_t>(x.dim()), true), false, 1.0);
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  if (any_half({x}))
+  if (any_half(x))
     return compute_in_f32("sum", {x}, [&](const std::vector<Tensor>& v) { return sum(v[0], dims, keepdim); });
   check_floating("sum", x);
   return sum_impl("sum", x, reduced_flags("sum", x.shape(), dims), keepdim, 1.0);
 }
 
 Tensor mean(const Tensor& x) {
-  if (any_half({x})) return compute_in_f32("mean", {x}, [](const std::vector<Tensor>& v) { return mean(v[0]); });
+  if (any_half(x)) return compute_in_f32("mean", {x}, [](const std::vector<Tensor>& v) { return mean(v[0]); });
   check_floating("mean", x);
   TG_CHECK_AS(ShapeError, x.numel() > 0, "mean: empty tensor ", describe(x));
   std::vector<bool> red(static_cast<size_t>(x.dim()), true);
@@ -147,7 +147,7 @@ Tensor mean(const Tensor& x) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  if (any_half({x}))
+  if (any_half(x))
     return compute_in_f32("mean", {x}, [&](const std::vector<Tensor>& v) { return mean(v[0], dims, keepdim); });
   check_floating("mean", x);
   auto red = reduced_flags("mean", x.shape(), dims);

@@ -115,13 +115,8 @@ Tensor Tensor::to(Device target) const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  // Before anything is allocated: half-precision casts run on the CPU only, and autograd
-  // does not take the half types (their gradient would have no op to flow through).
+  // Before anything is allocated: half-precision casts run on the CPU only.
   check_half_device("Tensor::to(dtype)", is_half(target) ? target : dtype(), device());
-  if (is_half(target) && should_record({*this}))
-    TG_FAIL_AS(DTypeError, "Tensor::to(", dtype_name(target), "): ", describe(*this), " requires grad, and ",
-               dtype_name(target), " tensors are storage-only for now (autograd does not take them); convert a ",
-               "detach()ed tensor");
   profile::OpScope scope("to_dtype", [&] {
     return copy_info(*this, static_cast<double>(numel()) * static_cast<double>(dtype_size(target)));
   });
@@ -133,7 +128,9 @@ Tensor Tensor::to(DType target) const {
     cuda::cast(out, *this);
 #endif
   }
-  if (is_floating(target) && should_record({*this})) {
+  // Recorded between the floating types, half ones included (tg::Autocast's casts): the
+  // gradient goes back cast to the source type.
+  if ((is_floating(target) || is_half(target)) && should_record({*this})) {
     record("to_dtype", {*this}, {out}, {}, [source = dtype()](const BackwardArgs& args) {
       const Tensor& g = args.grad_outputs[0];
       profile::OpScope scope("to_dtype (backward)", [&] {

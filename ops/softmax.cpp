@@ -8,6 +8,7 @@
 #include "ops/checks.h"
 #include "ops/cpu/unary_kernels.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/unary_kernels.h"
 #endif
@@ -61,7 +62,8 @@ namespace {
 // Bytes: x (or dy and y) read once, the result written once.
 constexpr double kSoftmaxFlops = 5, kSoftmaxBackwardFlops = 4;
 
-Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, bool log) {
+Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t dim, bool log) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   check_floating(op, x);
   const SoftmaxProblem p = make_softmax_problem(op, x.shape(), dim, log);
   profile::OpScope scope(op, [&] {

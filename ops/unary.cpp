@@ -85,7 +85,7 @@ void check_unary_backward_buffers(const char* op, const Tensor& dx, const Tensor
 
 Tensor unary(const Tensor& x, const UnaryParams& p) {
   const char* name = unary_name(p.op);
-  if (any_half({x})) {
+  if (any_half(x)) {
     check_unary_params(p);
     return compute_in_f32(name, {x}, [&p](const std::vector<Tensor>& v) { return unary(v[0], p); });
   }

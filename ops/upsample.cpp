@@ -10,6 +10,7 @@
 #include "core/profiler.h"
 #include "ops/checks.h"
 #include "ops/dispatch.h"
+#include "ops/half_compute.h"
 #if TG_CUDA
 #include "ops/cuda/upsample.h"
 #endif
@@ -139,7 +140,8 @@ static profile::OpInfo upsample_info(const UpsampleProblem& p, const Tensor& in,
   return info;
 }
 
-Tensor upsample(const Tensor& x, const UpsampleParams& params) {
+Tensor upsample(const Tensor& x_in, const UpsampleParams& params) {
+  const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
   const char* op = mode_name(params.mode);
   check_floating(op, x);
   const int64_t S = x.dim() - 2;  // spatial dims
