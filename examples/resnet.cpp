@@ -110,12 +110,17 @@ int main(int argc, char** argv) {
     const bool graph = args.has("graph");
     ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--small] [--size N] [--width N] [--epochs N] [--batch N] [--train N] "
-                "[--test N] [--log-every N] [--lr X] [--seed N] [--precision fp32|tf32] [--svg PATH] "
+                "[--test N] [--log-every N] [--lr X] [--seed N] [--precision fp32|tf32|bf16] [--svg PATH] "
                 "[--require-accuracy F] [--graph] " + std::string(ex::ExampleProfiler::usage()));
     TG_CHECK(!graph || device.is_cuda(), "--graph: CUDA graphs need --device cuda");
     TG_CHECK(!graph || !profiler.on(), "--graph and --profile: a profiler cannot time a captured step; "
                                        "profile the eager steps (drop --graph)");
-    TG_CHECK(precision == "fp32" || precision == "tf32", "--precision: fp32 or tf32, got ", precision);
+    TG_CHECK(precision == "fp32" || precision == "tf32" || precision == "bf16", "--precision: fp32, tf32 or bf16, got ",
+             precision);
+    // bf16: the forward under tg::Autocast (convolutions and the classifier in bf16, the rest in
+    // f32, f32 weights and gradients); CPU only until half-precision CUDA tensors exist.
+    const bool autocast = precision == "bf16";
+    TG_CHECK(!autocast || device.is_cpu(), "--precision bf16: mixed precision runs on the CPU only for now");
     tg::set_precision(precision == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
 
     tg::manual_seed(seed);
@@ -131,7 +136,12 @@ int main(int argc, char** argv) {
                 static_cast<long long>(size), static_cast<long long>(size), static_cast<long long>(test.count), lr,
                 static_cast<long long>(batch), precision.c_str(), device.str().c_str());
 
-    ex::TrainStep train_step([&](const tg::Tensor& x) { return model(x); }, *optimizer, graph);
+    ex::TrainStep train_step(
+        [&](const tg::Tensor& x) {
+          tg::Autocast scope(tg::DType::bf16, autocast);
+          return model(x).to(tg::DType::f32);  // the loss and its gradient in f32, as PyTorch's AMP
+        },
+        *optimizer, graph);
     if (graph) std::printf("training steps are CUDA-graphed (2 eager warm-up steps, then one capture, then replays)\n");
     std::vector<double> step_axis, step_loss, epoch_axis, test_acc;
     std::vector<int64_t> order(static_cast<size_t>(train.count));
