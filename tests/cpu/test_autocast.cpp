@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/half_util.h"
 #include "common/test_util.h"
 #include "core/autocast.h"
 #include "nn/layers.h"
@@ -25,11 +26,6 @@ namespace {
 // must produce, once rounded to t.
 Tensor rounded(const Tensor& x, DType t) { return x.defined() ? x.to(t).to(DType::f32) : x; }
 
-std::vector<uint16_t> bits(const Tensor& t) {
-  const auto* p = static_cast<const uint16_t*>(t.raw_data());
-  return std::vector<uint16_t>(p, p + t.numel());
-}
-
 }  // namespace
 
 TEST(Autocast, MatrixOpsRunInTheScopesTypeBitForBit) {
@@ -37,7 +33,7 @@ TEST(Autocast, MatrixOpsRunInTheScopesTypeBitForBit) {
   const Tensor x = randn({2, 5, 9, 7}), w = randn({6, 5, 3, 3}), b = randn({6});
   const Tensor a = randn({7, 11}), m = randn({11, 4}), lw = randn({3, 11}), lb = randn({3});
   const ConvParams p{.padding = {1}};
-  for (DType t : {DType::bf16, DType::f16}) {
+  for (DType t : kHalves) {
     Tensor y, mm, lin;
     {
       Autocast ac(t);
@@ -48,9 +44,9 @@ TEST(Autocast, MatrixOpsRunInTheScopesTypeBitForBit) {
     ASSERT_EQ(y.dtype(), t);
     ASSERT_EQ(mm.dtype(), t);
     ASSERT_EQ(lin.dtype(), t);
-    EXPECT_EQ(bits(y), bits(conv2d(rounded(x, t), rounded(w, t), rounded(b, t), p).to(t))) << dtype_name(t);
-    EXPECT_EQ(bits(mm), bits(matmul(rounded(a, t), rounded(m, t)).to(t))) << dtype_name(t);
-    EXPECT_EQ(bits(lin), bits(linear(rounded(a, t), rounded(lw, t), rounded(lb, t)).to(t))) << dtype_name(t);
+    EXPECT_EQ(half_bits(y), half_bits(conv2d(rounded(x, t), rounded(w, t), rounded(b, t), p).to(t))) << dtype_name(t);
+    EXPECT_EQ(half_bits(mm), half_bits(matmul(rounded(a, t), rounded(m, t)).to(t))) << dtype_name(t);
+    EXPECT_EQ(half_bits(lin), half_bits(linear(rounded(a, t), rounded(lw, t), rounded(lb, t)).to(t))) << dtype_name(t);
   }
   // Outside the scope, and in a nested disabled scope: f32 as always.
   EXPECT_EQ(conv2d(x, w, b, p).dtype(), DType::f32);

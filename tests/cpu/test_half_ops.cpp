@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/half_util.h"
 #include "common/test_util.h"
 #include "core/half.h"
 
@@ -21,14 +22,6 @@ using namespace tg;
 using namespace tg::test;
 
 namespace {
-
-constexpr DType kHalves[] = {DType::bf16, DType::f16};
-
-std::vector<uint16_t> bits_of(const Tensor& t) {
-  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
-  std::memcpy(out.data(), t.raw_data(), out.size() * 2);
-  return out;
-}
 
 // Random half values in [-range, range], with zeros, +-inf, and (f16) subnormals mixed in.
 Tensor random_half(DType t, const Shape& shape, double range, unsigned seed, bool specials = true) {
@@ -47,7 +40,7 @@ Tensor random_half(DType t, const Shape& shape, double range, unsigned seed, boo
   return out;
 }
 
-float value(const Tensor& t, int64_t i) { return decode_half(t.dtype(), bits_of(t)[static_cast<size_t>(i)]); }
+float value(const Tensor& t, int64_t i) { return decode_half(t.dtype(), half_bits(t)[static_cast<size_t>(i)]); }
 
 // Spacing of the half type's values at |v| (its ulp), and the same for f32.
 double half_ulp(DType t, double v) {
@@ -98,7 +91,7 @@ TEST(HalfOps, BinaryOpsAreF32ArithmeticRoundedOnce) {
         const Tensor out = o.op(a, other);
         ASSERT_EQ(out.dtype(), t) << o.name;
         ASSERT_EQ(out.shape(), a.shape()) << o.name;
-        const std::vector<uint16_t> got = bits_of(out);
+        const std::vector<uint16_t> got = half_bits(out);
         for (int64_t i = 0; i < a.numel(); ++i) {
           const int64_t j = other.dim() == 1 ? i % 33 : i;
           const float want = o.ref(value(a, i), value(other, j));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/fixtures.h"
+#include "common/half_util.h"
 #include "common/test_util.h"
 #include "core/half.h"
 #include "core/safetensors.h"
@@ -23,14 +24,6 @@ using namespace tg::test;
 namespace st = tg::safetensors;
 
 namespace {
-
-constexpr DType kHalves[] = {DType::bf16, DType::f16};
-
-std::vector<uint16_t> bits_of(const Tensor& t) {
-  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
-  std::memcpy(out.data(), t.raw_data(), out.size() * 2);
-  return out;
-}
 
 // Random finite values of both signs, and every kind of special pattern.
 Tensor awkward_halves(DType t, int64_t n, unsigned seed) {
@@ -141,16 +134,16 @@ TEST(HalfStorage, CudaHalfTensorsAreRefusedBeforeAnyAllocation) {
 TEST(HalfStorage, ShapeOpsMoveTheBitsOnTheCpu) {
   for (DType t : kHalves) {
     const Tensor h = awkward_halves(t, 24, 9).reshape({4, 6});
-    const std::vector<uint16_t> b = bits_of(h);
+    const std::vector<uint16_t> b = half_bits(h);
     const Tensor r = cat({slice(h, 1, 0, 2), slice(h, 1, 2, 6)}, 1);
     EXPECT_EQ(r.dtype(), t);
-    EXPECT_EQ(bits_of(r), b);
+    EXPECT_EQ(half_bits(r), b);
     const Tensor p = h.permute({1, 0});
-    EXPECT_EQ(bits_of(p)[1], b[6]);  // p[0][1] = h[1][0]
-    EXPECT_EQ(bits_of(p.permute({1, 0})), b);
-    EXPECT_EQ(bits_of(h.clone()), b);
-    EXPECT_EQ(bits_of(flatten(h)), b);
-    EXPECT_EQ(bits_of(split(h, 2, 0)[1]), std::vector<uint16_t>(b.begin() + 12, b.end()));
+    EXPECT_EQ(half_bits(p)[1], b[6]);  // p[0][1] = h[1][0]
+    EXPECT_EQ(half_bits(p.permute({1, 0})), b);
+    EXPECT_EQ(half_bits(h.clone()), b);
+    EXPECT_EQ(half_bits(flatten(h)), b);
+    EXPECT_EQ(half_bits(split(h, 2, 0)[1]), std::vector<uint16_t>(b.begin() + 12, b.end()));
   }
 }
 
@@ -170,9 +163,9 @@ TEST(HalfStorage, SafetensorsKeepTheBits) {
   ASSERT_EQ(kept.size(), 3u);
   EXPECT_EQ(kept[0].second.dtype(), DType::bf16);
   EXPECT_EQ(kept[0].second.shape(), b.shape());
-  EXPECT_EQ(bits_of(kept[0].second), bits_of(b));
+  EXPECT_EQ(half_bits(kept[0].second), half_bits(b));
   EXPECT_EQ(kept[1].second.dtype(), DType::f16);
-  EXPECT_EQ(bits_of(kept[1].second), bits_of(h));
+  EXPECT_EQ(half_bits(kept[1].second), half_bits(h));
   EXPECT_EQ(kept[2].second.to_vector<float>(), f.to_vector<float>());
   // Widened for callers that compute (what tg::load does): the values, exactly.
   const st::NamedTensors wide = st::load_file(p, nullptr, /*widen_half=*/true);
@@ -183,9 +176,9 @@ TEST(HalfStorage, SafetensorsKeepTheBits) {
   // A half format a tensor is already in is a copy; the other one rounds once from its value.
   st::save_file({{"b", b}, {"h", h}}, p, {}, st::FloatFormat::bf16);
   const st::NamedTensors as_bf16 = st::load_file(p);
-  EXPECT_EQ(bits_of(as_bf16[0].second), bits_of(b));
+  EXPECT_EQ(half_bits(as_bf16[0].second), half_bits(b));
   EXPECT_EQ(as_bf16[1].second.dtype(), DType::bf16);
-  const std::vector<uint16_t> hb = bits_of(h), got = bits_of(as_bf16[1].second);
+  const std::vector<uint16_t> hb = half_bits(h), got = half_bits(as_bf16[1].second);
   for (size_t i = 0; i < hb.size(); ++i) ASSERT_EQ(got[i], encode_bf16(decode_f16(hb[i]))) << i;
-  EXPECT_EQ(got, bits_of(h.to(DType::bf16)));
+  EXPECT_EQ(got, half_bits(h.to(DType::bf16)));
 }
