@@ -38,7 +38,7 @@
 
 namespace tg::cuda::wgmma {
 
-// ---- BEGIN DESCRIPTOR (plain C++: host emulators include this part unchanged) ----
+// ---- descriptors (plain C++, __host__ __device__: host-side tests can compute them too) ----
 // 64-bit shared-memory matrix descriptor, K-major without swizzle:
 //   bits  0-13  start address >> 4 (shared window address, 16-byte aligned, < 256 KB)
 //   bits 16-29  LBO >> 4 (bytes between the core matrices along K)
@@ -63,7 +63,7 @@ __host__ __device__ constexpr uint64_t sw128_kmajor_desc(uint32_t smem_addr) {
 }
 // The descriptor of the same layout `bytes` further on (bytes: a multiple of 16).
 __host__ __device__ constexpr uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
-// ---- END DESCRIPTOR ----
+// ---- instructions ----
 
 // wgmma::shared_address: the one in cp_async.cuh.
 using ::tg::cuda::shared_address;

@@ -35,9 +35,7 @@
 namespace tg::cuda {
 namespace {
 
-// ---- primitives: those of ops/cuda/arch/ and conv3x3/staging.cuh ----
-
-// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+// ---- kernels (primitives: ops/cuda/arch/ and conv3x3/staging.cuh) ----
 
 // The block tile: 2 warpgroups (256 threads); warpgroup wg computes the tile's 64 output channels
 // in output row wg, 256 columns: one m64n256k8 wgmma per tap.
@@ -349,7 +347,7 @@ SsParams plan(SsParams p, bool out_aligned_8) {
   return p;
 }
 
-// ---- END KERNELS ----
+// ---- host ----
 
 constexpr int kPrepThreads = 256;
 

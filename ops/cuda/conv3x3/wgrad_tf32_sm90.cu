@@ -36,9 +36,7 @@
 namespace tg::cuda {
 namespace {
 
-// ---- primitives: those of ops/cuda/arch/ and conv3x3/staging.cuh ----
-
-// ---- kernels (BEGIN KERNELS: everything down to END KERNELS uses only the primitives above) ----
+// ---- kernels (primitives: ops/cuda/arch/ and conv3x3/staging.cuh) ----
 
 struct DwTile {
   static constexpr int kWarpgroups = 3, kThreads = 128 * kWarpgroups;  // warpgroup r: tap row r
@@ -345,7 +343,7 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
   return p;
 }
 
-// ---- END KERNELS ----
+// ---- host ----
 
 void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
   check_conv3x3_tensors(op, s, conv3x3_wgmma_dw_applies, kNeedsTf32Wgmma, ts);
