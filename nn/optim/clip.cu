@@ -18,6 +18,7 @@
 #include "core/cuda_context.h"
 #include "core/cuda_graph.h"
 #include "nn/optim/clip.h"
+#include "ops/cuda/arch/block_reduce.cuh"
 
 namespace tg::cuda {
 namespace {
@@ -37,32 +38,12 @@ struct Segment {
 
 enum class Norm : int { kSquares, kAbs, kPow, kMax };
 
-struct Sum {
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
+using Sum = SumOp;
 // The max that keeps NaN (fmax would drop it, and a NaN grad would go unnoticed).
 struct MaxNan {
   __device__ double operator()(double a, double b) const { return (a > b || a != a) ? a : b; }
 };
 
-// Reduces v over a 1-D block whose size is a multiple of 32; every thread gets the result.
-template <class Op>
-__device__ double block_reduce(double v, Op op, double identity) {
-  __shared__ double part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? part[lane] : identity;
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-    if (lane == 0) part[0] = v;
-  }
-  __syncthreads();
-  v = part[0];
-  __syncthreads();
-  return v;
-}
 
 // The last segment whose begin <= i (segments are sorted by begin, none empty).
 __device__ int find_segment(const Segment* segs, int count, int64_t i) {

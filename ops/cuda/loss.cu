@@ -27,6 +27,7 @@
 #include "core/cuda_context.h"
 #include "core/cuda_graph.h"
 #include "core/dtype_dispatch.h"
+#include "ops/cuda/arch/block_reduce.cuh"
 #include "ops/cuda/loss.h"
 #include "ops/loss_pointwise.h"
 
@@ -38,32 +39,11 @@ constexpr int kFinalThreads = 1024;
 constexpr int64_t kMaxPartials = 1024;  // stage-one blocks: a function of n only (determinism)
 constexpr unsigned kMaxRowBlocks = 65535u * 8;
 
-struct Sum {
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
+using Sum = SumOp;
 struct Max {
   __device__ double operator()(double a, double b) const { return fmax(a, b); }
 };
 
-// Reduces v over a 1-D block whose size is a multiple of 32; every thread gets the result.
-// `identity` fills the lanes of the missing warps.
-template <class Op>
-__device__ double block_reduce(double v, Op op, double identity) {
-  __shared__ double part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? part[lane] : identity;
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-    if (lane == 0) part[0] = v;
-  }
-  __syncthreads();
-  v = part[0];
-  __syncthreads();  // the next call may overwrite part
-  return v;
-}
 
 int threads_for(int64_t n) {
   int64_t t = (n + 31) / 32 * 32;
