@@ -70,15 +70,11 @@ using NarrowTile16 = FwdTile<4, 128, 8, 2, 4>;
 template <class T>
 __device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
                                           const GemmParams& p, const LoadCursor& cur, int xoff) {
-  const int64_t c0 = cur.chunk * T::kChunk;
-  const int64_t ih0 = cur.tc.oh0 - p.pad_h;
-  const int64_t iw0 = cur.tc.ow0 - p.pad_w - xoff;  // aligned to the copy width
-  if (p.vec == 4) load_halo<T, 4>(stage, in, p, cur.tc.n, c0, ih0, iw0);
-  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, cur.tc.n, c0, ih0, iw0);
-  else load_halo<T, 1>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  load_chunk_halo<T>(stage, in, p, cur, xoff);
 
   // Weights of the chunk: 8 channels x 9 taps = 72 consecutive rows of kBN output channels.
   constexpr int kRows = T::kChunk * 9, kPerRow = T::kBN / 4;
+  const int64_t c0 = cur.chunk * T::kChunk;
   const RowGrid g{wp, c0 * 9 * p.kout_pad + cur.tc.k0, p.kout_pad, 0, T::kWLd, 0, kRows, 0, 1, 0, kPerRow};
   copy_grid<T::kThreads, kRows, 1, kPerRow, 4>(stage + T::kXStage, g);
 }

@@ -105,12 +105,7 @@ struct WgParams {
 template <class T>
 __device__ __forceinline__ void load_step(float* stage, const float* __restrict__ in, const float* __restrict__ wp,
                                           const WgParams& p, const LoadCursor& cur, int xoff) {
-  const int64_t c0 = cur.chunk * T::kChunk;
-  const int64_t ih0 = cur.tc.oh0 - p.pad_h;
-  const int64_t iw0 = cur.tc.ow0 - p.pad_w - xoff;  // aligned to the copy width
-  if (p.vec == 4) load_halo<T, 4>(stage, in, p, cur.tc.n, c0, ih0, iw0);
-  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, cur.tc.n, c0, ih0, iw0);
-  else load_halo<T, 1>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  load_chunk_halo<T>(stage, in, p, cur, xoff);
 
   const float* src = wp + (cur.chunk * p.k_tiles + cur.tc.k0 / T::kN) * T::kWStage;
   float* dst = stage + T::kXStage;

@@ -184,5 +184,18 @@ __device__ __forceinline__ void advance(LoadCursor& c, const Params& p) {
   if (c.tile < p.tiles) c.tc = tile_coord<T>(c.tile, p);
 }
 
+// The input halo of the cursor's (tile, channel chunk) into `stage`, with the widest copies
+// p.vec allows; `xoff` aligns the window's first column to the copy width.
+template <class T, class Params>
+__device__ __forceinline__ void load_chunk_halo(float* stage, const float* __restrict__ in, const Params& p,
+                                                const LoadCursor& cur, int xoff) {
+  const int64_t c0 = cur.chunk * T::kChunk;
+  const int64_t ih0 = cur.tc.oh0 - p.pad_h;
+  const int64_t iw0 = cur.tc.ow0 - p.pad_w - xoff;
+  if (p.vec == 4) load_halo<T, 4>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else if (p.vec == 2) load_halo<T, 2>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+  else load_halo<T, 1>(stage, in, p, cur.tc.n, c0, ih0, iw0);
+}
+
 }  // namespace
 }  // namespace tg::cuda
