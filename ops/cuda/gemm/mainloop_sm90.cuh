@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(256, 1) igemm_sm90_kernel(const OpA a, const O
   auto low_a = [&](int s) { return smem + (P::kStages + s) * 2 * P::kTileFloats; };
   auto low_b = [&](int s) { return smem + ((P::kStages + s) * 2 + 1) * P::kTileFloats; };
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = tid / 128;
+  const int tid = threadIdx.x, warpgroup = tid / 128;
   const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
   const int32_t m0 = tile_m * P::kBM, n0 = tile_n * P::kBN;
   const int32_t k_tiles = (args.red + kBK - 1) / kBK;
