@@ -1,7 +1,7 @@
 // tg::Autocast: mixed precision as PyTorch's torch.autocast. Inside the scope, the matrix ops
-// (conv2d, conv3d, linear, matmul) cast their f32 operands to the scope's half type and
-// return a result of that type (operands rounded to it, products accumulated in f32, the
-// result rounded once); the ops that need range or accuracy (group_norm, layer_norm, softmax,
+// (conv2d, conv3d, conv_transpose2d/3d, linear, matmul) cast their f32 operands to the scope's
+// half type and return a result of that type (operands rounded to it, products accumulated in
+// f32, the result rounded once); the ops that need range or accuracy (group_norm, layer_norm, softmax,
 // log_softmax, the losses, pooling, upsampling) cast half inputs back to f32 and return f32;
 // the elementwise ops and reductions run in their inputs' type, and where f32 meets the half
 // type they compute in f32. The casts are recorded on the tape, so backward is correct:

@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "ops/checks.h"
 #include "ops/elementwise.h"
+#include "ops/half_compute.h"
 
 namespace tg {
 namespace {
@@ -141,12 +142,19 @@ Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Sh
   return y_shape;
 }
 
+// Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
-  return conv_transpose_nd("conv_transpose2d", 2, x, w, bias, p);
+  if (!needs_matrix_half_path(x, w, bias)) return conv_transpose_nd("conv_transpose2d", 2, x, w, bias, p);
+  return matrix_op("conv_transpose2d", {x, w, bias}, [&](const std::vector<Tensor>& v) {
+    return conv_transpose_nd("conv_transpose2d", 2, v[0], v[1], v[2], p);
+  });
 }
 
 Tensor conv_transpose3d(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
-  return conv_transpose_nd("conv_transpose3d", 3, x, w, bias, p);
+  if (!needs_matrix_half_path(x, w, bias)) return conv_transpose_nd("conv_transpose3d", 3, x, w, bias, p);
+  return matrix_op("conv_transpose3d", {x, w, bias}, [&](const std::vector<Tensor>& v) {
+    return conv_transpose_nd("conv_transpose3d", 3, v[0], v[1], v[2], p);
+  });
 }
 
 }  // namespace tg

@@ -2,7 +2,7 @@
 // rounds the f32 result once, to nearest even, to the inputs' half type (what PyTorch's bf16
 // CPU kernels compute: f32 arithmetic, f32 accumulation in reductions and products, one
 // rounding of each result). The elementwise ops, the reductions and the matrix ops (conv2d,
-// conv3d, linear, matmul) call it; the others refuse half tensors (core/dtype_dispatch.h)
+// conv3d, conv_transpose2d/3d, linear, matmul) call it; the others refuse half tensors (core/dtype_dispatch.h)
 // unless an Autocast scope casts them to f32 first (autocast_f32). The casts are recorded ops,
 // so gradients flow through half results like any other. CPU only for now.
 // docs/dtypes.md has the lists and the precision contract.
@@ -40,7 +40,7 @@ std::vector<Tensor> autocast_lower(const std::vector<Tensor>& inputs);
 // The ops that compute in f32: a half input cast to f32.
 Tensor autocast_f32(const Tensor& t);
 
-// The matrix ops' half path (conv2d, conv3d, linear, matmul, after needs_matrix_half_path):
+// The matrix ops' half path (after needs_matrix_half_path):
 // inside an Autocast scope f32 operands cast to its type; with half operands then, the op on
 // f32 copies rounded to the half type; otherwise f on the inputs as they are.
 Tensor matrix_op(const char* op, const std::vector<Tensor>& inputs,

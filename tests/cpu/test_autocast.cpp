@@ -50,6 +50,23 @@ TEST(Autocast, MatrixOpsRunInTheScopesTypeBitForBit) {
     EXPECT_EQ(half_bits(mm), half_bits(matmul(rounded(a, t), rounded(m, t)).to(t))) << dtype_name(t);
     EXPECT_EQ(half_bits(lin), half_bits(linear(rounded(a, t), rounded(lw, t), rounded(lb, t)).to(t))) << dtype_name(t);
   }
+  // The other convolutions: 3-D, channels-last, transposed.
+  const Tensor x3 = randn({1, 3, 5, 6, 4}), w3 = randn({4, 3, 3, 3, 3});
+  const Tensor xl = randn({2, 7, 6, 5}), wl = randn({4, 5, 3, 3});
+  const Tensor xt = randn({2, 4, 5, 5}), wt = randn({4, 3, 3, 3});
+  const ConvParams nhwc{.padding = {1}, .layout = Layout::NHWC};
+  const ConvTransposeParams tp{.stride = {2}, .padding = {1}};
+  Tensor y3, yl, yt;
+  {
+    Autocast ac(DType::bf16);
+    y3 = conv3d(x3, w3, Tensor(), p);
+    yl = conv2d(xl, wl, Tensor(), nhwc);
+    yt = conv_transpose2d(xt, wt, Tensor(), tp);
+  }
+  const DType bf = DType::bf16;
+  EXPECT_EQ(half_bits(y3), half_bits(conv3d(rounded(x3, bf), rounded(w3, bf), Tensor(), p).to(bf)));
+  EXPECT_EQ(half_bits(yl), half_bits(conv2d(rounded(xl, bf), rounded(wl, bf), Tensor(), nhwc).to(bf)));
+  EXPECT_EQ(half_bits(yt), half_bits(conv_transpose2d(rounded(xt, bf), rounded(wt, bf), Tensor(), tp).to(bf)));
   // Outside the scope, and in a nested disabled scope: f32 as always.
   EXPECT_EQ(conv2d(x, w, b, p).dtype(), DType::f32);
   {
