@@ -135,6 +135,30 @@ TEST(ApiTour, ModulesOptimizersCheckpoints) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ApiTour, MixedPrecision) {
+  using namespace tg;
+  manual_seed(7);
+  // tour:begin mixed-precision
+  nn::Linear fc({.in_features = 8, .out_features = 4});   // f32 parameters, on the CPU
+  nn::SGD sgd(fc.parameters(), {.lr = 0.1});
+  nn::GradScaler scaler;                                   // loss scaling (needed with f16)
+  Tensor inputs = randn({16, 8}), targets = randn({16, 4});
+  Tape tape;
+  Tensor out, loss;
+  {
+    Autocast ac(DType::bf16);          // matrix ops in bf16; norms, softmax, losses in f32
+    out = fc(inputs);                  // bf16: an f32 product of bf16 operands, rounded once
+    loss = mse_loss(out, targets);     // f32
+  }
+  tape.backward(scaler.scale(loss));   // after the scope, as in PyTorch
+  scaler.step(sgd);                    // skipped if a gradient is infinite or NaN
+  scaler.update();
+  EXPECT_EQ(out.dtype(), DType::bf16);
+  EXPECT_EQ(fc.weight.grad().dtype(), DType::f32);   // gradients reach the f32 parameters
+  // tour:end
+  EXPECT_EQ(loss.dtype(), DType::f32);
+}
+
 TEST(ApiTour, Errors) {
   using namespace tg;
   // tour:begin errors
@@ -223,7 +247,7 @@ TEST(ApiTour, ReadmeHoldsEverySnippet) {
   ASSERT_TRUE(std::filesystem::exists(root / "README.md")) << "no README.md beside " << self;
   const std::string readme = read_text(root / "README.md");
   const auto regions = tour_regions(read_text(self));
-  EXPECT_EQ(regions.size(), 9u);
+  EXPECT_EQ(regions.size(), 10u);
   for (const auto& [name, text] : regions)
     EXPECT_NE(readme.find("```cpp\n" + text + "```\n"), std::string::npos)
         << "README.md lacks the tour snippet '" << name << "' as a code block:\n" << text;
