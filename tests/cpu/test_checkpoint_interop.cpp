@@ -13,6 +13,7 @@
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
+#include "core/autocast.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 
@@ -24,8 +25,9 @@ using Names = std::vector<std::string>;
 namespace {
 
 // For make_interop.py --check-roundtrip, which compares with PyTorch's own results: f32 values
-// (random, and every kind of special) with tapegrad's bf16 / f16 roundings of them, and the
-// bf16 / f16 elementwise ops and reductions (ops/half_compute.h) on random half inputs.
+// (random, and every kind of special) with tapegrad's bf16 / f16 roundings of them, the
+// bf16 / f16 elementwise ops and reductions (ops/half_compute.h) on random half inputs, and
+// linear and conv2d under a bf16 Autocast scope on f32 inputs.
 void save_half_roundtrip(const std::string& path) {
   manual_seed(29);
   std::vector<float> v = (randn({4096}) * 1000.0).to_vector<float>();
@@ -48,6 +50,23 @@ void save_half_roundtrip(const std::string& path) {
                            {"sum" + s, sum(a, {1})},
                            {"mean" + s, mean(a, {0})}});
   }
+  // Autocast (bf16) on f32 inputs: linear and conv2d, for torch.autocast("cpu") to redo.
+  const Tensor lx = randn({32, 48}), lw = randn({24, 48}), lb = randn({24});
+  const Tensor cx = randn({2, 6, 9, 9}), cw = randn({5, 6, 3, 3}), cb = randn({5});
+  Tensor lin, conv;
+  {
+    Autocast ac(DType::bf16);
+    lin = linear(lx, lw, lb);
+    conv = conv2d(cx, cw, cb, {.padding = {1}});
+  }
+  out.insert(out.end(), {{"autocast.linear.x", lx},
+                         {"autocast.linear.w", lw},
+                         {"autocast.linear.b", lb},
+                         {"autocast.linear.y", lin},
+                         {"autocast.conv.x", cx},
+                         {"autocast.conv.w", cw},
+                         {"autocast.conv.b", cb},
+                         {"autocast.conv.y", conv}});
   st::save_file(out, path);
 }
 

@@ -29,7 +29,9 @@ strict load_state_dict accepts the model-only ones and refuses the checkpoint th
 optimizer state (its "optim.*" keys); and that tapegrad's f32 -> bf16 / f16 roundings and its
 bf16 / f16 elementwise ops and reductions (tg_half.safetensors) match PyTorch's on the CPU:
 bit for bit for roundings and add / sub / mul / div, within one unit in the last place for
-exp, tanh, sum and mean (whose f32 results may differ in the last bits).
+exp, tanh, sum and mean (whose f32 results may differ in the last bits); and tapegrad's linear
+and conv2d under a bf16 Autocast scope against torch.autocast("cpu"), within one unit in the
+last place.
 """
 import argparse
 import os
@@ -166,6 +168,21 @@ def check_half(path):
             ok &= far == 0 and got.dtype == dt
             print(f"{'ok' if far == 0 else 'FAIL'}: {name} {op}: {bad_bits} of {want.numel()} differ from torch "
                   f"by one unit in the last place, {far} by more")
+    # tg::Autocast against torch.autocast("cpu", bfloat16): bf16 products accumulated in f32,
+    # rounded once; the summation orders differ, so a result near a rounding midpoint may land
+    # one unit in the last place apart.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = {"linear": torch.nn.functional.linear(t["autocast.linear.x"], t["autocast.linear.w"],
+                                                     t["autocast.linear.b"]),
+                "conv": torch.nn.functional.conv2d(t["autocast.conv.x"], t["autocast.conv.w"], t["autocast.conv.b"],
+                                                   padding=1)}
+    for op, w in want.items():
+        got = t[f"autocast.{op}.y"]
+        diff = (got.view(torch.int16).int() - w.view(torch.int16).int()).abs()
+        bad_bits, far = int((diff != 0).sum()), int((diff > 1).sum())
+        ok &= far == 0 and got.dtype == w.dtype == torch.bfloat16
+        print(f"{'ok' if far == 0 else 'FAIL'}: autocast bf16 {op}: {bad_bits} of {w.numel()} differ from "
+              f"torch.autocast by one unit in the last place, {far} by more")
     return ok
 
 
