@@ -2,8 +2,9 @@
 // a stream capture? It mimics a graphed training step: an eager phase that warms the default
 // pool, buffers allocated before capture and read inside, a kept output, temporaries of several
 // sizes freed inside, a device-to-pinned-host copy node, and replays that refill an input first.
-// Build it with nvcc for sm_90a and run it under `compute-sanitizer --tool memcheck`; the open
-// report it probes is described in docs/cuda_graphs.md ("Known issue").
+// `scripts/gpu-check --probes` builds and runs it; the finding needs it under
+// `compute-sanitizer --tool memcheck`. The open report it probes is described in
+// docs/cuda_graphs.md ("Known issue").
 #include <cstdio>
 #include <cuda_runtime.h>
 __global__ void fill(float* p, int n, float v) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = v + i; }

@@ -3,9 +3,7 @@
 // the profiler makes per op, on a stream kept busy with small kernels like a training step's,
 // and the profiler itself on a chain of small relus (off, on, off again).
 //
-// Build on the GPU machine from a configured build directory B:
-//   nvcc -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I. -I/usr/include/eigen3 -DTG_CUDA=1 \
-//        dev/profiler_cost_probe.cu B/libtapegrad.a -lcuda -o /tmp/profiler_cost_probe && /tmp/profiler_cost_probe
+// Built against the library and run by `scripts/gpu-check --probes`.
 #include <chrono>
 #include <cstdio>
 #include <functional>

@@ -15,9 +15,7 @@
 // release. It first checks that im2col and tiled deliver identical bytes for every tile and
 // tap (copied out of shared memory), then times each mode (median of 20 launches).
 //
-// Build on the GPU machine from a configured build directory B:
-//   nvcc -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I. -DTG_CUDA=1 dev/tma_box_probe.cu \
-//        B/libtapegrad.a -lcuda -o /tmp/tma_box_probe && /tmp/tma_box_probe
+// Built against the library and run by `scripts/gpu-check --probes`.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
