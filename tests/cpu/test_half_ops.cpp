@@ -8,15 +8,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/fixtures.h"
 #include "common/half_util.h"
 #include "common/test_util.h"
+#include "core/autocast.h"
 #include "core/half.h"
+#include "core/safetensors.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -199,4 +204,63 @@ TEST(HalfOps, MixedDtypesAreRefusedAndNothingIsRecorded) {
   tape.backward(loss);
   ASSERT_TRUE(p.grad().defined());
   EXPECT_LE(rel_l2(p.grad(), p.detach() * 2.0), 1e-7);
+}
+
+// The file make_interop.py --check-roundtrip compares with PyTorch's own results: f32 values
+// (random, and every kind of special) with tapegrad's bf16 / f16 roundings of them, the bf16 /
+// f16 elementwise ops and reductions on random half inputs, and linear and conv2d under a bf16
+// Autocast scope on f32 inputs. Written bit for bit (checked by reading it back) into a
+// temporary directory, and into $TG_INTEROP_ROUNDTRIP_DIR when that is set.
+TEST(HalfOps, ResultsForThePyTorchComparisonSurviveTheFile) {
+  manual_seed(29);
+  std::vector<float> v = (randn({4096}) * 1000.0).to_vector<float>();
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 65519.99f, 6.0e-8f, 3.0e-8f,
+                            1.0e-45f, 3.3895314e38f, 3.40e38f, 1.00390625f, 1.01171875f, -2.0039062f};
+  std::copy(std::begin(specials), std::end(specials), v.begin());
+  const Tensor x = from_vector(v, {4096});
+  safetensors::NamedTensors out{{"x.f32", x}, {"x.bf16", x.to(DType::bf16)}, {"x.f16", x.to(DType::f16)}};
+  for (DType t : kHalves) {
+    const std::string s = std::string(".") + dtype_name(t);
+    const Tensor a = (randn({64, 64}) * 3.0).to(t), b = (randn({64, 64}) * 3.0).to(t);
+    out.insert(out.end(), {{"a" + s, a},
+                           {"b" + s, b},
+                           {"add" + s, a + b},
+                           {"sub" + s, a - b},
+                           {"mul" + s, a * b},
+                           {"div" + s, a / b},
+                           {"exp" + s, tg::exp(a)},
+                           {"tanh" + s, tg::tanh(a)},
+                           {"sum" + s, sum(a, {1})},
+                           {"mean" + s, mean(a, {0})}});
+  }
+  const Tensor lx = randn({32, 48}), lw = randn({24, 48}), lb = randn({24});
+  const Tensor cx = randn({2, 6, 9, 9}), cw = randn({5, 6, 3, 3}), cb = randn({5});
+  Tensor lin, conv;
+  {
+    Autocast ac(DType::bf16);
+    lin = linear(lx, lw, lb);
+    conv = conv2d(cx, cw, cb, {.padding = {1}});
+  }
+  out.insert(out.end(), {{"autocast.linear.x", lx},
+                         {"autocast.linear.w", lw},
+                         {"autocast.linear.b", lb},
+                         {"autocast.linear.y", lin},
+                         {"autocast.conv.x", cx},
+                         {"autocast.conv.w", cw},
+                         {"autocast.conv.b", cb},
+                         {"autocast.conv.y", conv}});
+
+  TempDir dir;
+  safetensors::save_file(out, dir.file("tg_half.safetensors"));
+  const safetensors::NamedTensors back = safetensors::load_file(dir.file("tg_half.safetensors"));
+  ASSERT_EQ(back.size(), out.size());
+  std::map<std::string, Tensor> read(back.begin(), back.end());
+  for (const auto& [name, t] : out) {
+    ASSERT_EQ(read.count(name), 1u) << name;
+    ASSERT_EQ(read[name].dtype(), t.dtype()) << name;
+    ASSERT_EQ(read[name].shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(read[name].raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+  }
+  if (const char* dest = std::getenv("TG_INTEROP_ROUNDTRIP_DIR"))
+    safetensors::save_file(out, std::string(dest) + "/tg_half.safetensors");
 }

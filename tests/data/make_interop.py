@@ -23,8 +23,8 @@ It writes, with safetensors.torch.save_file (a few KB in all):
 
     python3 tests/data/make_interop.py --check-roundtrip DIR
 
-loads the files tapegrad's test wrote into DIR (run test_checkpoint_interop with
-TG_INTEROP_ROUNDTRIP_DIR=DIR) with safetensors.torch.load_file and checks that PyTorch's
+loads the files tapegrad's tests wrote into DIR (run test_checkpoint_interop and test_half_ops
+with TG_INTEROP_ROUNDTRIP_DIR=DIR) with safetensors.torch.load_file and checks that PyTorch's
 strict load_state_dict accepts the model-only ones and refuses the checkpoint that holds
 optimizer state (its "optim.*" keys); and that tapegrad's f32 -> bf16 / f16 roundings and its
 bf16 / f16 elementwise ops and reductions (tg_half.safetensors) match PyTorch's on the CPU:
