@@ -124,10 +124,10 @@ void direct_run(const ConvProblem& p, const ConvOperands& o) {
 }
 
 constexpr std::array<ConvVariant, 4> kVariants{{
-    {"pointwise", "sm_80+ (TMA forward on sm_90a)", pointwise_can_implement, pointwise_preferred, pointwise_run},
-    {"conv3x3", "sm_80+ (wgmma on sm_90a)", conv3x3_can_implement, conv3x3_preferred, conv3x3_run},
-    {"engine", "sm_80+ (wgmma and TMA on sm_90a)", engine_can_implement, engine_can_implement, engine_run},
-    {"direct", "every GPU", always, always, direct_run},
+    {"pointwise", "sm_80+ (TMA forward on sm_90a)", true, pointwise_can_implement, pointwise_preferred, pointwise_run},
+    {"conv3x3", "sm_80+ (wgmma on sm_90a)", true, conv3x3_can_implement, conv3x3_preferred, conv3x3_run},
+    {"engine", "sm_80+ (wgmma and TMA on sm_90a)", false, engine_can_implement, engine_can_implement, engine_run},
+    {"direct", "every GPU", false, always, always, direct_run},
 }};
 
 const char* pass_name(ConvPass pass) {
@@ -164,10 +164,9 @@ const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOpe
     }
     TG_FAIL_AS(UnsupportedError, pass_name(problem.pass), ": no convolution kernels named '", policy.conv_variant, "'");
   }
+  if (policy.conv == KernelPath::Direct) return kVariants.back();
   for (const ConvVariant& v : kVariants) {
-    const bool specialised = v.name == "pointwise" || v.name == "conv3x3";
-    if (policy.conv == KernelPath::Direct && v.name != "direct") continue;
-    if (policy.conv == KernelPath::Engine && specialised) continue;
+    if (policy.conv == KernelPath::Engine && v.specialised) continue;
     if (v.preferred(problem, operands)) return v;
   }
   return kVariants.back();
@@ -192,8 +191,9 @@ void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy
   const ConvProblem gi = conv_problem(s, dx.dtype(), ConvPass::GradInput);
   const ConvProblem gw = conv_problem(s, dw.dtype(), ConvPass::GradWeight);
   const ConvOperands gi_ops{.out = dx, .w = w, .dy = dy}, gw_ops{.out = dw, .x = x, .dy = dy};
-  if (dx.numel() > 0 && dw.numel() > 0 && choose_conv_variant(gi, gi_ops).name == "pointwise" &&
-      choose_conv_variant(gw, gw_ops).name == "pointwise")
+  const ConvVariant& pointwise = kVariants[0];
+  if (dx.numel() > 0 && dw.numel() > 0 && &choose_conv_variant(gi, gi_ops) == &pointwise &&
+      &choose_conv_variant(gw, gw_ops) == &pointwise)
     return conv1x1_backward(dx, dw, dy, x, w, s);
   run_pass(gi, gi_ops);
   run_pass(gw, gw_ops);

@@ -33,6 +33,7 @@ struct ConvOperands {
 struct ConvVariant {
   std::string_view name;  // "pointwise", "conv3x3", "engine", "direct"
   std::string_view gpus;  // the GPUs it runs on
+  bool specialised;       // a fast path for a shape class (KernelPath::Engine skips these)
   // Whether it computes the problem correctly (within its precision) on this GPU.
   bool (*can_implement)(const ConvProblem&, const ConvOperands&);
   // Whether the default order takes it here: it can implement the problem and was measured
