@@ -11,8 +11,12 @@
 //   tg_zoo --rows 'c2d_1x1|lin_' --precision tf32 --quick
 //   tg_zoo --json > zoo.json                 # bench/compare_zoo.py runs this and reads it
 //   tg_zoo --list                            # the rows and their shapes; needs no GPU
+//   tg_zoo --rows nhwc --back-to-back 20     # diagnosis: 20 calls between the events, so the
+//                                            # GPU's own time shows when the host is faster;
+//                                            # the log adds the host's time per call
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -42,6 +46,8 @@ struct Result {
 
 struct Options {
   int warmup = 3, repeats = 20, idle_ms = 0;
+  int back_to_back = 1;      // calls per timed repeat; times are per call
+  double host_ms_last = 0;   // host time per call of the last timed repeat
   cudaStream_t stream = nullptr;
   std::ostream* log = nullptr;
 };
@@ -52,6 +58,7 @@ struct PassDef {
   std::string name;
   bool backward = false;
   std::function<void(bench::EventPair&)> run;
+  int calls = 1;  // calls between the events (--back-to-back): times are divided by it
 };
 
 Result row_base(std::string name, std::string kind, std::string shape, std::string spec, std::string precision) {
@@ -94,13 +101,19 @@ void run_row(Result base, double tol_forward, double tol_backward, const std::fu
     if (r.ok) {
       try {
         r.timing = bench::measure(o.stream, o.warmup, o.repeats, p.run, o.idle_ms);
+        r.timing.median_ms /= p.calls;
+        r.timing.min_ms /= p.calls;
+        for (double& ms : r.timing.in_order_ms) ms /= p.calls;
       } catch (const std::exception& e) {
         r.ok = false;
         r.failed = std::string("timing threw: ") + e.what();
       }
     }
     char line[256];
-    if (r.ok)
+    if (r.ok && p.calls > 1)
+      std::snprintf(line, sizeof line, "  %-5s %-8s check %9.2e  %10.3f ms per call of %d back to back, host %.3f ms\n",
+                    r.precision.c_str(), r.pass.c_str(), r.check_err, r.timing.median_ms, p.calls, o.host_ms_last);
+    else if (r.ok)
       std::snprintf(line, sizeof line, "  %-5s %-8s check %9.2e  %10.3f ms\n", r.precision.c_str(), r.pass.c_str(),
                     r.check_err, r.timing.median_ms);
     else
@@ -146,6 +159,8 @@ int main(int argc, char** argv) {
     o.repeats = static_cast<int>(args.get_int("repeats", quick ? 5 : 20));
     o.warmup = static_cast<int>(args.get_int("warmup", quick ? 1 : 3));
     o.idle_ms = static_cast<int>(args.get_int("idle-ms", 0));  // bench/gpu_timer.h says why
+    o.back_to_back = static_cast<int>(args.get_int("back-to-back", 1));
+    TG_CHECK(o.back_to_back >= 1, "--back-to-back: at least 1; got ", o.back_to_back);
     // Relative L2 limits. Layer rows: the issue's. The model's output compounds ~20 layers'
     // rounding: the examples' end-to-end limits (ex::tolerance); its gradients also cross
     // ReLU kinks (zoo_model.h, ModelRow::check): a limit that catches wrong kernels only.
@@ -167,11 +182,14 @@ int main(int argc, char** argv) {
     kernels.engine.tile = static_cast<int>(args.get_int("engine-tile", 0));     // 0, 128, 64 or 16
     kernels.engine.splits = static_cast<int>(args.get_int("engine-splits", 0));  // 0: the engine's choice
     kernels.engine.arch = static_cast<int>(args.get_int("engine-arch", 0));      // 0, 80 (mma.sync) or 90
+    kernels.engine.blocks_per_sm = static_cast<int>(args.get_int("engine-blocks-per-sm", 0));  // 0, 1 or 2 (TMA kernel)
+    kernels.engine.wgrad_columns = static_cast<int>(args.get_int("engine-wgrad-columns", 0));  // 0, 1 or -1
     tg::cuda::set_kernel_policy(kernels);
     args.finish("[--rows REGEX] [--precision fp32,tf32] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
-                "[--list] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
+                "[--list] [--back-to-back N] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
-                "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90]");
+                "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90] "
+                "[--engine-blocks-per-sm 0|1|2] [--engine-wgrad-columns 0|1|-1]");
     for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
     const std::string model_name = "resnet18gn_64x64_b" + std::to_string(model_batch);
 
@@ -206,20 +224,27 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         setup_error = std::string("setup threw: ") + e.what();
       }
+      // With --back-to-back N the events bracket N calls; the timing divides by N.
+      const auto timed_calls = [&](bench::EventPair& e, const std::function<void()>& call) {
+        const auto t0 = std::chrono::steady_clock::now();
+        e.start();
+        for (int i = 0; i < o.back_to_back; ++i) call();
+        e.stop();
+        o.host_ms_last = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                         o.back_to_back;
+      };
       const std::vector<PassDef> passes{
-          {"forward", false, [&](bench::EventPair& e) {
-             e.start();
-             tg::Tensor y = row->forward();
-             e.stop();
-           }},
+          {"forward", false, [&](bench::EventPair& e) { timed_calls(e, [&] { tg::Tensor y = row->forward(); }); },
+           o.back_to_back},
           {"fwd+bwd", true, [&](bench::EventPair& e) {
              row->x.requires_grad_(true);
              row->zero_grads();  // fresh gradients each time, as PyTorch's set_to_none
-             tg::Tape tape;
-             e.start();
-             tape.backward(row->forward(), row->dy);
-             e.stop();
-           }}};
+             timed_calls(e, [&] {
+               tg::Tape tape;
+               tape.backward(row->forward(), row->dy);
+             });
+           },
+           o.back_to_back}};
       for (const std::string& prec : precisions) {
         tg::set_precision(prec == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
         const Result base = row_base(spec.name, zoo::kind_name(spec.kind), spec.shape(), spec.json(), prec);
