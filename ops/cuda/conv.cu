@@ -50,16 +50,17 @@ bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
   return pixels >= kConv3x3MinPixelsTf32 && !engine_tma();
 }
 
-// Grad-weight stays on the 3x3 kernels except on images under 512 output pixels where the
-// engine runs it on its TMA product (TF32, Hopper, 160+ output channels): H200, forward +
+// Grad-weight stays on the 3x3 kernels except on images under 512 output pixels with 160+
+// output channels, where the engine runs it on its TMA product (TF32, Hopper): H200, forward +
 // backward, 384 channels at 16x16 0.53 -> 0.49 ms, 512 at 8x8 0.57 -> 0.40; at 32x32 the 3x3
-// kernel wins (192 channels: 0.43 against 0.64).
-constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512;
+// kernel wins (192 channels: 0.43 against 0.64). Fewer channels were not measured against the
+// 3x3 kernels and stay there.
+constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512, kConv3x3GradWeightMinChannelsTma = 160;
 template <class EngineTma>
 bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape)) return false;
   return p.precision != Precision::TF32 || p.shape.out[1] * p.shape.out[2] >= kConv3x3GradWeightMinPixelsTma ||
-         !engine_tma();
+         p.shape.K < kConv3x3GradWeightMinChannelsTma || !engine_tma();
 }
 
 

@@ -192,8 +192,13 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
       {"1 channel 5x5 d2 p3 (narrow columns)", {2, 1, 17, 19}, {32, 1, 5, 5}, {.padding = {3}, .dilation = {2}}},
       {"1x1, 300 outputs", {2, 20, 5, 5}, {300, 20, 1, 1}, {}},
       {"NHWC 3x3 s2, 5 channels", {3, 13, 10, 5}, {196, 5, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 3x3 p1, 40 channels (a partial 32-channel tile)", {2, 7, 9, 40}, {170, 40, 3, 3},
+       {.padding = {1}, .layout = Layout::NHWC}},
       {"3d 3x3x3 s2 p1", {2, 6, 9, 8, 7}, {160, 6, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
       {"3d 3x3x3, 2 channels (narrow columns)", {1, 2, 6, 5, 7}, {40, 2, 3, 3, 3}, {.padding = {1}}},
+      {"3x3, 64 outputs (the product transposed)", {2, 20, 9, 11}, {64, 20, 3, 3}, {.padding = {1}}},
+      {"NHWC 3x3 s2, 64 outputs (the product transposed)", {3, 11, 10, 24}, {64, 24, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
       {"N = 1, kernel past the input", {1, 4, 3, 2}, {200, 4, 5, 5}, {.padding = {2}}},
   };
   for (const ConvCase& c : cases) {
@@ -222,12 +227,26 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
     EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
   }
   // Fewer output channels than the columns pay for: the cp.async kernel.
-  for (const Shape& w_shape : {Shape{128, 16, 3, 3}, Shape{16, 4, 3, 3}}) {
+  for (const Shape& w_shape : {Shape{48, 16, 3, 3}, Shape{16, 4, 3, 3}}) {
     const ConvShape few = make_conv_shape("test", {2, w_shape[1], 8, 8}, w_shape, {.padding = {1}});
     EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(few, Tensor::empty(few.w_shape(), {.device = kGpu}),
                                                         Precision::TF32))
         << w_shape;
   }
+  // The policy overrides that rule both ways; forced onto few output channels, the columns
+  // still give the right answer.
+  const ConvShape few = make_conv_shape("test", {3, 24, 9, 7}, {16, 24, 3, 3}, {.padding = {1}});
+  const ConvShape many = make_conv_shape("test", {2, 8, 6, 6}, {200, 8, 3, 3}, {.padding = {1}});
+  Tensor dw_few = Tensor::empty(few.w_shape(), {.device = kGpu});
+  EXPECT_TRUE(cuda::engine_conv_grad_weight_uses_tma(few, dw_few, Precision::TF32, {.wgrad_columns = 1}));
+  EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(many, Tensor::empty(many.w_shape(), {.device = kGpu}),
+                                                      Precision::TF32, {.wgrad_columns = -1}));
+  Tensor x_few = random(few.x_shape(), DType::f32, kGpu), dy_few = random(few.y_shape(), DType::f32, kGpu);
+  Tensor dw_few_ref = Tensor::empty(few.w_shape(), {.dtype = DType::f64});
+  cpu::conv_grad_weight(dw_few_ref, ref(dy_few), ref(x_few), few);
+  poison(dw_few);
+  cuda::engine_conv_grad_weight(dw_few, dy_few, x_few, few, Precision::TF32, {.wgrad_columns = 1});
+  EXPECT_LE(rel_l2(dw_few, dw_few_ref), kTf32Tolerance);
 }
 
 // What it must leave to the cp.async kernels, which then still give the right answer.

@@ -21,61 +21,117 @@ namespace {
 constexpr int64_t kMaxColumnFloats = int64_t(1) << 28;
 // Each column float written and read feeds 2 K FLOPs: with few output channels the columns
 // cost more than the cp.async kernel's gathers. Measured (H200, TF32 forward + backward, against
-// that kernel): K 192-384 win (3x3 stride 2 96 -> 192 at 64x64 0.74 -> 0.66 ms, NHWC 192 at
-// 32x32 0.70 -> 0.60), K 64-128 lose (5x5 32 -> 64 at 64x64 0.69 -> 0.80, Conv3d 64 at 32^3 1.14
-// -> 1.43). Except where the reduction's other side is narrow (C * kvol <= 64: a stem with one
-// input channel, 1.32 -> 0.96), where the cp.async kernel's tiles are mostly empty.
-constexpr int64_t kMinOutputChannels = 160, kMinOutputChannelsNarrow = 32, kNarrowColumns = 64;
+// that kernel): K 64 and more win (5x5 32 -> 64 at 64x64 0.66 -> 0.54 ms, Conv3d 64 at 32^3
+// 1.11 -> 0.88, Conv3d 128 at 16^3 0.39 -> 0.32), and where the reduction's other side is
+// narrow (C * kvol <= 64: a stem with one input channel) from K 32.
+constexpr int64_t kMinOutputChannels = 64, kMinOutputChannelsNarrow = 32, kNarrowColumns = 64;
 
-// cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len: one row j per
-// blockIdx.y (its channel and tap decoded once), threads along r (writes coalesced; NCHW reads
-// along the output row too).
+// Input pixel of output pixel r (< N * P) at tap offsets (dz, dy, dx): its offset inside
+// image n (-1 in the padding), and n.
+__device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, int32_t dz, int32_t dy, int32_t dx,
+                                             uint32_t& n) {
+  uint32_t p;
+  g.div_out_volume.divmod(r, n, p);
+  int32_t od, oh, ow;
+  g.unravel_out(p, od, oh, ow);
+  const int32_t iw = ow * g.stride[2] - g.pad[2] + dx;
+  const int32_t ih = oh * g.stride[1] - g.pad[1] + dy;
+  const int32_t id = od * g.stride[0] - g.pad[0] + dz;
+  if (iw < 0 || iw >= g.in[2] || ih < 0 || ih >= g.in[1] || id < 0 || id >= g.in[0]) return -1;
+  return (int64_t(id) * g.in[1] + ih) * g.in[2] + iw;
+}
+
+// Channels-first x: cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len.
+// One row j per blockIdx.y (its channel and tap decoded once), threads along r: reads run
+// along the input row, writes are coalesced. Each thread takes several r (the grid is sized
+// for it): per-thread setup would otherwise cost more than the copy. row_len fits int32.
 __global__ void columns_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
-                               bool channels_last, int64_t row_len, int64_t rows) {
-  const int64_t pixels = int64_t(g.N) * g.out_volume;
+                               int32_t row_len, int64_t rows) {
+  const int32_t pixels = int32_t(int64_t(g.N) * g.out_volume);
   for (int64_t j = blockIdx.y; j < rows; j += gridDim.y) {
-    uint32_t c, t, tz, ty, tx, rest;
+    uint32_t c, t;
     g.div_kernel_volume.divmod(uint32_t(j), c, t);
-    g.div_kernel_w.divmod(t, rest, tx);
-    g.div_kernel_h.divmod(rest, tz, ty);
+    int32_t dz, dy, dx;
+    g.tap_offsets(t, dz, dy, dx);
     float* out = cols + j * row_len;
-    for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < row_len; r += int64_t(gridDim.x) * blockDim.x) {
+    for (int32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
       float v = 0.f;
       if (r < pixels) {
-        uint32_t n, p;
-        g.div_out_volume.divmod(uint32_t(r), n, p);
-        int32_t od, oh, ow;
-        g.unravel_out(p, od, oh, ow);
-        const int32_t iw = ow * g.stride[2] - g.pad[2] + int32_t(tx) * g.dil[2];
-        const int32_t ih = oh * g.stride[1] - g.pad[1] + int32_t(ty) * g.dil[1];
-        const int32_t id = od * g.stride[0] - g.pad[0] + int32_t(tz) * g.dil[0];
-        if (iw >= 0 && iw < g.in[2] && ih >= 0 && ih < g.in[1] && id >= 0 && id < g.in[0]) {
-          const int64_t pixel = (int64_t(id) * g.in[1] + ih) * g.in[2] + iw;
-          v = channels_last ? x[(n * g.in_volume + pixel) * g.C + c] : x[(int64_t(n) * g.C + c) * g.in_volume + pixel];
-        }
+        uint32_t n;
+        const int64_t pixel = tap_pixel(g, uint32_t(r), dz, dy, dx, n);
+        if (pixel >= 0) v = x[(int64_t(n) * g.C + c) * g.in_volume + pixel];
       }
       out[r] = v;
     }
   }
 }
 
-// out[k][n * P + p] = dy[n][k][p] (channels-first dy), zeros up to row_len.
-__global__ void gather_dy_kernel(float* __restrict__ out, const float* __restrict__ dy, int64_t N, int64_t K,
-                                 int64_t P, int64_t row_len) {
-  const int64_t total = K * row_len;
-  TG_GRID_STRIDE(e, total) {
-    const int64_t r = e % row_len, k = e / row_len;
-    out[e] = r < N * P ? dy[((r / P) * K + k) * P + r % P] : 0.f;
+// Channels-last x: the same columns through a 32 x 32 shared tile per (32 pixels, 32
+// channels, tap), so that reads run along the channels and writes along the pixels (a direct
+// gather would read one float per C * 4 bytes). 32 x 8 threads.
+constexpr int kColumnsTile = 32, kColumnsTileRows = 8;
+__global__ void columns_channels_last_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
+                                             int32_t row_len, int32_t kvol) {
+  __shared__ float tile[kColumnsTile][kColumnsTile + 1];
+  const int32_t pixels = int32_t(int64_t(g.N) * g.out_volume);
+  const int lane = threadIdx.x, row = threadIdx.y;
+  for (int32_t t = blockIdx.z; t < kvol; t += gridDim.z) {
+    int32_t dz, dy, dx;
+    g.tap_offsets(uint32_t(t), dz, dy, dx);
+    for (int32_t c0 = blockIdx.y * kColumnsTile; c0 < g.C; c0 += gridDim.y * kColumnsTile) {
+      for (int32_t r0 = blockIdx.x * kColumnsTile; r0 < row_len; r0 += gridDim.x * kColumnsTile) {
+        for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // tile[pixel][channel]
+          const int32_t r = r0 + i;
+          float v = 0.f;
+          if (r < pixels && c0 + lane < g.C) {
+            uint32_t n;
+            const int64_t pixel = tap_pixel(g, uint32_t(r), dz, dy, dx, n);
+            if (pixel >= 0) v = x[(int64_t(n) * g.in_volume + pixel) * g.C + c0 + lane];
+          }
+          tile[i][lane] = v;
+        }
+        __syncthreads();
+        for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // cols[channel c0 + i][pixel]
+          const int32_t r = r0 + lane;
+          if (c0 + i < g.C && r < row_len) cols[(int64_t(c0 + i) * kvol + t) * row_len + r] = tile[lane][i];
+        }
+        __syncthreads();
+      }
+    }
   }
+}
+
+// out[k][n * P + p] = dy[n][k][p] (channels-first dy), zeros up to row_len: one row k per
+// blockIdx.y, threads along the row, several r each (as columns_kernel).
+__global__ void gather_dy_kernel(float* __restrict__ out, const float* __restrict__ dy, int32_t N, int64_t K,
+                                 FastDivmod div_P, int32_t row_len) {
+  const int32_t pixels = N * int32_t(div_P.divisor);
+  for (int64_t k = blockIdx.y; k < K; k += gridDim.y) {
+    for (int32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
+      float v = 0.f;
+      if (r < pixels) {
+        uint32_t n, p;
+        div_P.divmod(uint32_t(r), n, p);
+        v = dy[(int64_t(n) * K + k) * div_P.divisor + p];
+      }
+      out[k * row_len + r] = v;
+    }
+  }
+}
+
+// Blocks along a row of row_len floats for the row kernels above: about 8 floats per thread.
+unsigned row_blocks(int64_t row_len) {
+  constexpr int64_t kPerThread = 8;
+  return static_cast<unsigned>(std::clamp<int64_t>((row_len + kThreads * kPerThread - 1) / (kThreads * kPerThread), 1, 1024));
 }
 
 }  // namespace
 
-bool conv_wgrad_tma_applies(const ConvShape& s, int dev) {
+bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
   const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, 4);
   const int64_t col_rows = s.C * s.kernel_volume();
   const int64_t min_k = col_rows <= kNarrowColumns ? kMinOutputChannelsNarrow : kMinOutputChannels;
-  if (s.K < min_k || !device_runs_wgmma(dev)) return false;
+  if (policy.wgrad_columns < 0 || (policy.wgrad_columns == 0 && s.K < min_k) || !device_runs_wgmma(dev)) return false;
   return fits(row_len) && fits(col_rows) && col_rows <= kMaxColumnFloats / row_len &&
          s.K <= kMaxColumnFloats / row_len && (row_len + 31) / 32 <= 65535;
 }
@@ -92,27 +148,46 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
   if (s.channels_last()) {
     transpose_into(dy_rows.data<float>(), dy.data<float>(), 1, pixels, s.K, row_len, st);
   } else {
-    gather_dy_kernel<<<grid_for(dy_rows.numel(), kThreads), kThreads, 0, st>>>(
-        dy_rows.data<float>(), dy.data<float>(), s.N, s.K, s.out_volume(), row_len);
+    const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(s.K, 65535)));
+    gather_dy_kernel<<<grid, kThreads, 0, st>>>(dy_rows.data<float>(), dy.data<float>(), int32_t(s.N), s.K,
+                                                FastDivmod(uint32_t(s.out_volume())), int32_t(row_len));
     TG_LAUNCH_CHECK();
   }
   Tensor cols = Tensor::empty({col_rows * row_len}, f32);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((row_len + kThreads - 1) / kThreads, 1024)),
-                  static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
-  columns_kernel<<<grid, kThreads, 0, st>>>(cols.data<float>(), x.data<float>(), geometry(s), s.channels_last(),
-                                            row_len, col_rows);
+  if (s.channels_last()) {
+    const int64_t pixel_tiles = (row_len + kColumnsTile - 1) / kColumnsTile;
+    const int64_t channel_tiles = (s.C + kColumnsTile - 1) / kColumnsTile;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(pixel_tiles, 2048)),
+                    static_cast<unsigned>(std::min<int64_t>(channel_tiles, 65535)),
+                    static_cast<unsigned>(std::min<int64_t>(s.kernel_volume(), 65535)));
+    columns_channels_last_kernel<<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, st>>>(
+        cols.data<float>(), x.data<float>(), geometry(s), int32_t(row_len), int32_t(s.kernel_volume()));
+  } else {
+    const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
+    columns_kernel<<<grid, kThreads, 0, st>>>(cols.data<float>(), x.data<float>(), geometry(s), int32_t(row_len),
+                                              col_rows);
+  }
   TG_LAUNCH_CHECK();
 
-  const int cols_wide = policy.tile == 256 ? 256 : col_rows <= 64 ? 64 : 128;
-  const Plan plan = make_tma_plan(s.K, col_rows, row_len, cols_wide, dev, policy);
+  // dw (K, C * kvol) is the product's C[m][n] with m = k and n = column c * kvol + t; with 64
+  // or fewer output channels the product is taken transposed (m = column, n = k), so that the
+  // narrow side fills a 64-wide tile instead of half a 128-row one.
+  const bool transposed = s.K <= 64 && col_rows > 64;
+  const int64_t M = transposed ? col_rows : s.K, N = transposed ? s.K : col_rows;
+  const int cols_wide = policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
+  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy);
   MainloopArgs args{};
-  args.M = int32_t(s.K);
-  args.N = int32_t(col_rows);
+  args.M = int32_t(M);
+  args.N = int32_t(N);
   args.red = int32_t(row_len);
-  args.out = output_map(dw.data<float>(), nullptr, s.K, col_rows);  // (K, C, kvol): column c * kvol + t
-  run_plan(plan, args, dw.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
-    launch_matmul_tma(dy_rows.data<float>(), cols.data<float>(), plan, a, stm);
-  });
+  args.out = output_map(dw.data<float>(), nullptr, M, N);
+  if (transposed) {  // C[m][n] -> dw[n * M + m]: the channels-first map with one "image" of M pixels
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(M));
+  }
+  const float* a = transposed ? cols.data<float>() : dy_rows.data<float>();
+  const float* b = transposed ? dy_rows.data<float>() : cols.data<float>();
+  run_plan(plan, args, dw.device(), [&](const MainloopArgs& ma, cudaStream_t stm) { launch_matmul_tma(a, b, plan, ma, stm); });
 }
 
 }  // namespace tg::cuda::engine

@@ -184,7 +184,7 @@ bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Prec
                                       const EnginePolicy& policy) {
   return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 && dw.device().is_cuda() &&
          engine_conv_can_implement(s, DType::f32) &&
-         engine::conv_wgrad_tma_applies(s, dw.device().index);
+         engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
 }
 
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,

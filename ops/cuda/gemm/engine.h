@@ -21,6 +21,8 @@ struct EnginePolicy {
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
   int arch = 0;    // 0: the engine's choice; 80: mma.sync kernels only; 90: wgmma wherever it applies
   int blocks_per_sm = 0;  // the TMA kernels' 128-wide tiles: 0 by problem size; 1 or 2
+  int wgrad_columns = 0;  // TF32 grad-weight over written-out columns (Hopper): 0 by output
+                          // channels; 1 wherever the columns fit; -1 never
 };
 
 // Whether the engine serves this problem: f32 data and every row, column and reduction

@@ -63,7 +63,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 // TF32 grad-weight on Hopper as a TMA product over written-out dy and input columns
 // (conv_wgrad_sm90_tma.cu): whether it serves this problem (160+ output channels, or 32+ when
 // C * kvol <= 64; columns within 1 GiB), and the pass.
-bool conv_wgrad_tma_applies(const ConvShape& s, int dev);
+bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy);
 void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                     const EnginePolicy& policy);
 
