@@ -14,14 +14,19 @@ namespace tg::cuda::engine {
 // k-tile kt of A (rows m0..) and of B (rows n0..): box (k, row) of each matrix.
 struct MatrixBoxes {
   CUtensorMap a, b;
+  struct Cursor {
+    int32_t m0;
+  };
 
   __device__ __forceinline__ void prefetch() const {
     tma::prefetch_map(&a);
     tma::prefetch_map(&b);
   }
-  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, int32_t kt,
-                                       int32_t m0, int32_t n0, uint64_t policy) const {
-    tma::load_box(a_dst, &a, bar, kt * kBK, m0, policy);
+  __device__ __forceinline__ Cursor start(int32_t, int32_t m0) const { return {m0}; }
+  __device__ __forceinline__ void advance(Cursor&) const {}
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
+                                       int32_t kt, int32_t n0, uint64_t policy) const {
+    tma::load_box(a_dst, &a, bar, kt * kBK, at.m0, policy);
     tma::load_box(b_dst, &b, bar, kt * kBK, n0, policy);
   }
 };

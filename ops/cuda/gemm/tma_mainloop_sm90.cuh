@@ -3,7 +3,12 @@
 // (matmul_sm90_tma.cu) and channels-last convolution inputs in im2col mode
 // (conv_fprop_sm90_tma.cu). A `Producer` says where each k-tile's two boxes come from:
 //   void prefetch() const;                                   // warm the tensor maps
-//   void load(a_dst, b_dst, bar, k_tile, m0, n0, policy) const;  // ask for both boxes
+//   Cursor start(k_tile, m0) const;                          // the block's first k-tile
+//   void load(a_dst, b_dst, bar, cursor, k_tile, n0, policy) const;  // ask for both boxes
+//   void advance(Cursor&) const;                             // on to the next k-tile
+// The one producer thread issues every request of the block, so whatever it computes per
+// k-tile is on the pipeline's critical path: the cursor carries the coordinates from one k-tile
+// to the next with additions, where decoding each k-tile afresh would take several divisions.
 // Each box is 128 rows (A) or kBN rows (B) of 32 k in the 128-byte swizzle: chunk c of row r at
 // c ^ (r % 8), exactly the K-major layout the wgmma descriptors of wgmma.cuh describe.
 //
@@ -90,13 +95,15 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
     if (lane == 0) {
       producer.prefetch();
       const uint64_t policy = l2_evict_normal_policy();
+      auto cursor = producer.start(kt_begin, m0);
       for (int32_t i = 0; i < count; ++i) {
         const int s = i % kStages;
         const uint32_t use = uint32_t(i / kStages);
         if (use > 0) tma::mbar_wait(&empty[s], (use - 1) & 1);  // every consumer warp released use - 1
         tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
         unsigned char* dst = smem + s * kStageBytes;
-        producer.load(dst, dst + kTmaABytes, &full[s], kt_begin + i, m0, n0, policy);
+        producer.load(dst, dst + kTmaABytes, &full[s], cursor, kt_begin + i, n0, policy);
+        producer.advance(cursor);
       }
     }
     return;
