@@ -7,9 +7,13 @@
 //
 // A: 1024 x 2048 floats, block b takes row tile b % 8; B: kBN x 2048, the same for every
 // block; 64 k-tiles per block; 132 blocks (one per SM) and 264 (two waves).
+// Last, the engine's own kernel (tma_wgmma_kernel, epilogue included) on the convolution's
+// boxes through probe producers, with and without the engine's L2 policy and its second
+// column of tiles: what of the engine's ~1 us per k-tile the pipeline alone does not show.
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -18,6 +22,7 @@
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/arch/tma.cuh"
 #include "ops/cuda/arch/wgmma.cuh"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
 
 using namespace tg::cuda;
 
@@ -169,6 +174,102 @@ void conv_b_variants(const CUtensorMap& x_im2col, const CUtensorMap& w192, float
               both * 1e3 / kConvKTiles);
 }
 
+// Producers for the engine's kernel (tma_mainloop_sm90.cuh's interface). evict: the engine's
+// evict-normal L2 policy on the B loads (and A for matrices), else none.
+struct ProbeMatrixBoxes {
+  CUtensorMap a, b;
+  bool evict;
+  struct Cursor {
+    int32_t m0;
+  };
+  __device__ void prefetch() const {}
+  __device__ Cursor start(int32_t, int32_t m0) const { return {m0 % kARows}; }
+  __device__ void advance(Cursor&) const {}
+  __device__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at, int32_t kt,
+                       int32_t n0, uint64_t policy) const {
+    tma::load_box(a_dst, &a, bar, kt * 32, at.m0, evict ? policy : 0);
+    tma::load_box(b_dst, &b, bar, kt * 32, n0, evict ? policy : 0);
+  }
+};
+struct ProbeIm2colBoxes {
+  CUtensorMap x, w;
+  bool evict;
+  struct Cursor {
+    int32_t img, h0, c0, tx, ty;
+  };
+  __device__ void prefetch() const {}
+  __device__ Cursor start(int32_t, int32_t m0) const {
+    return {m0 / (kConvHW * kConvHW), (m0 % (kConvHW * kConvHW)) / kConvHW, 0, 0, 0};
+  }
+  __device__ void advance(Cursor& at) const {
+    if ((at.c0 += 32) == kConvC) {
+      at.c0 = 0;
+      if (++at.tx == 3) at.tx = 0, ++at.ty;
+    }
+  }
+  __device__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at, int32_t kt,
+                       int32_t n0, uint64_t policy) const {
+    tma::load_im2col_4d(a_dst, &x, bar, at.c0, -1, at.h0 - 1, at.img, uint16_t(at.tx), uint16_t(at.ty));
+    tma::load_box(b_dst, &w, bar, kt * 32, n0, evict ? policy : 0);
+  }
+};
+
+// One launch of the engine's kernel over `tiles_m` x `tiles_n` 128 x 128 tiles, 54 k-tiles
+// each, into out (M x N, row-major); us per k-tile per wave of one block per SM.
+template <class Producer>
+double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, int N, float* out) {
+  using namespace tg::cuda::engine;
+  Plan plan;
+  plan.sm90 = true;
+  plan.tma_cols = 128;
+  plan.tma_blocks_per_sm = 1;
+  plan.tiles_m = tiles_m;
+  plan.tiles_n = tiles_n;
+  plan.splits = 1;
+  plan.k_tiles_per_split = kConvKTiles;
+  MainloopArgs args{};
+  args.M = tiles_m * 128;
+  args.N = N;
+  args.red = kConvKTiles * 32;
+  args.tiles_n = tiles_n;
+  args.k_tiles_per_split = kConvKTiles;
+  args.out.data = out;
+  args.out.M = args.M;
+  args.out.N = N;
+  args.out.mode = OutputMap::kPlain;
+  args.out.kvol = 1;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int rep = 0; rep < 11; ++rep) {
+    cudaEventRecord(e0, 0);
+    launch_tma_wgmma(producer, plan, args, 0);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double waves = std::ceil(double(tiles_m) * tiles_n / 132.0);
+  return ms[ms.size() / 2] * 1e3 / (kConvKTiles * waves);
+}
+
+void engine_rows(const CUtensorMap& a_map, const CUtensorMap& b128, const CUtensorMap& x_im2col,
+                 const CUtensorMap& w128, const CUtensorMap& w192, float* out) {
+  constexpr int tiles = kConvN * kConvHW * kConvHW / 128;
+  const double m0 = engine_us_per_ktile(ProbeMatrixBoxes{a_map, b128, false}, tiles, 1, 128, out);
+  const double m1 = engine_us_per_ktile(ProbeMatrixBoxes{a_map, b128, true}, tiles, 1, 128, out);
+  const double i0 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, false}, tiles, 1, 128, out);
+  const double i1 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, true}, tiles, 1, 128, out);
+  const double i2 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w192, false}, tiles, 2, 192, out);
+  const double i3 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w192, true}, tiles, 2, 192, out);
+  std::printf("engine kernel, us per k-tile per wave: matrix boxes %6.3f (evict-normal %6.3f); im2col, 128 outputs "
+              "%6.3f (%6.3f); im2col, 192 outputs in two columns of tiles %6.3f (%6.3f) (%s)\n",
+              m0, m1, i0, i1, i2, i3, cudaGetErrorString(cudaGetLastError()));
+}
+
 }  // namespace probe
 
 int main() {
@@ -213,6 +314,9 @@ int main() {
   conv_row(x_im2col, a_map, w_map, sink);
   const CUtensorMap w192 = f32_matrix_map("probe w", w, 192, 9 * kConvC, {128, 32, true});
   conv_b_variants(x_im2col, w192, sink);
+  float* out;
+  cudaMalloc(&out, size_t(kConvN) * kConvHW * kConvHW * 192 * 4);
+  engine_rows(a_map, b128, x_im2col, w_map, w192, out);
   std::printf("probe done: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));
   return 0;
 }
