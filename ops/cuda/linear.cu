@@ -1,11 +1,16 @@
-// CUDA kernels of the linear family: the dispatcher (streaming kernels for matrix-vector
-// shapes, the 1x1-convolution kernels for short reductions, then the implicit-GEMM engine of
-// ops/cuda/gemm/), a tiled shared-memory FFMA GEMM for f64 and every transpose combination
-// (template flags), and the deterministic column sum used for the bias gradient.
+// CUDA kernels of the linear family: the dispatcher's table (gemm_variants.h: streaming
+// kernels for matrix-vector shapes, the 1x1-convolution kernels for short reductions, the
+// implicit-GEMM engine of ops/cuda/gemm/, then a tiled shared-memory FFMA GEMM for f64 and every
+// transpose combination), and the deterministic column sum used for the bias gradient.
+#include <array>
+#include <string>
+
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
+#include "core/error.h"
 #include "ops/checks.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
+#include "ops/cuda/gemm_variants.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/policy.h"
 #include "ops/cuda/skinny_gemm.h"
@@ -133,51 +138,50 @@ void launch_gemm(T* c, const T* a, const T* b, const T* bias, const GemmProblem&
 // channels, so longer reductions and wider outputs stay on the general kernel.
 constexpr int64_t kPointwiseMaxReduction = 128, kPointwiseMaxColumns = 512;
 
-bool pointwise_applies(const Tensor& c, const Tensor& bias, const GemmProblem& p) {
-  if (c.dtype() != DType::f32 || (p.transA && p.transB)) return false;
-  if (p.transA) return !bias.defined() && p.M <= kPointwiseMaxColumns && p.N <= kPointwiseMaxColumns;
-  if (!p.transB && bias.defined()) return false;
-  return p.K >= 1 && p.K <= kPointwiseMaxReduction && p.N <= kPointwiseMaxColumns;
+// ---- the rows ----
+
+bool skinny_can_implement(const GemmCase& g, const GemmOperands& o) { return skinny_gemm_applies(o.c, g.shape); }
+void skinny_run(const GemmCase& g, const GemmOperands& o) { skinny_gemm(o.c, o.a, o.b, o.bias, g.shape); }
+
+// The 1x1 kernels take the three forms a linear layer needs, f32, any size; a bias only in
+// the forward (NT) form; the NT and NN forms reduce over at least one column.
+bool pointwise_can_implement(const GemmCase& g, const GemmOperands& o) {
+  const GemmProblem& p = g.shape;
+  if (g.dtype != DType::f32 || (p.transA && p.transB)) return false;
+  if (p.transA) return !o.bias.defined();
+  return p.K >= 1 && (!o.bias.defined() || p.transB);
+}
+bool pointwise_preferred(const GemmCase& g, const GemmOperands& o) {
+  const GemmProblem& p = g.shape;
+  if (!pointwise_can_implement(g, o)) return false;
+  if (p.transA) return p.M <= kPointwiseMaxColumns && p.N <= kPointwiseMaxColumns;
+  return p.K <= kPointwiseMaxReduction && p.N <= kPointwiseMaxColumns;
+}
+void pointwise_run(const GemmCase& g, const GemmOperands& o) {
+  const GemmProblem& p = g.shape;
+  if (p.transA) pointwise_matmul_grad_weight(o.c, o.a, o.b);         // c (M, N) = a (K, M)^T b (K, N)
+  else if (p.transB) pointwise_matmul_forward(o.c, o.a, o.b, o.bias);  // c (M, N) = a (M, K) b (N, K)^T + bias
+  else pointwise_matmul_grad_input(o.c, o.a, o.b);                   // c (M, N) = a (M, K) b (K, N)
 }
 
-void pointwise_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
-  if (p.transA) pointwise_matmul_grad_weight(c, a, b);    // c (M, N) = a (K, M)^T b (K, N)
-  else if (p.transB) pointwise_matmul_forward(c, a, b, bias);  // c (M, N) = a (M, K) b (N, K)^T + bias
-  else pointwise_matmul_grad_input(c, a, b);              // c (M, N) = a (M, K) b (K, N)
+// Everything else in f32 runs on the tensor-core engine.
+bool engine_can_implement(const GemmCase& g, const GemmOperands&) { return engine_gemm_can_implement(g.shape, g.dtype); }
+void engine_run(const GemmCase& g, const GemmOperands& o) {
+  engine_gemm(o.c, o.a, o.b, o.bias, g.shape, g.precision, kernel_policy().engine);
 }
 
-}  // namespace
-
-void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
-  check_gemm_operands(c, a, b, bias, p);
-  if (p.M == 0 || p.N == 0) return;
-  // Matrix-vector products and other skinny shapes are bound by memory, not arithmetic:
-  // they take the streaming kernels of skinny_gemm.cu (workload D).
-  const KernelPolicy& policy = kernel_policy();
-  if (policy.gemm == KernelPath::Auto) {
-    if (skinny_gemm_applies(c, p)) {
-      skinny_gemm(c, a, b, bias, p);
-      return;
-    }
-    if (pointwise_applies(c, bias, p)) {
-      pointwise_gemm(c, a, b, bias, p);
-      return;
-    }
-  }
-  // Everything else in f32 runs on the tensor-core engine; the tiled FFMA kernel below
-  // serves f64 (and a forced Direct policy).
-  if (policy.gemm != KernelPath::Direct && engine_gemm_can_implement(p, c.dtype())) {
-    engine_gemm(c, a, b, bias, p, precision(), policy.engine);
-    return;
-  }
-  const int dev = c.device().index;
+// The tiled FFMA kernel: f64, and every problem the engine cannot index.
+bool always(const GemmCase&, const GemmOperands&) { return true; }
+void direct_run(const GemmCase& g, const GemmOperands& o) {
+  const GemmProblem& p = g.shape;
+  const int dev = o.c.device().index;
   set_device(dev);
   cudaStream_t s = stream(dev);
-  dispatch_floating("linear (CUDA)", c.dtype(), [&](auto* tag) {
+  dispatch_floating("linear (CUDA)", o.c.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
-    T* pc = c.data<T>();
-    const T *pa = a.data<T>(), *pb = b.data<T>();
-    const T* pbias = bias.defined() ? bias.data<T>() : nullptr;
+    T* pc = o.c.data<T>();
+    const T *pa = o.a.data<T>(), *pb = o.b.data<T>();
+    const T* pbias = o.bias.defined() ? o.bias.data<T>() : nullptr;
     if (!p.transA && !p.transB) launch_gemm<T, false, false>(pc, pa, pb, pbias, p, s);
     else if (p.transA && !p.transB) launch_gemm<T, true, false>(pc, pa, pb, pbias, p, s);
     else if (!p.transA && p.transB) launch_gemm<T, false, true>(pc, pa, pb, pbias, p, s);
@@ -186,14 +190,68 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias,
   TG_LAUNCH_CHECK();
 }
 
+// Matrix-vector products and other skinny shapes are bound by memory, not arithmetic: they
+// take the streaming kernels of skinny_gemm.cu (workload D) first.
+constexpr std::array<GemmVariant, 4> kVariants{{
+    {"skinny", "every GPU", true, skinny_can_implement, skinny_can_implement, skinny_run},
+    {"pointwise", "sm_80+ (TMA on sm_90a)", true, pointwise_can_implement, pointwise_preferred, pointwise_run},
+    {"engine", "sm_80+ (wgmma and TMA on sm_90a)", false, engine_can_implement, engine_can_implement, engine_run},
+    {"direct", "every GPU", false, always, always, direct_run},
+}};
+
+std::string describe_case(const GemmCase& g) {
+  const GemmProblem& p = g.shape;
+  return "M " + std::to_string(p.M) + ", N " + std::to_string(p.N) + ", K " + std::to_string(p.K) +
+         (p.transA ? ", a transposed" : "") + (p.transB ? ", b transposed" : "") + ", " + dtype_name(g.dtype);
+}
+
+}  // namespace
+
+std::span<const GemmVariant> gemm_variants() { return kVariants; }
+
+GemmCase gemm_case(const GemmProblem& p, DType dtype) {
+  return GemmCase{.shape = p, .dtype = dtype, .precision = precision()};
+}
+
+const GemmVariant& choose_gemm_variant(const GemmCase& problem, const GemmOperands& operands) {
+  const KernelPolicy& policy = kernel_policy();
+  if (!policy.gemm_variant.empty()) {
+    for (const GemmVariant& v : kVariants) {
+      if (v.name != policy.gemm_variant) continue;
+      TG_CHECK_AS(UnsupportedError, v.can_implement(problem, operands), "gemm: the policy forces the '", v.name,
+                  "' kernels, which cannot implement this problem (", describe_case(problem), ")");
+      return v;
+    }
+    TG_FAIL_AS(UnsupportedError, "gemm: no matrix-product kernels named '", policy.gemm_variant, "'");
+  }
+  if (policy.gemm == KernelPath::Direct) return kVariants.back();
+  for (const GemmVariant& v : kVariants) {
+    if (policy.gemm == KernelPath::Engine && v.specialised) continue;
+    if (v.preferred(problem, operands)) return v;
+  }
+  return kVariants.back();
+}
+
+void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
+  check_gemm_operands(c, a, b, bias, p);
+  if (p.M == 0 || p.N == 0) return;
+  const GemmCase problem = gemm_case(p, c.dtype());
+  const GemmOperands operands{.c = c, .a = a, .b = b, .bias = bias};
+  choose_gemm_variant(problem, operands).run(problem, operands);
+}
+
 void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                               const Tensor& w) {
   const int64_t B = dy.size(0), out = dy.size(1), in = x.size(1);
   const GemmProblem for_dx{.M = B, .N = in, .K = out}, for_dw{.M = out, .N = in, .K = B, .transA = true};
   check_gemm_operands(dx, dy, w, Tensor(), for_dx);
   check_gemm_operands(dw, dy, x, Tensor(), for_dw);
-  if (kernel_policy().gemm == KernelPath::Auto && pointwise_applies(dx, Tensor(), for_dx) &&
-      pointwise_applies(dw, Tensor(), for_dw)) {
+  // The 1x1 kernels read dy once for both gradients: taken wherever the table would send both
+  // products to them.
+  static_assert(kVariants[1].name == "pointwise");
+  const GemmVariant& pointwise = kVariants[1];
+  if (&choose_gemm_variant(gemm_case(for_dx, dx.dtype()), {.c = dx, .a = dy, .b = w}) == &pointwise &&
+      &choose_gemm_variant(gemm_case(for_dw, dw.dtype()), {.c = dw, .a = dy, .b = x}) == &pointwise) {
     pointwise_matmul_backward(dx, dw, dy, x, w);
     return;
   }

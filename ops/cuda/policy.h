@@ -48,6 +48,9 @@ struct KernelPolicy {
   // problem is an UnsupportedError, never a silent fallback.
   std::string_view conv_variant;
   KernelPath gemm = KernelPath::Auto;
+  // Forces one row of the matrix-product table by name (gemm_variants.h: "skinny", "pointwise",
+  // "engine", "direct"); empty: the order `gemm` allows. As conv_variant: never a silent fallback.
+  std::string_view gemm_variant;
   EnginePolicy engine;  // tile and split overrides inside the engine
   Conv3x3Policy conv3x3;  // only where conv == Auto lets the 3x3 fast path run
   Conv1x1Policy conv1x1;  // only where conv / gemm == Auto let the 1x1 fast path run
