@@ -26,6 +26,7 @@
 
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/arch/tma.cuh"
+#include "probe_common.h"
 
 using namespace tg::cuda;
 
@@ -134,18 +135,7 @@ int main() {
   cudaMalloc(&x, n * 4);
   cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
 
-  Im2colGeometry g{};
-  g.dims = 2;
-  g.N = N;
-  g.C = C;
-  const int64_t in[3] = {1, H, W}, kernel[3] = {1, 3, 3}, one[3] = {1, 1, 1}, pad[3] = {0, 1, 1};
-  for (int d = 0; d < 3; ++d) {
-    g.in[d] = in[d];
-    g.kernel[d] = kernel[d];
-    g.stride[d] = one[d];
-    g.pad[d] = pad[d];
-    g.dilation[d] = one[d];
-  }
+  const Im2colGeometry g = probe_common::conv3x3_geometry(N, H, W, C);
   const CUtensorMap maps[3] = {f32_im2col_map("probe", x, g, 32, kPixels), tiled_4d_map(x),
                                f32_matrix_map("probe", x, int64_t(N) * H * W, C, {kPixels, 32, true})};
   const char* names[3] = {"im2col", "tiled", "matrix"};

@@ -19,6 +19,7 @@
 
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/arch/tma.cuh"
+#include "probe_common.h"
 
 using namespace tg::cuda;
 
@@ -150,21 +151,7 @@ float run(const CUtensorMap& a, const CUtensorMap& b, int blocks, unsigned* chec
   attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int rep = 0; rep < (checksums ? 1 : 11); ++rep) {
-    cudaEventRecord(e0);
-    cudaLaunchKernelEx(&cfg, kernel, a, b, checksums);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return probe_common::median_ms(checksums ? 1 : 11, [&] { cudaLaunchKernelEx(&cfg, kernel, a, b, checksums); });
 }
 
 }  // namespace probe

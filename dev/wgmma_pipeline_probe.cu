@@ -23,6 +23,7 @@
 #include "ops/cuda/arch/tma.cuh"
 #include "ops/cuda/arch/wgmma.cuh"
 #include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+#include "probe_common.h"
 
 using namespace tg::cuda;
 
@@ -118,21 +119,7 @@ float time_it(const CUtensorMap& a, const CUtensorMap& b, int blocks, float* sin
   constexpr int smem = kStages * (kABytes + kBN * 128) + 2 * kStages * 8 + 1024;
   auto kernel = pipeline_kernel<kBN, kStages, kMath, kIm2col>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int rep = 0; rep < 11; ++rep) {
-    cudaEventRecord(e0);
-    kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, evict_normal, sink);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return probe_common::median_ms(11, [&] { kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, evict_normal, sink); });
 }
 
 template <int kBN, int kStages>
@@ -238,22 +225,9 @@ double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, i
   args.out.N = N;
   args.out.mode = OutputMap::kPlain;
   args.out.kvol = 1;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int rep = 0; rep < 11; ++rep) {
-    cudaEventRecord(e0, 0);
-    launch_tma_wgmma(producer, plan, args, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  const float ms = probe_common::median_ms(11, [&] { launch_tma_wgmma(producer, plan, args, 0); });
   const double waves = std::ceil(double(tiles_m) * tiles_n / 132.0);
-  return ms[ms.size() / 2] * 1e3 / (kConvKTiles * waves);
+  return ms * 1e3 / (kConvKTiles * waves);
 }
 
 void engine_rows(const CUtensorMap& a_map, const CUtensorMap& b128, const CUtensorMap& x_im2col,
@@ -297,18 +271,7 @@ int main() {
   cudaMalloc(&w, size_t(192) * 9 * kConvC * 4);
   cudaMemcpy(x, xh.data(), xn * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(w, xh.data() + 99, size_t(192) * 9 * kConvC * 4, cudaMemcpyHostToDevice);
-  Im2colGeometry g{};
-  g.dims = 2;
-  g.N = kConvN;
-  g.C = kConvC;
-  const int64_t in[3] = {1, kConvHW, kConvHW}, kernel[3] = {1, 3, 3}, one[3] = {1, 1, 1}, pad[3] = {0, 1, 1};
-  for (int d = 0; d < 3; ++d) {
-    g.in[d] = in[d];
-    g.kernel[d] = kernel[d];
-    g.stride[d] = one[d];
-    g.pad[d] = pad[d];
-    g.dilation[d] = one[d];
-  }
+  const Im2colGeometry g = probe_common::conv3x3_geometry(kConvN, kConvHW, kConvHW, kConvC);
   const CUtensorMap x_im2col = f32_im2col_map("probe x", x, g, 32, 128);
   const CUtensorMap w_map = f32_matrix_map("probe w", w, 128, 9 * kConvC, {128, 32, true});
   conv_row(x_im2col, a_map, w_map, sink);

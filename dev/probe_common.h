@@ -1,0 +1,52 @@
+// Helpers the dev/ probes share (not built by CMake; each probe's header says how it is built).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ops/cuda/arch/tensor_map.h"
+
+namespace probe_common {
+
+// The median of `repeats` timings (CUDA events on the default stream) of launch().
+template <class Launch>
+float median_ms(int repeats, Launch&& launch) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int rep = 0; rep < repeats; ++rep) {
+    cudaEventRecord(e0);
+    launch();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The im2col geometry of a 2-D 3x3, stride-1, padding-1 convolution over NHWC [n, h, w, c].
+inline tg::cuda::Im2colGeometry conv3x3_geometry(int64_t n, int64_t h, int64_t w, int64_t c) {
+  tg::cuda::Im2colGeometry g{};
+  g.dims = 2;
+  g.N = n;
+  g.C = c;
+  const int64_t in[3] = {1, h, w}, kernel[3] = {1, 3, 3}, pad[3] = {0, 1, 1};
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = in[d];
+    g.kernel[d] = kernel[d];
+    g.stride[d] = 1;
+    g.pad[d] = pad[d];
+    g.dilation[d] = 1;
+  }
+  return g;
+}
+
+}  // namespace probe_common
