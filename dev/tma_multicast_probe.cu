@@ -1,13 +1,14 @@
 // Experiment (not built by CMake): does a 2-CTA cluster that multicasts the shared operand
-// stream a GEMM's k-tiles faster than CTAs that each load both operands? The engine's TMA
-// kernels move one 128-byte row per ~5 SM cycles (tma_box_probe), about the whole k-tile time;
-// if that is the L2's or the issuing TMA unit's limit, multicast halves the B rows per CTA.
+// stream a GEMM's k-tiles faster than CTAs that each load both operands? If the L2 or the
+// issuing TMA unit limits the engine's loads, multicast halves the B rows each CTA asks for.
 //
 // Each block streams 64 k-tiles of an A box (128 rows x 32 floats, its own row tile) and a B
 // box (kBN rows x 32 floats, the same for every block) through a 4-stage ring, consumers only
 // wait and release. Cluster 2: each CTA loads its A box and half of B, multicast to both CTAs;
-// a stage is reused once both CTAs' consumers released it. A checksum of every B byte each
-// block saw must match between the modes. Then timings with 66, 132 and 264 blocks.
+// a stage is reused once both CTAs' consumers released it (remote arrivals with release
+// semantics at cluster scope, or at the instruction's default CTA scope). A checksum of every
+// B byte each block saw must match between the modes. Then timings with 66, 132 and 264
+// blocks.
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <algorithm>
@@ -55,18 +56,24 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
   PROBE_SM90A(asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"));
 }
-// One arrival on the barrier at bar's offset in CTA `rank` of the cluster.
+// One arrival on the barrier at bar's offset in CTA `rank` of the cluster. kClusterScope: with
+// release semantics at cluster scope; else the instruction's default (release at CTA scope),
+// as CUTLASS's cluster barriers use it.
+template <bool kClusterScope>
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
   [[maybe_unused]] uint32_t remote = 0;
   PROBE_SM90A(asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(bar)), "r"(rank)));
-  PROBE_SM90A(asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory"));
+  if (kClusterScope)
+    PROBE_SM90A(asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory"));
+  else
+    PROBE_SM90A(asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory"));
 }
 }  // namespace tma_cluster
 
 constexpr int kK = 2048, kKTiles = kK / 32, kARows = 1024, kBRows = 256, kStages = 4;
 constexpr int kABytes = 128 * 32 * 4;
 
-template <int kBN, int kCluster>
+template <int kBN, int kCluster, bool kClusterScope = true>
 __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUtensorMap a_map,
                                                      const __grid_constant__ CUtensorMap b_map,
                                                      unsigned* checksums) {
@@ -121,8 +128,8 @@ __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUt
         if (kCluster == 1) {
           tma::mbar_arrive(&empty[s]);
         } else {
-          tma_cluster::mbar_arrive_cluster(&empty[s], 0);
-          tma_cluster::mbar_arrive_cluster(&empty[s], 1);
+          tma_cluster::mbar_arrive_cluster<kClusterScope>(&empty[s], 0);
+          tma_cluster::mbar_arrive_cluster<kClusterScope>(&empty[s], 1);
         }
       }
     }
@@ -135,10 +142,10 @@ __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUt
   }
 }
 
-template <int kBN, int kCluster>
+template <int kBN, int kCluster, bool kClusterScope = true>
 float run(const CUtensorMap& a, const CUtensorMap& b, int blocks, unsigned* checksums) {
   constexpr int smem = kStages * (kABytes + kBN * 128) + 2 * kStages * 8 + 1024;
-  auto kernel = stream_kernel<kBN, kCluster>;
+  auto kernel = stream_kernel<kBN, kCluster, kClusterScope>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
@@ -166,7 +173,7 @@ int main() {
   cudaMemcpy(a, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(b, host.data() + 12345, size_t(kBRows) * kK * 4, cudaMemcpyHostToDevice);
   unsigned* sums;
-  cudaMalloc(&sums, 2 * 264 * sizeof(unsigned));
+  cudaMalloc(&sums, 3 * 264 * sizeof(unsigned));
   const CUtensorMap a_map = f32_matrix_map("probe A", a, kARows, kK, {128, 32, true});
   const CUtensorMap b_full = f32_matrix_map("probe B", b, kBRows, kK, {128, 32, true});
   const CUtensorMap b_half = f32_matrix_map("probe B", b, kBRows, kK, {64, 32, true});
@@ -180,19 +187,23 @@ int main() {
   auto both = [&](auto bn, const Pair& p) {
     constexpr int kBN = decltype(bn)::value;
     const int n = 132;
-    cudaMemset(sums, 0, 2 * n * sizeof(unsigned));
+    cudaMemset(sums, 0, 3 * n * sizeof(unsigned));
     run<kBN, 1>(a_map, p.full, n, sums);
     run<kBN, 2>(a_map, p.half, n, sums + n);
-    std::vector<unsigned> h(2 * n);
+    run<kBN, 2, false>(a_map, p.half, n, sums + 2 * n);
+    std::vector<unsigned> h(3 * n);
     cudaMemcpy(h.data(), sums, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost);
     int differ = 0;
-    for (int i = 0; i < n; ++i) differ += h[i] != h[n + i];
+    for (int i = 0; i < n; ++i) differ += (h[i] != h[n + i]) + (h[i] != h[2 * n + i]);
     std::printf("B %d rows: checksums differ in %d of %d blocks (%s)\n", kBN, differ, n,
                 cudaGetErrorString(cudaGetLastError()));
     for (int blocks : {66, 132, 264}) {
       const float t1 = run<kBN, 1>(a_map, p.full, blocks, nullptr), t2 = run<kBN, 2>(a_map, p.half, blocks, nullptr);
-      std::printf("  %3d blocks: no cluster %7.1f us (%5.3f us per k-tile), cluster 2 multicast %7.1f us (%5.3f) -> %.2fx\n",
-                  blocks, t1 * 1e3, t1 * 1e3 / kKTiles, t2 * 1e3, t2 * 1e3 / kKTiles, t1 / t2);
+      const float t3 = run<kBN, 2, false>(a_map, p.half, blocks, nullptr);
+      std::printf("  %3d blocks: no cluster %7.1f us (%5.3f us per k-tile), cluster 2 multicast %7.1f us (%5.3f) -> %.2fx;"
+                  " releases at CTA scope %7.1f us (%5.3f) -> %.2fx\n",
+                  blocks, t1 * 1e3, t1 * 1e3 / kKTiles, t2 * 1e3, t2 * 1e3 / kKTiles, t1 / t2, t3 * 1e3,
+                  t3 * 1e3 / kKTiles, t1 / t3);
     }
   };
   both(std::integral_constant<int, 128>{}, p128);
