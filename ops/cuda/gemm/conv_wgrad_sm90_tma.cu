@@ -44,21 +44,22 @@ __device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, 
 // Channels-first x: cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len.
 // One row j per blockIdx.y (its channel and tap decoded once), threads along r: reads run
 // along the input row, writes are coalesced. Each thread takes several r (the grid is sized
-// for it): per-thread setup would otherwise cost more than the copy. row_len fits int32.
+// for it): per-thread setup would otherwise cost more than the copy. 32-bit unsigned indices:
+// row_len fits int32, and a stride past it cannot wrap.
 __global__ void columns_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
-                               int32_t row_len, int64_t rows) {
-  const int32_t pixels = int32_t(int64_t(g.N) * g.out_volume);
+                               uint32_t row_len, int64_t rows) {
+  const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   for (int64_t j = blockIdx.y; j < rows; j += gridDim.y) {
     uint32_t c, t;
     g.div_kernel_volume.divmod(uint32_t(j), c, t);
     int32_t dz, dy, dx;
     g.tap_offsets(t, dz, dy, dx);
     float* out = cols + j * row_len;
-    for (int32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
+    for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
       float v = 0.f;
       if (r < pixels) {
         uint32_t n;
-        const int64_t pixel = tap_pixel(g, uint32_t(r), dz, dy, dx, n);
+        const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
         if (pixel >= 0) v = x[(int64_t(n) * g.C + c) * g.in_volume + pixel];
       }
       out[r] = v;
@@ -71,28 +72,28 @@ __global__ void columns_kernel(float* __restrict__ cols, const float* __restrict
 // gather would read one float per C * 4 bytes). 32 x 8 threads.
 constexpr int kColumnsTile = 32, kColumnsTileRows = 8;
 __global__ void columns_channels_last_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
-                                             int32_t row_len, int32_t kvol) {
+                                             uint32_t row_len, int32_t kvol) {
   __shared__ float tile[kColumnsTile][kColumnsTile + 1];
-  const int32_t pixels = int32_t(int64_t(g.N) * g.out_volume);
+  const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   const int lane = threadIdx.x, row = threadIdx.y;
   for (int32_t t = blockIdx.z; t < kvol; t += gridDim.z) {
     int32_t dz, dy, dx;
     g.tap_offsets(uint32_t(t), dz, dy, dx);
     for (int32_t c0 = blockIdx.y * kColumnsTile; c0 < g.C; c0 += gridDim.y * kColumnsTile) {
-      for (int32_t r0 = blockIdx.x * kColumnsTile; r0 < row_len; r0 += gridDim.x * kColumnsTile) {
+      for (uint32_t r0 = blockIdx.x * kColumnsTile; r0 < row_len; r0 += gridDim.x * kColumnsTile) {
         for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // tile[pixel][channel]
-          const int32_t r = r0 + i;
+          const uint32_t r = r0 + i;
           float v = 0.f;
           if (r < pixels && c0 + lane < g.C) {
             uint32_t n;
-            const int64_t pixel = tap_pixel(g, uint32_t(r), dz, dy, dx, n);
+            const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
             if (pixel >= 0) v = x[(int64_t(n) * g.in_volume + pixel) * g.C + c0 + lane];
           }
           tile[i][lane] = v;
         }
         __syncthreads();
         for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // cols[channel c0 + i][pixel]
-          const int32_t r = r0 + lane;
+          const uint32_t r = r0 + lane;
           if (c0 + i < g.C && r < row_len) cols[(int64_t(c0 + i) * kvol + t) * row_len + r] = tile[lane][i];
         }
         __syncthreads();
@@ -103,15 +104,15 @@ __global__ void columns_channels_last_kernel(float* __restrict__ cols, const flo
 
 // out[k][n * P + p] = dy[n][k][p] (channels-first dy), zeros up to row_len: one row k per
 // blockIdx.y, threads along the row, several r each (as columns_kernel).
-__global__ void gather_dy_kernel(float* __restrict__ out, const float* __restrict__ dy, int32_t N, int64_t K,
-                                 FastDivmod div_P, int32_t row_len) {
-  const int32_t pixels = N * int32_t(div_P.divisor);
+__global__ void gather_dy_kernel(float* __restrict__ out, const float* __restrict__ dy, uint32_t N, int64_t K,
+                                 FastDivmod div_P, uint32_t row_len) {
+  const uint32_t pixels = N * div_P.divisor;
   for (int64_t k = blockIdx.y; k < K; k += gridDim.y) {
-    for (int32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
+    for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
       float v = 0.f;
       if (r < pixels) {
         uint32_t n, p;
-        div_P.divmod(uint32_t(r), n, p);
+        div_P.divmod(r, n, p);
         v = dy[(int64_t(n) * K + k) * div_P.divisor + p];
       }
       out[k * row_len + r] = v;
@@ -149,8 +150,8 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
     transpose_into(dy_rows.data<float>(), dy.data<float>(), 1, pixels, s.K, row_len, st);
   } else {
     const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(s.K, 65535)));
-    gather_dy_kernel<<<grid, kThreads, 0, st>>>(dy_rows.data<float>(), dy.data<float>(), int32_t(s.N), s.K,
-                                                FastDivmod(uint32_t(s.out_volume())), int32_t(row_len));
+    gather_dy_kernel<<<grid, kThreads, 0, st>>>(dy_rows.data<float>(), dy.data<float>(), uint32_t(s.N), s.K,
+                                                FastDivmod(uint32_t(s.out_volume())), uint32_t(row_len));
     TG_LAUNCH_CHECK();
   }
   Tensor cols = Tensor::empty({col_rows * row_len}, f32);
@@ -161,10 +162,10 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
                     static_cast<unsigned>(std::min<int64_t>(channel_tiles, 65535)),
                     static_cast<unsigned>(std::min<int64_t>(s.kernel_volume(), 65535)));
     columns_channels_last_kernel<<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, st>>>(
-        cols.data<float>(), x.data<float>(), geometry(s), int32_t(row_len), int32_t(s.kernel_volume()));
+        cols.data<float>(), x.data<float>(), geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()));
   } else {
     const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
-    columns_kernel<<<grid, kThreads, 0, st>>>(cols.data<float>(), x.data<float>(), geometry(s), int32_t(row_len),
+    columns_kernel<<<grid, kThreads, 0, st>>>(cols.data<float>(), x.data<float>(), geometry(s), uint32_t(row_len),
                                               col_rows);
   }
   TG_LAUNCH_CHECK();
