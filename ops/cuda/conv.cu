@@ -44,7 +44,7 @@ constexpr int64_t kConv3x3MinPixelsTf32 = 512, kConv3x3MinPixelsTf32Tma = 4096;
 // `engine_tma()` is asked only for the images whose routing depends on it.
 template <class EngineTma>
 bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
-  if (p.dtype != DType::f32 || !conv3x3_applies(p.shape)) return false;
+  if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2];
   if (p.precision != Precision::TF32 || pixels >= kConv3x3MinPixelsTf32Tma) return true;
   return pixels >= kConv3x3MinPixelsTf32 && !engine_tma();
@@ -58,7 +58,7 @@ bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
 constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512, kConv3x3GradWeightMinChannelsTma = 160;
 template <class EngineTma>
 bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
-  if (p.dtype != DType::f32 || !conv3x3_applies(p.shape)) return false;
+  if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   return p.precision != Precision::TF32 || p.shape.out[1] * p.shape.out[2] >= kConv3x3GradWeightMinPixelsTma ||
          p.shape.K < kConv3x3GradWeightMinChannelsTma || !engine_tma();
 }
@@ -72,14 +72,14 @@ bool pointwise_preferred(const ConvProblem& p, const ConvOperands&) {
 }
 void pointwise_run(const ConvProblem& p, const ConvOperands& o) {
   switch (p.pass) {
-    case ConvPass::Forward: return conv1x1_forward(o.out, o.x, o.w, o.b, p.shape);
-    case ConvPass::GradInput: return conv1x1_grad_input(o.out, o.dy, o.w, p.shape);
-    case ConvPass::GradWeight: return conv1x1_grad_weight(o.out, o.dy, o.x, p.shape);
+    case ConvPass::Forward: return conv1x1_forward(o.out, o.x, o.w, o.b, p.shape, p.precision);
+    case ConvPass::GradInput: return conv1x1_grad_input(o.out, o.dy, o.w, p.shape, p.precision);
+    case ConvPass::GradWeight: return conv1x1_grad_weight(o.out, o.dy, o.x, p.shape, p.precision);
   }
 }
 
 bool conv3x3_can_implement(const ConvProblem& p, const ConvOperands&) {
-  return p.dtype == DType::f32 && conv3x3_applies(p.shape);
+  return p.dtype == DType::f32 && conv3x3_applies(p.shape, p.precision);
 }
 bool conv3x3_preferred(const ConvProblem& p, const ConvOperands& o) {
   const EnginePolicy& engine = kernel_policy().engine;
@@ -97,9 +97,9 @@ bool conv3x3_preferred(const ConvProblem& p, const ConvOperands& o) {
 }
 void conv3x3_run(const ConvProblem& p, const ConvOperands& o) {
   switch (p.pass) {
-    case ConvPass::Forward: return conv3x3_forward(o.out, o.x, o.w, o.b, p.shape);
-    case ConvPass::GradInput: return conv3x3_grad_input(o.out, o.dy, o.w, p.shape);
-    case ConvPass::GradWeight: return conv3x3_grad_weight(o.out, o.dy, o.x, p.shape);
+    case ConvPass::Forward: return conv3x3_forward(o.out, o.x, o.w, o.b, p.shape, p.precision);
+    case ConvPass::GradInput: return conv3x3_grad_input(o.out, o.dy, o.w, p.shape, p.precision);
+    case ConvPass::GradWeight: return conv3x3_grad_weight(o.out, o.dy, o.x, p.shape, p.precision);
   }
 }
 
@@ -195,7 +195,7 @@ void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy
   const ConvVariant& pointwise = kVariants[0];
   if (dx.numel() > 0 && dw.numel() > 0 && &choose_conv_variant(gi, gi_ops) == &pointwise &&
       &choose_conv_variant(gw, gw_ops) == &pointwise)
-    return conv1x1_backward(dx, dw, dy, x, w, s);
+    return conv1x1_backward(dx, dw, dy, x, w, s, gi.precision);
   run_pass(gi, gi_ops);
   run_pass(gw, gw_ops);
 }

@@ -159,9 +159,9 @@ bool pointwise_preferred(const GemmCase& g, const GemmOperands& o) {
 }
 void pointwise_run(const GemmCase& g, const GemmOperands& o) {
   const GemmProblem& p = g.shape;
-  if (p.transA) pointwise_matmul_grad_weight(o.c, o.a, o.b);         // c (M, N) = a (K, M)^T b (K, N)
-  else if (p.transB) pointwise_matmul_forward(o.c, o.a, o.b, o.bias);  // c (M, N) = a (M, K) b (N, K)^T + bias
-  else pointwise_matmul_grad_input(o.c, o.a, o.b);                   // c (M, N) = a (M, K) b (K, N)
+  if (p.transA) pointwise_matmul_grad_weight(o.c, o.a, o.b, g.precision);  // c (M, N) = a (K, M)^T b (K, N)
+  else if (p.transB) pointwise_matmul_forward(o.c, o.a, o.b, o.bias, g.precision);  // a (M, K) b (N, K)^T + bias
+  else pointwise_matmul_grad_input(o.c, o.a, o.b, g.precision);      // c (M, N) = a (M, K) b (K, N)
 }
 
 // Everything else in f32 runs on the tensor-core engine.
@@ -250,9 +250,10 @@ void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& 
   // products to them.
   static_assert(kVariants[1].name == "pointwise");
   const GemmVariant& pointwise = kVariants[1];
-  if (&choose_gemm_variant(gemm_case(for_dx, dx.dtype()), {.c = dx, .a = dy, .b = w}) == &pointwise &&
-      &choose_gemm_variant(gemm_case(for_dw, dw.dtype()), {.c = dw, .a = dy, .b = x}) == &pointwise) {
-    pointwise_matmul_backward(dx, dw, dy, x, w);
+  const GemmCase dx_case = gemm_case(for_dx, dx.dtype()), dw_case = gemm_case(for_dw, dw.dtype());
+  if (&choose_gemm_variant(dx_case, {.c = dx, .a = dy, .b = w}) == &pointwise &&
+      &choose_gemm_variant(dw_case, {.c = dw, .a = dy, .b = x}) == &pointwise) {
+    pointwise_matmul_backward(dx, dw, dy, x, w, dx_case.precision);
     return;
   }
   gemm(dx, dy, w, Tensor(), for_dx);

@@ -243,12 +243,12 @@ bool fused_backward_fits(const ConvShape& s, int smem_limit) {
 
 // dw (and dx when with_dx) from dy and x; with_dx needs fused_backward_fits.
 void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                  const ConvShape& s, bool with_dx) {
+                  const ConvShape& s, bool with_dx, Precision precision) {
   const int dev = dw.device().index;
   set_device(dev);
   const DeviceLimits lim = device_limits(dev);
   const bool nhwc = s.channels_last();
-  const bool split = precision() == Precision::FP32;
+  const bool split = precision == Precision::FP32;
   const int64_t K = s.K, C = s.C, P = s.out_volume();
   const int64_t num_tiles = tile_count(s);
   if (num_tiles == 0) {  // no pixels: dw = 0 (and dx is empty)

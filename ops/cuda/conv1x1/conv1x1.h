@@ -1,7 +1,8 @@
 // Fast path for pointwise (1x1, stride 1, pad 0, dilation 1) convolutions on tensor cores.
 // A 1x1 convolution is a GEMM per image: NCHW  y[n] (K, P) = w (K, C) * x[n] (C, P), P = H*W;
 // NHWC  y (N*P, K) = x (N*P, C) * w^T. Also serves 3-D 1x1x1 convolutions (NCDHW, P = D*H*W).
-// f32 only; tg::precision() picks plain TF32 or FP32-accurate (split TF32 + bf16) math.
+// f32 only; the precision argument (by default tg::precision() at the call; the dispatchers pass
+// their problem's) picks plain TF32 or FP32-accurate (split TF32 + bf16) math.
 //
 // The general launchers (ops/cuda/conv.h) hand these shapes over with
 //   if (conv1x1_applies(s, y.dtype())) return conv1x1_forward(y, x, w, b, s);
@@ -11,6 +12,7 @@
 // applies, unless KernelPolicy::conv1x1.tma (ops/cuda/policy.h) is false.
 #pragma once
 #include "../../../core/dtype.h"
+#include "../../../core/precision.h"
 #include "../../../core/tensor.h"
 #include "../../conv.h"
 
@@ -23,26 +25,33 @@ bool conv1x1_applies(const ConvShape& s);
 bool conv1x1_applies(const ConvShape& s, DType dtype);
 
 // y = conv(x, w) + b; b may be undefined.
-void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
+void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                     Precision precision = tg::precision());
 // dx = w^T dy.
-void conv1x1_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
+void conv1x1_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                        Precision precision = tg::precision());
 // dw = sum over images and pixels of dy x^T (per-block partials, then a fixed-order sum).
-void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                         Precision precision = tg::precision());
 // Both gradients; dx or dw may be undefined to skip it. When both are asked for and the
 // shape allows it (K <= 128, C <= 64), one kernel reads dy once for both.
 void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      const ConvShape& s);
+                      const ConvShape& s, Precision precision = tg::precision());
 
 // The same product for plain matrices: a batched linear layer y (rows, K) = x (rows, C) w^T + b
 // is a channels-last 1x1 convolution whose pixels are the rows (ops/cuda/linear.cu routes
 // matrix products of these shapes here). 2-D f32 tensors on one CUDA device; b may be undefined.
 // y (rows, K) = x (rows, C) * w (K, C)^T + b (K)
-void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                              Precision precision = tg::precision());
 // dx (rows, C) = dy (rows, K) * w (K, C)
-void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w);
+void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
+                                 Precision precision = tg::precision());
 // dw (K, C) = dy (rows, K)^T * x (rows, C)
-void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x);
+void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                  Precision precision = tg::precision());
 // Both, reading dy once where conv1x1_backward can (K <= 128, C <= 64).
-void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w);
+void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               Precision precision = tg::precision());
 
 }  // namespace tg::cuda

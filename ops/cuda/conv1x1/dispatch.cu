@@ -47,28 +47,31 @@ bool conv1x1_applies(const ConvShape& s) {
 
 bool conv1x1_applies(const ConvShape& s, DType dtype) { return dtype == DType::f32 && conv1x1_applies(s); }
 
-void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                     Precision precision) {
   if (b.defined())
     check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}, {&b, Shape{s.K}}});
   else
     check_args("conv1x1_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
   if (y.numel() == 0) return;
-  run_pointwise(y, x, w, b, /*M=*/s.K, /*R=*/s.C, /*w_stride_m=*/s.C, /*w_stride_r=*/1, s);
+  run_pointwise(y, x, w, b, /*M=*/s.K, /*R=*/s.C, /*w_stride_m=*/s.C, /*w_stride_r=*/1, s, precision);
 }
 
-void conv1x1_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+void conv1x1_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                        Precision precision) {
   check_args("conv1x1_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
   if (dx.numel() == 0) return;
-  run_pointwise(dx, dy, w, Tensor(), /*M=*/s.C, /*R=*/s.K, /*w_stride_m=*/1, /*w_stride_r=*/s.C, s);
+  run_pointwise(dx, dy, w, Tensor(), /*M=*/s.C, /*R=*/s.K, /*w_stride_m=*/1, /*w_stride_r=*/s.C, s, precision);
 }
 
-void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+void conv1x1_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                         Precision precision) {
   check_args("conv1x1_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
-  run_backward(Tensor(), dw, dy, x, Tensor(), s, false);
+  run_backward(Tensor(), dw, dy, x, Tensor(), s, false, precision);
 }
 
 void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      const ConvShape& s) {
+                      const ConvShape& s, Precision precision) {
   if (!dx.defined() && !dw.defined()) return;
   if (dx.defined() && dw.defined()) {
     check_args("conv1x1_backward", s,
@@ -76,12 +79,12 @@ void conv1x1_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
     const int dev = dw.device().index;
     set_device(dev);
     if (dx.numel() > 0 && fused_backward_fits(s, device_limits(dev).smem_block)) {
-      run_backward(dx, dw, dy, x, w, s, true);
+      run_backward(dx, dw, dy, x, w, s, true, precision);
       return;
     }
   }
-  if (dx.defined()) conv1x1_grad_input(dx, dy, w, s);
-  if (dw.defined()) conv1x1_grad_weight(dw, dy, x, s);
+  if (dx.defined()) conv1x1_grad_input(dx, dy, w, s, precision);
+  if (dw.defined()) conv1x1_grad_weight(dw, dy, x, s, precision);
 }
 
 namespace {
@@ -117,30 +120,32 @@ MatrixSizes check_matrices(const char* op, const Tensor& rows_k, const Tensor& r
 
 }  // namespace
 
-void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+void pointwise_matmul_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, Precision precision) {
   const MatrixSizes m = check_matrices("pointwise_matmul_forward", y, x, w);
   TG_CHECK(!b.defined() || (b.dtype() == DType::f32 && b.device() == y.device() && b.shape() == Shape({m.K})),
            "pointwise_matmul_forward: bias ", describe(b), " does not match ", m.K, " f32 outputs on ", y.device().str());
   TG_CHECK(m.C >= 1, "pointwise_matmul_forward: x ", x.shape(), " has no columns to reduce over");
   if (y.numel() == 0) return;
-  run_pointwise(y, x, w, b, /*M=*/m.K, /*R=*/m.C, /*w_stride_m=*/m.C, /*w_stride_r=*/1, rows_as_pixels(m.rows, m.C, m.K));
+  run_pointwise(y, x, w, b, /*M=*/m.K, /*R=*/m.C, /*w_stride_m=*/m.C, /*w_stride_r=*/1, rows_as_pixels(m.rows, m.C, m.K),
+                precision);
 }
 
-void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+void pointwise_matmul_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, Precision precision) {
   const MatrixSizes m = check_matrices("pointwise_matmul_grad_input", dy, dx, w);
   TG_CHECK(m.K >= 1, "pointwise_matmul_grad_input: dy ", dy.shape(), " has no columns to reduce over");
   if (dx.numel() == 0) return;
   run_pointwise(dx, dy, w, Tensor(), /*M=*/m.C, /*R=*/m.K, /*w_stride_m=*/1, /*w_stride_r=*/m.C,
-                rows_as_pixels(m.rows, m.C, m.K));
+                rows_as_pixels(m.rows, m.C, m.K), precision);
 }
 
-void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) {
+void pointwise_matmul_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, Precision precision) {
   const MatrixSizes m = check_matrices("pointwise_matmul_grad_weight", dy, x, dw);
   if (dw.numel() == 0) return;
-  run_backward(Tensor(), dw, dy, x, Tensor(), rows_as_pixels(m.rows, m.C, m.K), false);
+  run_backward(Tensor(), dw, dy, x, Tensor(), rows_as_pixels(m.rows, m.C, m.K), false, precision);
 }
 
-void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
+void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               Precision precision) {
   const MatrixSizes m = check_matrices("pointwise_matmul_backward", dy, x, w);
   check_matrices("pointwise_matmul_backward", dy, dx, dw);
   TG_CHECK(m.K >= 1, "pointwise_matmul_backward: dy ", dy.shape(), " has no columns to reduce over");
@@ -149,7 +154,7 @@ void pointwise_matmul_backward(const Tensor& dx, const Tensor& dw, const Tensor&
   // kernel call records nothing on the tape).
   auto as = [](const Tensor& t, const Shape& shape) { return t.detach().reshape(shape); };
   conv1x1_backward(as(dx, s.x_shape()), as(dw, s.w_shape()), as(dy, s.y_shape()), as(x, s.x_shape()),
-                   as(w, s.w_shape()), s);
+                   as(w, s.w_shape()), s, precision);
 }
 
 }  // namespace tg::cuda

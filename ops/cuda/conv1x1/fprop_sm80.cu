@@ -234,12 +234,12 @@ void launch_pointwise_variant(bool nhwc, bool wide, const PointwiseParams& p, co
 // out (M channels) = A (M x R) in (R channels) at every pixel, A(m, r) = w[m * w_stride_m + r * w_stride_r].
 // Reduction groups beyond the first accumulate into out (one launch each, in order).
 void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const Tensor& bias, int64_t M, int64_t R,
-                   int64_t w_stride_m, int64_t w_stride_r, const ConvShape& s) {
+                   int64_t w_stride_m, int64_t w_stride_r, const ConvShape& s, Precision precision) {
   const int dev = out.device().index;
   set_device(dev);
   const DeviceLimits lim = device_limits(dev);
   const bool nhwc = s.channels_last();
-  const bool split = precision() == Precision::FP32;
+  const bool split = precision == Precision::FP32;
   const int mode = split ? kSplitPre : kTf32;
   const int64_t P = s.out_volume();
   const PointwiseTmaProblem tma{out.data<float>(), in.data<float>(), w.data<float>(), w_stride_m, w_stride_r,

@@ -71,12 +71,13 @@ inline TileGrid tile_grid(const ConvShape& s, int64_t grid) {
 
 // out (M channels) = A (M x R) in (R channels) at every pixel, A(m, r) = w[m * w_stride_m + r * w_stride_r].
 // Reduction groups beyond the first accumulate into out (one launch each, in order).
+// precision FP32: split products (FP32-accurate); TF32: one TF32 product.
 void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const Tensor& bias, int64_t M, int64_t R,
-                   int64_t w_stride_m, int64_t w_stride_r, const ConvShape& s);
+                   int64_t w_stride_m, int64_t w_stride_r, const ConvShape& s, Precision precision);
 // True when the fused backward (dx and dw in one kernel) serves s within smem_limit bytes.
 bool fused_backward_fits(const ConvShape& s, int smem_limit);
 // dw (and dx when with_dx) from dy and x; with_dx needs fused_backward_fits.
 void run_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                  const ConvShape& s, bool with_dx);
+                  const ConvShape& s, bool with_dx, Precision precision);
 
 }  // namespace tg::cuda::conv1x1_detail

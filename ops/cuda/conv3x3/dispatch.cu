@@ -24,9 +24,9 @@ using conv3x3_detail::run_wgrad;
 
 namespace {
 
-bool takes_3x3(const ConvShape& s, Device) { return conv3x3_applies(s); }
-void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, takes_3x3, "a 3x3 stride-1 NCHW 2-D convolution", ts);
+bool takes_3x3(const ConvShape& s, Device, Precision precision) { return conv3x3_applies(s, precision); }
+void check_tensors(const char* op, const ConvShape& s, Precision precision, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, precision, takes_3x3, "a 3x3 stride-1 NCHW 2-D convolution", ts);
 }
 
 }  // namespace
@@ -43,11 +43,11 @@ int row_copy_width(const float* base, int64_t row_len, int64_t first_col) {
   return 1;
 }
 
-void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(const ConvShape&, Device),
-                           const char* needs, ExpectedTensors ts) {
+void check_conv3x3_tensors(const char* op, const ConvShape& s, Precision precision,
+                           bool (*applies)(const ConvShape&, Device, Precision), const char* needs, ExpectedTensors ts) {
   for (const auto& [t, shape] : ts) TG_CHECK(t->defined(), op, ": undefined tensor where ", shape, " was expected");
   const Device d = ts.begin()->first->device();
-  TG_CHECK(applies(s, d), op, ": needs ", needs, "; got x ", s.x_shape(), ", w ", s.w_shape(), " on ", d);
+  TG_CHECK(applies(s, d, precision), op, ": needs ", needs, "; got x ", s.x_shape(), ", w ", s.w_shape(), " on ", d);
   for (const auto& [t, shape] : ts) {
     TG_CHECK(t->dtype() == DType::f32, op, ": expected f32 tensors, got ", describe(*t));
     TG_CHECK(t->device() == d && d.is_cuda(), op, ": expected every tensor on one GPU (", d, "), got ", describe(*t));
@@ -57,8 +57,8 @@ void check_conv3x3_tensors(const char* op, const ConvShape& s, bool (*applies)(c
 }
 
 
-bool conv3x3_applies(const ConvShape& s) {
-  if (precision() == Precision::FP32 && (s.C > kMaxFp32Channels || s.K > kMaxFp32Channels)) return false;
+bool conv3x3_applies(const ConvShape& s, Precision precision) {
+  if (precision == Precision::FP32 && (s.C > kMaxFp32Channels || s.K > kMaxFp32Channels)) return false;
   return s.spatial_dims == 2 && s.layout == Layout::NCHW && s.kernel[0] == 1 && s.kernel[1] == 3 &&
          s.kernel[2] == 3 && s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1 && s.dilation[0] == 1 &&
          s.dilation[1] == 1 && s.dilation[2] == 1 && s.in[0] == 1 && s.out[0] == 1 && s.pad[0] == 0 &&
@@ -72,37 +72,41 @@ bool conv3x3_applies(const ConvShape& s) {
 // (conv3x3_wgmma_ss, the default) or activations from registers (conv3x3_wgmma, which also serves
 // FP32 mode); the mma.sync kernel (run_gemm) serves other GPUs. KernelPolicy::conv3x3 (tests,
 // benchmark) can pick the register-A or the mma.sync kernel instead.
-void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
-  if (b.defined()) check_tensors("conv3x3_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+void conv3x3_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                     Precision precision) {
+  check_tensors("conv3x3_forward", s, precision, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_forward", s, precision, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
   const Conv3x3Policy::Data data = kernel_policy().conv3x3.data;
-  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, y.device()))
-    return conv3x3_wgmma_ss_forward(y, x, w, b, s);
-  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, y.device()))
-    return conv3x3_wgmma_forward(y, x, w, b, s);  // sm_90a, both modes
+  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, y.device(), precision))
+    return conv3x3_wgmma_ss_forward(y, x, w, b, s, precision);
+  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, y.device(), precision))
+    return conv3x3_wgmma_forward(y, x, w, b, s, precision);  // sm_90a, both modes
   run_gemm(y, x, w, b.defined() ? b.data<float>() : nullptr,
            forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
-           /*for_grad_input=*/false);
+           /*for_grad_input=*/false, precision);
 }
 
-void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  check_tensors("conv3x3_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+void conv3x3_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                        Precision precision) {
+  check_tensors("conv3x3_grad_input", s, precision, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
   const Conv3x3Policy::Data data = kernel_policy().conv3x3.data;
-  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, dx.device()))
-    return conv3x3_wgmma_ss_grad_input(dx, dy, w, s);
-  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, dx.device()))
-    return conv3x3_wgmma_grad_input(dx, dy, w, s);  // sm_90a, both modes
+  if (data == Conv3x3Policy::Data::Auto && conv3x3_wgmma_ss_applies(s, dx.device(), precision))
+    return conv3x3_wgmma_ss_grad_input(dx, dy, w, s, precision);
+  if (data != Conv3x3Policy::Data::MmaSync && conv3x3_wgmma_applies(s, dx.device(), precision))
+    return conv3x3_wgmma_grad_input(dx, dy, w, s, precision);  // sm_90a, both modes
   run_gemm(dx, dy, w, nullptr,
            grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
-           /*for_grad_input=*/true);
+           /*for_grad_input=*/true, precision);
 }
 
-void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  check_tensors("conv3x3_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
-  if (precision() == Precision::FP32) return run_wgrad<true>(dw, dy, x, s);
+void conv3x3_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                         Precision precision) {
+  check_tensors("conv3x3_grad_weight", s, precision, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
+  if (precision == Precision::FP32) return run_wgrad<true>(dw, dy, x, s);
   // TF32 on Hopper: the wgmma kernel, unless KernelPolicy::conv3x3 asks for the mma.sync one.
-  if (kernel_policy().conv3x3.weight == Conv3x3Policy::Weight::Auto && conv3x3_wgmma_dw_applies(s, dw.device())) {
-    return conv3x3_wgmma_grad_weight(dw, dy, x, s);
+  if (kernel_policy().conv3x3.weight == Conv3x3Policy::Weight::Auto &&
+      conv3x3_wgmma_dw_applies(s, dw.device(), precision)) {
+    return conv3x3_wgmma_grad_weight(dw, dy, x, s, precision);
   }
   run_wgrad<false>(dw, dy, x, s);
 }

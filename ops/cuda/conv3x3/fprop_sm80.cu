@@ -299,8 +299,8 @@ void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float*
 }  // namespace
 
 void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const GemmParams& p,
-              bool for_grad_input) {
-  const bool split = precision() == Precision::FP32;
+              bool for_grad_input, Precision precision) {
+  const bool split = precision == Precision::FP32;
   if (use_narrow_tile(p)) {
     if (split) run_gemm<NarrowTile16, true>(out, in, w, bias, p, for_grad_input);
     else run_gemm<NarrowTile16, false>(out, in, w, bias, p, for_grad_input);

@@ -32,8 +32,8 @@ namespace {
 
 constexpr int kPrepThreads = 256;
 
-void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, conv3x3_wgmma_applies,
+void check_tensors(const char* op, const ConvShape& s, Precision precision, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, precision, conv3x3_wgmma_applies,
                         "a 3x3 stride-1 NCHW 2-D convolution (in FP32 mode at most 128 channels each way) on a "
                         "compute capability 9.0 GPU with sm_90a code",
                         ts);
@@ -62,31 +62,34 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
 }
 
 void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const WgParams& p,
-         bool for_grad_input) {
-  if (precision() == Precision::FP32) run<SplitWg>(out, in, w, bias, p, for_grad_input);
+         bool for_grad_input, Precision precision) {
+  if (precision == Precision::FP32) run<SplitWg>(out, in, w, bias, p, for_grad_input);
   else if (use_narrow_tile(p)) run<NarrowWg>(out, in, w, bias, p, for_grad_input);
   else run<WideWg>(out, in, w, bias, p, for_grad_input);
 }
 
 }  // namespace
 
-bool conv3x3_wgmma_applies(const ConvShape& s, Device d) {
+bool conv3x3_wgmma_applies(const ConvShape& s, Device d, Precision precision) {
   // conv3x3_applies limits FP32 mode to <= 128 channels each way (short truncating chains).
-  return d.is_cuda() && conv3x3_applies(s) && device_runs_wgmma(d.index);
+  return d.is_cuda() && conv3x3_applies(s, precision) && device_runs_wgmma(d.index);
 }
 
-void conv3x3_wgmma_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  check_tensors("conv3x3_wgmma_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
-  if (b.defined()) check_tensors("conv3x3_wgmma_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+void conv3x3_wgmma_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                           Precision precision) {
+  check_tensors("conv3x3_wgmma_forward", s, precision, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_wgmma_forward", s, precision, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
   run(y, x, w, b.defined() ? b.data<float>() : nullptr,
       forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
-      /*for_grad_input=*/false);
+      /*for_grad_input=*/false, precision);
 }
 
-void conv3x3_wgmma_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  check_tensors("conv3x3_wgmma_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+void conv3x3_wgmma_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                              Precision precision) {
+  check_tensors("conv3x3_wgmma_grad_input", s, precision,
+                {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
   run(dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
-      /*for_grad_input=*/true);
+      /*for_grad_input=*/true, precision);
 }
 
 }  // namespace tg::cuda

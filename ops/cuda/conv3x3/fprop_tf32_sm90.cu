@@ -351,8 +351,8 @@ SsParams plan(SsParams p, bool out_aligned_8) {
 
 constexpr int kPrepThreads = 256;
 
-void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, conv3x3_wgmma_ss_applies, kNeedsTf32Wgmma, ts);
+void check_tensors(const char* op, const ConvShape& s, Precision precision, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, precision, conv3x3_wgmma_ss_applies, kNeedsTf32Wgmma, ts);
 }
 
 // out = conv3x3(in, w re-laid out): the forward pass, or (transposed weights) the input gradient.
@@ -378,21 +378,23 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
 
 }  // namespace
 
-bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d) {
-  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
+bool conv3x3_wgmma_ss_applies(const ConvShape& s, Device d, Precision precision) {
+  return d.is_cuda() && precision == Precision::TF32 && conv3x3_applies(s, precision) && device_runs_wgmma(d.index);
 }
 
 void conv3x3_wgmma_ss_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
-                              const ConvShape& s) {
-  check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
-  if (b.defined()) check_tensors("conv3x3_wgmma_ss_forward", s, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
+                              const ConvShape& s, Precision precision) {
+  check_tensors("conv3x3_wgmma_ss_forward", s, precision, {{&y, s.y_shape()}, {&x, s.x_shape()}, {&w, s.w_shape()}});
+  if (b.defined()) check_tensors("conv3x3_wgmma_ss_forward", s, precision, {{&y, s.y_shape()}, {&b, Shape{s.K}}});
   run(y, x, w, b.defined() ? b.data<float>() : nullptr,
       forward_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
       /*for_grad_input=*/false);
 }
 
-void conv3x3_wgmma_ss_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  check_tensors("conv3x3_wgmma_ss_grad_input", s, {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
+void conv3x3_wgmma_ss_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                                 Precision precision) {
+  check_tensors("conv3x3_wgmma_ss_grad_input", s, precision,
+                {{&dx, s.x_shape()}, {&dy, s.y_shape()}, {&w, s.w_shape()}});
   run(dx, dy, w, nullptr, grad_input_params(s.N, s.C, s.in[1], s.in[2], s.K, s.out[1], s.out[2], s.pad[1], s.pad[2]),
       /*for_grad_input=*/true);
 }

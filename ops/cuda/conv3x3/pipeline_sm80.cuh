@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 
+#include "../../../core/precision.h"
 #include "../../../core/tensor.h"
 #include "../../conv.h"
 
@@ -71,9 +72,10 @@ inline GemmParams grad_input_params(int64_t N, int64_t C, int64_t H, int64_t W, 
 }
 
 // out = conv3x3(in, w re-laid out) on the mma.sync kernel of conv3x3/fprop_sm80.cu: the forward pass,
-// or (transposed weights) the input gradient; the tile and precision (tg::precision()) chosen there.
+// or (transposed weights) the input gradient, at `precision` (FP32: split products); the tile
+// chosen there.
 void run_gemm(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias, const GemmParams& p,
-              bool for_grad_input);
+              bool for_grad_input, Precision precision);
 // dw on the mma.sync grad-weight kernel of conv3x3/wgrad_sm80.cu (kSplit: FP32-accurate).
 template <bool kSplit>
 void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);

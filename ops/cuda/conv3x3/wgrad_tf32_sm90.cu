@@ -345,18 +345,20 @@ DwParams plan_dw(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t 
 
 // ---- host ----
 
-void check_tensors(const char* op, const ConvShape& s, ExpectedTensors ts) {
-  check_conv3x3_tensors(op, s, conv3x3_wgmma_dw_applies, kNeedsTf32Wgmma, ts);
+void check_tensors(const char* op, const ConvShape& s, Precision precision, ExpectedTensors ts) {
+  check_conv3x3_tensors(op, s, precision, conv3x3_wgmma_dw_applies, kNeedsTf32Wgmma, ts);
 }
 
 }  // namespace
 
-bool conv3x3_wgmma_dw_applies(const ConvShape& s, Device d) {
-  return d.is_cuda() && precision() == Precision::TF32 && conv3x3_applies(s) && device_runs_wgmma(d.index);
+bool conv3x3_wgmma_dw_applies(const ConvShape& s, Device d, Precision precision) {
+  return d.is_cuda() && precision == Precision::TF32 && conv3x3_applies(s, precision) && device_runs_wgmma(d.index);
 }
 
-void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  check_tensors("conv3x3_wgmma_grad_weight", s, {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
+void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                               Precision precision) {
+  check_tensors("conv3x3_wgmma_grad_weight", s, precision,
+                {{&dw, s.w_shape()}, {&dy, s.y_shape()}, {&x, s.x_shape()}});
   const int dev = dw.device().index;
   set_device(dev);
   const DwParams p =

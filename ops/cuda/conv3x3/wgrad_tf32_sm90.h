@@ -7,20 +7,23 @@
 // every run (per-block partials summed in a fixed order; no atomics).
 #pragma once
 #include "../../../core/device.h"
+#include "../../../core/precision.h"
 #include "../../../core/tensor.h"
 #include "../../conv.h"
 
 namespace tg::cuda {
 
-// True when tg::precision() is Precision::TF32, conv3x3_applies(s) (3x3, stride 1, dilation 1,
+// True when precision (by default tg::precision() at the call) is Precision::TF32,
+// conv3x3_applies(s) (3x3, stride 1, dilation 1,
 // NCHW 2-D, any padding, batch, spatial sizes and channel counts), d is a GPU of compute
 // capability 9.0 and this build carries the sm_90a code for it. Ask and launch under the same
 // precision. The dtype (f32) is the caller's to check. TF32 products: dy rounded, x truncated by
 // the tensor core (rel. L2 error ~4e-4; the .cu explains).
-bool conv3x3_wgmma_dw_applies(const ConvShape& s, Device d);
+bool conv3x3_wgmma_dw_applies(const ConvShape& s, Device d, Precision precision = tg::precision());
 
 // dw (K, C, 3, 3) = gradient of the output dy (N, K, Ho, Wo) with respect to the weights of the
 // convolution of x (N, C, H, W) (overwritten).
-void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                               Precision precision = tg::precision());
 
 }  // namespace tg::cuda
