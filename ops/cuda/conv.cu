@@ -155,22 +155,11 @@ ConvProblem conv_problem(const ConvShape& s, DType dtype, ConvPass pass) {
 
 const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOperands& operands) {
   const KernelPolicy& policy = kernel_policy();
-  if (!policy.conv_variant.empty()) {
-    for (const ConvVariant& v : kVariants) {
-      if (v.name != policy.conv_variant) continue;
-      TG_CHECK_AS(UnsupportedError, v.can_implement(problem, operands), pass_name(problem.pass), ": the policy forces the '",
-                  v.name, "' kernels, which cannot implement this problem (x ", problem.shape.x_shape(), ", w ",
-                  problem.shape.w_shape(), ", ", dtype_name(problem.dtype), ")");
-      return v;
-    }
-    TG_FAIL_AS(UnsupportedError, pass_name(problem.pass), ": no convolution kernels named '", policy.conv_variant, "'");
-  }
-  if (policy.conv == KernelPath::Direct) return kVariants.back();
-  for (const ConvVariant& v : kVariants) {
-    if (policy.conv == KernelPath::Engine && v.specialised) continue;
-    if (v.preferred(problem, operands)) return v;
-  }
-  return kVariants.back();
+  return choose_variant(conv_variants(), policy.conv_variant, policy.conv, problem, operands, pass_name(problem.pass),
+                        "convolution", [&] {
+                          return detail::concat("x ", problem.shape.x_shape(), ", w ", problem.shape.w_shape(), ", ",
+                                                dtype_name(problem.dtype));
+                        });
 }
 
 void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {

@@ -11,6 +11,7 @@
 #include "../../core/precision.h"
 #include "../../core/tensor.h"
 #include "../conv.h"
+#include "variant_table.h"
 
 namespace tg::cuda {
 
@@ -30,17 +31,8 @@ struct ConvOperands {
   Tensor out{}, x{}, w{}, b{}, dy{};  // default-initialised: designated initialisers may name a few
 };
 
-struct ConvVariant {
-  std::string_view name;  // "pointwise", "conv3x3", "engine", "direct"
-  std::string_view gpus;  // the GPUs it runs on
-  bool specialised;       // a fast path for a shape class (KernelPath::Engine skips these)
-  // Whether it computes the problem correctly (within its precision) on this GPU.
-  bool (*can_implement)(const ConvProblem&, const ConvOperands&);
-  // Whether the default order takes it here: it can implement the problem and was measured
-  // faster than the rows below it (the reasons, with numbers, are in ops/cuda/conv.cu).
-  bool (*preferred)(const ConvProblem&, const ConvOperands&);
-  void (*run)(const ConvProblem&, const ConvOperands&);
-};
+// A row of the table ("pointwise", "conv3x3", "engine", "direct"): variant_table.h.
+using ConvVariant = KernelVariant<ConvProblem, ConvOperands>;
 
 // The table, in dispatch order; the last row ("direct") implements everything.
 std::span<const ConvVariant> conv_variants();

@@ -11,6 +11,7 @@
 #include "../../core/precision.h"
 #include "../../core/tensor.h"
 #include "../linear.h"
+#include "variant_table.h"
 
 namespace tg::cuda {
 
@@ -27,17 +28,8 @@ struct GemmOperands {
   Tensor c{}, a{}, b{}, bias{};
 };
 
-struct GemmVariant {
-  std::string_view name;  // "skinny", "pointwise", "engine", "direct"
-  std::string_view gpus;  // the GPUs it runs on
-  bool specialised;       // a fast path for a shape class (KernelPath::Engine skips these)
-  // Whether it computes the problem correctly (within its precision) on this GPU.
-  bool (*can_implement)(const GemmCase&, const GemmOperands&);
-  // Whether the default order takes it here: it can implement the problem and was measured
-  // faster than the rows below it (the reasons, with numbers, are in ops/cuda/linear.cu).
-  bool (*preferred)(const GemmCase&, const GemmOperands&);
-  void (*run)(const GemmCase&, const GemmOperands&);
-};
+// A row of the table ("skinny", "pointwise", "engine", "direct"): variant_table.h.
+using GemmVariant = KernelVariant<GemmCase, GemmOperands>;
 
 // The table, in dispatch order; the last row ("direct") implements everything.
 std::span<const GemmVariant> gemm_variants();

@@ -3,7 +3,6 @@
 // implicit-GEMM engine of ops/cuda/gemm/, then a tiled shared-memory FFMA GEMM for f64 and every
 // transpose combination), and the deterministic column sum used for the bias gradient.
 #include <array>
-#include <string>
 
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
@@ -199,12 +198,6 @@ constexpr std::array<GemmVariant, 4> kVariants{{
     {"direct", "every GPU", false, always, always, direct_run},
 }};
 
-std::string describe_case(const GemmCase& g) {
-  const GemmProblem& p = g.shape;
-  return "M " + std::to_string(p.M) + ", N " + std::to_string(p.N) + ", K " + std::to_string(p.K) +
-         (p.transA ? ", a transposed" : "") + (p.transB ? ", b transposed" : "") + ", " + dtype_name(g.dtype);
-}
-
 }  // namespace
 
 std::span<const GemmVariant> gemm_variants() { return kVariants; }
@@ -215,21 +208,12 @@ GemmCase gemm_case(const GemmProblem& p, DType dtype) {
 
 const GemmVariant& choose_gemm_variant(const GemmCase& problem, const GemmOperands& operands) {
   const KernelPolicy& policy = kernel_policy();
-  if (!policy.gemm_variant.empty()) {
-    for (const GemmVariant& v : kVariants) {
-      if (v.name != policy.gemm_variant) continue;
-      TG_CHECK_AS(UnsupportedError, v.can_implement(problem, operands), "gemm: the policy forces the '", v.name,
-                  "' kernels, which cannot implement this problem (", describe_case(problem), ")");
-      return v;
-    }
-    TG_FAIL_AS(UnsupportedError, "gemm: no matrix-product kernels named '", policy.gemm_variant, "'");
-  }
-  if (policy.gemm == KernelPath::Direct) return kVariants.back();
-  for (const GemmVariant& v : kVariants) {
-    if (policy.gemm == KernelPath::Engine && v.specialised) continue;
-    if (v.preferred(problem, operands)) return v;
-  }
-  return kVariants.back();
+  return choose_variant(gemm_variants(), policy.gemm_variant, policy.gemm, problem, operands, "gemm",
+                        "matrix-product", [&] {
+                          const GemmProblem& p = problem.shape;
+                          return detail::concat("M ", p.M, ", N ", p.N, ", K ", p.K, p.transA ? ", a transposed" : "",
+                                                p.transB ? ", b transposed" : "", ", ", dtype_name(problem.dtype));
+                        });
 }
 
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
