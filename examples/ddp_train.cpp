@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/color_shapes.h"
@@ -53,13 +54,16 @@ int main(int argc, char** argv) {
   return ex::guarded_main([&] {
     // Everything is read and checked before MPI starts, so that --help and a bad option
     // behave as in the other examples, with or without a launcher.
-    ex::Args args(argc, argv, {"small", "json"});
+    ex::Args args(argc, argv, {"small", "json", "no-sync"});
     const std::string device_name = args.get("device", tg::cuda_available() ? "cuda" : "cpu");
     const tg::Device wanted = tg::parse_device(device_name);
     const std::string model = args.get("model", "resnet");
     const bool conv_a = model == "conv_a";
     const bool small = args.has("small");
     const bool json = args.has("json");
+    // A control for the scaling benchmark: every rank trains on its own, with no gradient
+    // all-reduce, so the step time over N ranks shows what the slowest GPU alone costs.
+    const bool no_sync = args.has("no-sync");
     const int64_t batch = args.get_int("batch", conv_a ? (small ? 2 : 8) : (small ? 8 : 64));
     const int64_t size = args.get_int("size", conv_a ? (small ? 16 : 512) : (small ? 16 : 64));
     const int64_t steps = args.get_int("steps", small ? 40 : 50);
@@ -79,7 +83,7 @@ int main(int argc, char** argv) {
     const int64_t workers = args.get_int("workers", wanted.is_cuda() ? 2 : 0);
     args.finish("[--device cpu|cuda] [--model resnet|conv_a] [--small] [--batch N (per rank)] [--size N] "
                 "[--steps N] [--warmup N] [--log-every N] [--optim sgd|adam] [--lr X] [--precision fp32|tf32] "
-                "[--seed N] [--threads N (CPU, per rank)] [--json]\n"
+                "[--seed N] [--threads N (CPU, per rank)] [--json] [--no-sync (no gradient all-reduce: a timing control)]\n"
                 "  resnet only: [--width N] [--train N] [--data shapes|fixed] [--workers N]\n"
                 "  resnet: --size N gives NxN images (default 64, --small 16); conv_a: x is "
                 "(batch, 64, N, 2N) (default 512, --small 16)");
@@ -192,8 +196,11 @@ int main(int argc, char** argv) {
         t0 = now_s();
       }
       tg::Tape tape;
+      std::optional<tg::dist::DistributedDataParallel::NoSync> local_only;
+      if (no_sync) local_only.emplace(ddp);
       tg::Tensor loss = step_loss();
-      tape.backward(loss);  // gradients averaged over the ranks when it returns
+      tape.backward(loss);  // gradients averaged over the ranks when it returns (unless --no-sync)
+      local_only.reset();
       opt->step();
       ddp.zero_grad();
       if (step % log_every == 0 || step == steps) {
@@ -215,9 +222,10 @@ int main(int argc, char** argv) {
         if (json)
           std::printf("{\"framework\":\"tapegrad\",\"model\":\"%s\",\"gpus\":%d,\"device\":\"%s\","
                       "\"batch_per_rank\":%lld,%s,\"precision\":\"%s\",\"steps_timed\":%lld,\"step_ms\":%.3f,"
-                      "\"images_per_s\":%.1f}\n",
+                      "\"images_per_s\":%.1f%s}\n",
                       model.c_str(), ranks, device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(batch),
-                      json_fields.c_str(), precision.c_str(), static_cast<long long>(timed), step_ms, images_per_s);
+                      json_fields.c_str(), precision.c_str(), static_cast<long long>(timed), step_ms, images_per_s,
+                      no_sync ? ",\"no_sync\":true" : "");
         else
           std::printf("%d ranks: %.2f ms per step, %.0f images/s (global batch %lld, steps %lld-%lld)\n", ranks,
                       step_ms, images_per_s, static_cast<long long>(batch * ranks),

@@ -13,7 +13,9 @@
 # MODELS ("resnet conv_a"), BATCH (resnet's batch per GPU, 64), SIZE (resnet's image size, 64),
 # CONV_A_BATCH (8), CONV_A_SIZE (512: x is CONV_A_BATCH x 64 x 512 x 1024), STEPS (60),
 # WARMUP (10), PRECISION (tf32), GPU_COUNTS ("1 2 4"), PYTHON (python3), MPIRUN (mpirun),
-# RUN_TIMEOUT (seconds per launch, 900).
+# RUN_TIMEOUT (seconds per launch, 900), CONTROL (1: on 2+ GPUs also time tapegrad with
+# --no-sync, every rank training alone, which separates the slowest GPU's own pace from the
+# cost of the gradient all-reduce; 0: skip it).
 #
 # Writes $OUT_DIR/results.jsonl (one JSON line per model, framework and GPU count), a log per
 # launch, and $OUT_DIR/table.md, which it also prints: one table per model with the step time
@@ -43,6 +45,7 @@ GPU_COUNTS="${GPU_COUNTS:-1 2 4}"
 PYTHON="${PYTHON:-python3}"
 MPIRUN="${MPIRUN:-mpirun}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-900}"
+CONTROL="${CONTROL:-1}"
 
 for model in $MODELS; do
   if [[ "$model" != resnet && "$model" != conv_a ]]; then
@@ -122,6 +125,13 @@ for n in $GPU_COUNTS; do
       "${MPI_EXPORTS[@]}" \
       "$DDP_TRAIN" --device cuda "${tapegrad_args[@]}" --steps "$STEPS" \
       --warmup "$WARMUP" --precision "$PRECISION" --log-every "$STEPS" --json
+    if [[ "$CONTROL" == 1 && "$n" -gt 1 ]]; then
+      run_one "$OUT_DIR/tapegrad_${model}_np${n}_nosync.log" \
+        "$MPIRUN" --allow-run-as-root --bind-to none -np "$n" \
+        "${MPI_EXPORTS[@]}" \
+        "$DDP_TRAIN" --device cuda "${tapegrad_args[@]}" --steps "$STEPS" \
+        --warmup "$WARMUP" --precision "$PRECISION" --log-every "$STEPS" --json --no-sync
+    fi
     run_one "$OUT_DIR/pytorch_${model}_np$n.log" \
       "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$n" "$HERE/torch_ddp.py" \
       "${model_args[@]}" --steps "$STEPS" --warmup "$WARMUP" --precision "$PRECISION"
@@ -139,7 +149,9 @@ for line in open(sys.argv[1]):
     except ValueError:
         print(f"skipping a line that is not JSON: {line.strip()}", file=sys.stderr)
 # Keyed by (model, framework, GPUs); a line without "model" predates conv_a: the ResNet.
-key = lambda r: (r.get("model", "resnet"), r["framework"], r["gpus"])  # noqa: E731
+# A --no-sync control line (no gradient all-reduce) counts as its own framework.
+key = lambda r: (r.get("model", "resnet"), r["framework"] + ("-nosync" if r.get("no_sync") else ""),  # noqa: E731
+                 r["gpus"])
 step = {key(r): r["step_ms"] for r in rows}
 ips = {key(r): r["images_per_s"] for r in rows}
 first = {}  # the first result line per model: its shape fields head its table
@@ -152,7 +164,8 @@ def fmt(v, spec):
 
 
 def eff(model, fw, n):
-    one, this = step.get((model, fw, 1)), step.get((model, fw, n))
+    # The no-sync control is measured against the synchronised 1-GPU step (one rank never communicates).
+    one, this = step.get((model, fw.replace("-nosync", ""), 1)), step.get((model, fw, n))
     return None if one is None or this is None else one / this
 
 
@@ -167,17 +180,21 @@ for model, r0 in first.items():
     print(f"### {model}: {shape(r0)}, {r0['precision']}")
     print()
     print("| GPUs | tapegrad step ms | PyTorch step ms | tapegrad images/s | PyTorch images/s "
-          "| tapegrad efficiency | PyTorch efficiency | tapegrad / PyTorch step time |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| tapegrad efficiency | PyTorch efficiency | tapegrad / PyTorch step time "
+          "| tapegrad without all-reduce ms | its efficiency |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in counts:
         t, p = step.get((model, "tapegrad", n)), step.get((model, "pytorch", n))
         ratio = None if t is None or p is None else t / p
         print(f"| {n} | {fmt(t, '.2f')} | {fmt(p, '.2f')} | {fmt(ips.get((model, 'tapegrad', n)), '.0f')} "
               f"| {fmt(ips.get((model, 'pytorch', n)), '.0f')} | {fmt(eff(model, 'tapegrad', n), '.1%')} "
-              f"| {fmt(eff(model, 'pytorch', n), '.1%')} | {fmt(ratio, '.2f')} |")
+              f"| {fmt(eff(model, 'pytorch', n), '.1%')} | {fmt(ratio, '.2f')} "
+              f"| {fmt(step.get((model, 'tapegrad-nosync', n)), '.2f')} "
+              f"| {fmt(eff(model, 'tapegrad-nosync', n), '.1%')} |")
     print()
 print("Weak scaling: batch per GPU fixed, efficiency = step_ms(1 GPU) / step_ms(N GPUs) "
-      "(100% = no cost from the gradient all-reduce). Ratio > 1: tapegrad is slower.")
+      "(100% = no cost from the gradient all-reduce). Ratio > 1: tapegrad is slower. Without all-reduce: "
+      "ddp_train --no-sync, every rank training alone; its efficiency is the most any all-reduce could leave.")
 EOF
 echo
 cat "$OUT_DIR/table.md"
