@@ -2,6 +2,7 @@
 // a stream capture? It mimics a graphed training step: an eager phase that warms the default
 // pool, buffers allocated before capture and read inside, a kept output, temporaries of several
 // sizes freed inside, a device-to-pinned-host copy node, and replays that refill an input first.
+// Then graphs whose second allocation may reuse the addresses of a first one freed before it.
 // `scripts/gpu-check --probes` builds and runs it; the finding needs it under
 // `compute-sanitizer --tool memcheck`. The open report it probes is described in
 // docs/cuda_graphs.md ("Known issue").
@@ -40,6 +41,33 @@ int main() {
   cudaStreamSynchronize(s);
   cudaFreeAsync(out, s);
   cudaStreamSynchronize(s);
-  printf("probe done: %s (out %p)\n", cudaGetErrorString(cudaGetLastError()), (void*)out);
+  printf("first capture: %s (out %p)\n", cudaGetErrorString(cudaGetLastError()), (void*)out);
+
+  // Address reuse inside one graph: a small buffer freed inside the capture, then a larger one
+  // allocated after the free, which CUDA may place over the small one's addresses. Each kernel
+  // writes exactly its own buffer, so any report here is the sanitizer's view of the reuse.
+  const int pairs[][2] = {{4, 36864}, {4, 1 << 20}, {256, 65536}, {36864, 4}};
+  for (const auto& pair : pairs) {
+    cudaGraph_t g2; cudaGraphExec_t e2;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    float* first; cudaMallocAsync(&first, pair[0], s);
+    fill<<<(pair[0] / 4 + 255) / 256, 256, 0, s>>>(first, pair[0] / 4, 1);
+    cudaFreeAsync(first, s);
+    float* second; cudaMallocAsync(&second, pair[1], s);
+    fill<<<(pair[1] / 4 + 255) / 256, 256, 0, s>>>(second, pair[1] / 4, 2);
+    cudaFreeAsync(second, s);
+    cudaStreamEndCapture(s, &g2);
+    cudaGraphInstantiateWithFlags(&e2, g2, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    for (int i = 0; i < 3; ++i) cudaGraphLaunch(e2, s);
+    cudaStreamSynchronize(s);
+    const char* f = reinterpret_cast<const char*>(first);
+    const char* sc = reinterpret_cast<const char*>(second);
+    const bool overlap = f < sc + pair[1] && sc < f + pair[0];
+    printf("reuse %6d then %7d bytes: first %p, second %p, ranges %s: %s\n", pair[0], pair[1], (void*)first,
+           (void*)second, overlap ? "overlap" : "apart", cudaGetErrorString(cudaGetLastError()));
+    cudaGraphExecDestroy(e2);
+    cudaGraphDestroy(g2);
+  }
+  printf("probe done: %s\n", cudaGetErrorString(cudaGetLastError()));
   return 0;
 }

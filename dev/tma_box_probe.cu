@@ -50,12 +50,6 @@ __device__ __forceinline__ void load_tiled_4d(void* dst, const CUtensorMap* map,
       : "memory");
 }
 
-__device__ __forceinline__ uint64_t evict_normal() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 // The k-tile kt of tile `tile` into dst, counted on bar.
 __device__ __forceinline__ void load_ktile(int mode, const CUtensorMap* map, void* dst, uint64_t* bar, int tile,
                                           int kt) {
@@ -63,7 +57,7 @@ __device__ __forceinline__ void load_ktile(int mode, const CUtensorMap* map, voi
   const int img = tile / (H / kRows), h0 = (tile % (H / kRows)) * kRows;
   if (mode == kIm2col) tma::load_im2col_4d(dst, map, bar, c0, -1, h0 - 1, img, uint16_t(tx), uint16_t(ty));
   else if (mode == kTiled) load_tiled_4d(dst, map, bar, c0, tx - 1, h0 + ty - 1, img);
-  else tma::load_box(dst, map, bar, c0, tile * kPixels, evict_normal());
+  else tma::load_box(dst, map, bar, c0, tile * kPixels);
 }
 
 // One block per tile. check != nullptr: after each k-tile, the consumers copy the box to

@@ -37,11 +37,11 @@ namespace tma_cluster {
 // The same box delivered to every CTA of the cluster in cta_mask (bit r: rank r), at dst's
 // offset in each CTA's shared memory, counted on the barrier at bar's offset in each of them.
 __device__ __forceinline__ void load_box_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
-                                                   uint16_t cta_mask, uint64_t policy) {
+                                                   uint16_t cta_mask) {
   PROBE_SM90A(asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar)), "h"(cta_mask), "l"(policy)
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar)), "h"(cta_mask)
       : "memory"));
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -105,12 +105,12 @@ __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUt
         if (i >= kStages) tma::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
         tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
         unsigned char* dst = smem + s * kStageBytes;
-        tma::load_box(dst, &a_map, &full[s], i * 32, a_row, 0);
+        tma::load_box(dst, &a_map, &full[s], i * 32, a_row);
         if (kCluster == 1) {
-          tma::load_box(dst + kABytes, &b_map, &full[s], i * 32, 0, 0);
+          tma::load_box(dst + kABytes, &b_map, &full[s], i * 32, 0);
         } else {
           tma_cluster::load_box_multicast(dst + kABytes + rank * (kBBytes / 2), &b_map, &full[s], i * 32, int(rank) * (kBN / 2),
-                                  0x3, 0);
+                                  0x3);
         }
       }
     }

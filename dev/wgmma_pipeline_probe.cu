@@ -8,8 +8,8 @@
 // A: 1024 x 2048 floats, block b takes row tile b % 8; B: kBN x 2048, the same for every
 // block; 64 k-tiles per block; 132 blocks (one per SM) and 264 (two waves).
 // Last, the engine's own kernel (tma_wgmma_kernel, epilogue included) on the convolution's
-// boxes through probe producers, with and without the engine's L2 policy and its second
-// column of tiles: what of the engine's ~1 us per k-tile the pipeline alone does not show.
+// boxes through probe producers, under each L2 hint of B's loads (Hint below) and with a
+// second column of tiles: what of the engine's ~1 us per k-tile the pipeline alone does not show.
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <algorithm>
@@ -36,10 +36,26 @@ constexpr int kABytes = 128 * 32 * 4;
 // pixels per block, k-tile = (tap, 32 channels): 54 of them) through the engine's im2col map.
 constexpr int kConvN = 16, kConvHW = 32, kConvC = 192, kConvKTiles = 9 * kConvC / 32;
 
+// How a box load treats the L2: the plain instruction (the engine's), the cache-hint form with
+// a zero operand, or with a policy made by createpolicy (evict-normal, evict-last).
+enum Hint { kPlain, kZero, kEvictNormal, kEvictLast, kHints };
+const char* const kHintNames[kHints] = {"plain", "hint 0", "evict-normal", "evict-last"};
+
+__device__ __forceinline__ void load_box_hinted(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                                int hint) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint64_t policy = 0;
+  if (hint == kEvictNormal) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  if (hint == kEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  if (hint == kPlain) tma::load_box(dst, map, bar, c0, c1);
+  else tma::load_box(dst, map, bar, c0, c1, policy);
+#endif
+}
+
 template <int kBN, int kStages, bool kMath, bool kIm2col = false>
 __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant__ CUtensorMap a_map,
                                                           const __grid_constant__ CUtensorMap b_map, int k_tiles,
-                                                          int b_row0, bool evict_normal, float* sink) {
+                                                          int b_row0, int hint, float* sink) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBBytes = kBN * 32 * 4, kStageBytes = kABytes + kBBytes;
   extern __shared__ unsigned char smem_raw[];
@@ -58,8 +74,6 @@ __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant_
   const int a_row = (blockIdx.x % (kARows / 128)) * 128;
   if (warp == 8) {
     if (lane == 0) {
-      uint64_t policy = 0;
-      if (evict_normal) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
       int c0 = 0, tx = 0, ty = 0;
       const int img = blockIdx.x / (kConvHW * kConvHW / 128), h0 = (blockIdx.x % (kConvHW * kConvHW / 128)) * 4;
       for (int i = 0; i < k_tiles; ++i) {
@@ -74,9 +88,9 @@ __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant_
             if (++tx == 3) tx = 0, ++ty;
           }
         } else {
-          tma::load_box(dst, &a_map, &full[s], i * 32, a_row, 0);
+          tma::load_box(dst, &a_map, &full[s], i * 32, a_row);
         }
-        tma::load_box(dst + kABytes, &b_map, &full[s], i * 32, b_row0, policy);
+        load_box_hinted(dst + kABytes, &b_map, &full[s], i * 32, b_row0, hint);
       }
     }
     return;
@@ -115,11 +129,11 @@ __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant_
 
 template <int kBN, int kStages, bool kMath, bool kIm2col = false>
 float time_it(const CUtensorMap& a, const CUtensorMap& b, int blocks, float* sink, int k_tiles = kKTiles,
-              int b_row0 = 0, bool evict_normal = false) {
+              int b_row0 = 0, int hint = kPlain) {
   constexpr int smem = kStages * (kABytes + kBN * 128) + 2 * kStages * 8 + 1024;
   auto kernel = pipeline_kernel<kBN, kStages, kMath, kIm2col>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  return probe_common::median_ms(11, [&] { kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, evict_normal, sink); });
+  return probe_common::median_ms(11, [&] { kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, hint, sink); });
 }
 
 template <int kBN, int kStages>
@@ -148,24 +162,23 @@ void conv_row(const CUtensorMap& x_im2col, const CUtensorMap& a_matrix, const CU
 }
 
 // The engine's second column of tiles for 192 output channels: B rows 128..255 of a 192-row
-// matrix (half the box outside it), and B loads with the engine's evict-normal L2 policy.
+// matrix (half the box outside it), under each L2 hint of B's loads.
 void conv_b_variants(const CUtensorMap& x_im2col, const CUtensorMap& w192, float* sink) {
   constexpr int blocks = kConvN * kConvHW * kConvHW / 128;
-  const float inside = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 0, false);
-  const float half_out = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 128, false);
-  const float policy = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 0, true);
-  const float both = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 128, true);
-  std::printf("im2col A with products, B of 192 rows, us per k-tile: rows 0..127 %6.3f, rows 128..255 (half outside) "
-              "%6.3f, evict-normal policy %6.3f, both %6.3f\n",
-              inside * 1e3 / kConvKTiles, half_out * 1e3 / kConvKTiles, policy * 1e3 / kConvKTiles,
-              both * 1e3 / kConvKTiles);
+  std::printf("im2col A with products, B of 192 rows, us per k-tile, rows 0..127 / rows 128..255 (half outside):");
+  for (int hint = 0; hint < kHints; ++hint) {
+    const float inside = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 0, hint);
+    const float half_out = time_it<128, 6, true, true>(x_im2col, w192, blocks, sink, kConvKTiles, 128, hint);
+    std::printf(" %s %6.3f / %6.3f;", kHintNames[hint], inside * 1e3 / kConvKTiles, half_out * 1e3 / kConvKTiles);
+  }
+  std::printf("\n");
 }
 
-// Producers for the engine's kernel (tma_mainloop_sm90.cuh's interface). evict: the engine's
-// evict-normal L2 policy on the B loads (and A for matrices), else none.
+// Producers for the engine's kernel (tma_mainloop_sm90.cuh's interface), every box load
+// under `hint`.
 struct ProbeMatrixBoxes {
   CUtensorMap a, b;
-  bool evict;
+  int hint;
   struct Cursor {
     int32_t m0;
   };
@@ -173,14 +186,14 @@ struct ProbeMatrixBoxes {
   __device__ Cursor start(int32_t, int32_t m0) const { return {m0 % kARows}; }
   __device__ void advance(Cursor&) const {}
   __device__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at, int32_t kt,
-                       int32_t n0, uint64_t policy) const {
-    tma::load_box(a_dst, &a, bar, kt * 32, at.m0, evict ? policy : 0);
-    tma::load_box(b_dst, &b, bar, kt * 32, n0, evict ? policy : 0);
+                       int32_t n0) const {
+    load_box_hinted(a_dst, &a, bar, kt * 32, at.m0, hint);
+    load_box_hinted(b_dst, &b, bar, kt * 32, n0, hint);
   }
 };
 struct ProbeIm2colBoxes {
   CUtensorMap x, w;
-  bool evict;
+  int hint;
   struct Cursor {
     int32_t img, h0, c0, tx, ty;
   };
@@ -195,9 +208,9 @@ struct ProbeIm2colBoxes {
     }
   }
   __device__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at, int32_t kt,
-                       int32_t n0, uint64_t policy) const {
+                       int32_t n0) const {
     tma::load_im2col_4d(a_dst, &x, bar, at.c0, -1, at.h0 - 1, at.img, uint16_t(at.tx), uint16_t(at.ty));
-    tma::load_box(b_dst, &w, bar, kt * 32, n0, evict ? policy : 0);
+    load_box_hinted(b_dst, &w, bar, kt * 32, n0, hint);
   }
 };
 
@@ -233,15 +246,15 @@ double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, i
 void engine_rows(const CUtensorMap& a_map, const CUtensorMap& b128, const CUtensorMap& x_im2col,
                  const CUtensorMap& w128, const CUtensorMap& w192, float* out) {
   constexpr int tiles = kConvN * kConvHW * kConvHW / 128;
-  const double m0 = engine_us_per_ktile(ProbeMatrixBoxes{a_map, b128, false}, tiles, 1, 128, out);
-  const double m1 = engine_us_per_ktile(ProbeMatrixBoxes{a_map, b128, true}, tiles, 1, 128, out);
-  const double i0 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, false}, tiles, 1, 128, out);
-  const double i1 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, true}, tiles, 1, 128, out);
-  const double i2 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w192, false}, tiles, 2, 192, out);
-  const double i3 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w192, true}, tiles, 2, 192, out);
-  std::printf("engine kernel, us per k-tile per wave: matrix boxes %6.3f (evict-normal %6.3f); im2col, 128 outputs "
-              "%6.3f (%6.3f); im2col, 192 outputs in two columns of tiles %6.3f (%6.3f) (%s)\n",
-              m0, m1, i0, i1, i2, i3, cudaGetErrorString(cudaGetLastError()));
+  std::printf("engine kernel, us per k-tile per wave, matrix boxes / im2col 128 outputs / im2col 192 outputs in two "
+              "columns of tiles:");
+  for (int hint = 0; hint < kHints; ++hint) {
+    const double m = engine_us_per_ktile(ProbeMatrixBoxes{a_map, b128, hint}, tiles, 1, 128, out);
+    const double i = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, hint}, tiles, 1, 128, out);
+    const double i2 = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w192, hint}, tiles, 2, 192, out);
+    std::printf(" %s %6.3f / %6.3f / %6.3f;", kHintNames[hint], m, i, i2);
+  }
+  std::printf(" (%s)\n", cudaGetErrorString(cudaGetLastError()));
 }
 
 }  // namespace probe

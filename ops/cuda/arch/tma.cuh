@@ -66,7 +66,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 
 // Box (c0: column, c1: row) of the matrix `map` describes -> shared memory at dst; its bytes
 // count towards bar's current phase. Parts of the box outside the matrix arrive as zeros (and
-// still count). L2 policy: evict first (streamed data, read once).
+// still count). The L2 keeps its default eviction priority.
+__device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
+      : "memory");
+#endif
+}
+// The same under an L2 cache policy made by createpolicy (l2_evict_first_policy for data read once).
 __device__ __forceinline__ void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
                                          uint64_t policy) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

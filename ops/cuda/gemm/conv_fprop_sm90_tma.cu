@@ -65,11 +65,11 @@ struct Im2colBoxes {
     ++at.tz;
   }
   __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
-                                       int32_t kt, int32_t n0, uint64_t policy) const {
+                                       int32_t kt, int32_t n0) const {
     const uint16_t off_w = uint16_t(at.tx * dil[2]), off_h = uint16_t(at.ty * dil[1]), off_d = uint16_t(at.tz * dil[0]);
     if (three_d) tma::load_im2col_5d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.id, at.img, off_w, off_h, off_d);
     else tma::load_im2col_4d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.img, off_w, off_h);
-    tma::load_box(b_dst, &w, bar, kt * kBK, n0, policy);
+    tma::load_box(b_dst, &w, bar, kt * kBK, n0);
   }
 };
 
@@ -80,16 +80,16 @@ namespace {
 constexpr int64_t kTmaMinChannels = 16;
 
 
-// packed[k][t][c] = w[k][c][t] for c < C, 0 for C <= c < c_pad. Grad-input (`flipped`): the
-// problem's w is the forward's transposed and flipped, read from the forward's (C, K, kvol)
-// array: w[k][c][t] = forward_w[c][k][kvol - 1 - t].
-__global__ void pack_tap_slices_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K, int64_t C,
-                                       int64_t kvol, int64_t c_pad, bool flipped) {
-  const int64_t total = K * kvol * c_pad;
+// packed[k][t][c] = w[k][c][t] for c < C and k < K, 0 for the padding up to c_pad and k_rows.
+// Grad-input (`flipped`): the problem's w is the forward's transposed and flipped, read from
+// the forward's (C, K, kvol) array: w[k][c][t] = forward_w[c][k][kvol - 1 - t].
+__global__ void pack_tap_slices_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
+                                       int64_t k_rows, int64_t C, int64_t kvol, int64_t c_pad, bool flipped) {
+  const int64_t total = k_rows * kvol * c_pad;
   TG_GRID_STRIDE(e, total) {
     const int64_t c = e % c_pad, t = (e / c_pad) % kvol, k = e / (c_pad * kvol);
     const int64_t from = flipped ? (c * K + k) * kvol + (kvol - 1 - t) : (k * C + c) * kvol + t;
-    packed[e] = c < C ? w[from] : 0.f;
+    packed[e] = c < C && k < K ? w[from] : 0.f;
   }
 }
 
@@ -144,9 +144,13 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kBK), channels = map_channels(s);
   const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
 
-  Tensor packed = Tensor::empty({s.K * kvol * c_pad}, f32);
-  pack_tap_slices_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(packed.data<float>(),
-                                                                                 w.data<float>(), s.K, s.C, kvol, c_pad, flipped);
+  const int cols = policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
+  // The weights are packed with zero rows up to whole tiles: a B box that reaches past the
+  // operand's last row is filled by the TMA unit far more slowly than one read from memory.
+  const int64_t k_rows = round_up(s.K, cols);
+  Tensor packed = Tensor::empty({k_rows * kvol * c_pad}, f32);
+  pack_tap_slices_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(
+      packed.data<float>(), w.data<float>(), s.K, k_rows, s.C, kvol, c_pad, flipped);
   TG_LAUNCH_CHECK();
   Tensor staged;
   const float* x_last = x.data<float>();
@@ -158,7 +162,6 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   }
 
   const int64_t M = s.N * s.out_volume(), red = kvol * c_pad;
-  const int cols = policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
   const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy);
   MainloopArgs args{};
   args.M = int32_t(M);
@@ -173,7 +176,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   Im2colBoxes boxes{};
   boxes.x = f32_im2col_map(flipped ? "conv grad-input (dy)" : "conv forward (x)", x_last, geometry_x, kBK, kTmaBM);
-  boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), s.K, red,
+  boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), k_rows, red,
                            {.rows = cols, .cols = kBK, .swizzle128 = true});
   boxes.slices = int32_t(c_pad / kBK);
   boxes.kernel_w = int32_t(s.kernel[2]);

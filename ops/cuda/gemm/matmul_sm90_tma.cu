@@ -25,9 +25,9 @@ struct MatrixBoxes {
   __device__ __forceinline__ Cursor start(int32_t, int32_t m0) const { return {m0}; }
   __device__ __forceinline__ void advance(Cursor&) const {}
   __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
-                                       int32_t kt, int32_t n0, uint64_t policy) const {
-    tma::load_box(a_dst, &a, bar, kt * kBK, at.m0, policy);
-    tma::load_box(b_dst, &b, bar, kt * kBK, n0, policy);
+                                       int32_t kt, int32_t n0) const {
+    tma::load_box(a_dst, &a, bar, kt * kBK, at.m0);
+    tma::load_box(b_dst, &b, bar, kt * kBK, n0);
   }
 };
 

@@ -4,7 +4,7 @@
 // (conv_fprop_sm90_tma.cu). A `Producer` says where each k-tile's two boxes come from:
 //   void prefetch() const;                                   // warm the tensor maps
 //   Cursor start(k_tile, m0) const;                          // the block's first k-tile
-//   void load(a_dst, b_dst, bar, cursor, k_tile, n0, policy) const;  // ask for both boxes
+//   void load(a_dst, b_dst, bar, cursor, k_tile, n0) const;  // ask for both boxes
 //   void advance(Cursor&) const;                             // on to the next k-tile
 // The one producer thread issues every request of the block, so whatever it computes per
 // k-tile is on the pipeline's critical path: the cursor carries the coordinates from one k-tile
@@ -50,16 +50,6 @@ struct TmaTile {
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
 };
 
-// Leaves the L2's eviction priority as it is: both operands are read by many blocks (A by
-// every column of tiles, B by every row).
-[[maybe_unused]] __device__ __forceinline__ uint64_t l2_evict_normal_policy() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
 template <int kBN, int kBlocksPerSm, class Producer>
 __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBlocksPerSm)
     tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args) {
@@ -94,7 +84,6 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
   if (warp == kTmaConsumerThreads / 32) {
     if (lane == 0) {
       producer.prefetch();
-      const uint64_t policy = l2_evict_normal_policy();
       auto cursor = producer.start(kt_begin, m0);
       for (int32_t i = 0; i < count; ++i) {
         const int s = i % kStages;
@@ -102,7 +91,7 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
         if (use > 0) tma::mbar_wait(&empty[s], (use - 1) & 1);  // every consumer warp released use - 1
         tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
         unsigned char* dst = smem + s * kStageBytes;
-        producer.load(dst, dst + kTmaABytes, &full[s], cursor, kt_begin + i, n0, policy);
+        producer.load(dst, dst + kTmaABytes, &full[s], cursor, kt_begin + i, n0);
         producer.advance(cursor);
       }
     }
