@@ -2,7 +2,8 @@
 // a stream capture? It mimics a graphed training step: an eager phase that warms the default
 // pool, buffers allocated before capture and read inside, a kept output, temporaries of several
 // sizes freed inside, a device-to-pinned-host copy node, and replays that refill an input first.
-// Then graphs whose second allocation may reuse the addresses of a first one freed before it.
+// Then graphs whose second allocation may reuse the addresses of a first one freed before it,
+// and graphs that end as a training step does: a temporary freed, then an output kept.
 // `scripts/gpu-check --probes` builds and runs it; the finding needs it under
 // `compute-sanitizer --tool memcheck`. The open report it probes is described in
 // docs/cuda_graphs.md ("Known issue").
@@ -10,6 +11,15 @@
 #include <cuda_runtime.h>
 __global__ void fill(float* p, int n, float v) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = v + i; }
 __global__ void add(float* o, const float* a, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) o[i] += a[i]; }
+__global__ void sum_into(float* out, const float* a, int n) {
+  __shared__ double part[256];
+  double t = 0;
+  for (int i = threadIdx.x; i < n; i += 256) t += a[i];
+  part[threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) { for (int i = 1; i < 256; ++i) t += part[i]; out[0] += float(t); }
+}
+__global__ void copy_one(float* o, const float* a) { o[0] = a[0]; }
 int main() {
   cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   const int sizes[] = {4, 4096, 65536, 1 << 20, 12, 300000, 8, 1 << 18};
@@ -67,6 +77,40 @@ int main() {
            (void*)second, overlap ? "overlap" : "apart", cudaGetErrorString(cudaGetLastError()));
     cudaGraphExecDestroy(e2);
     cudaGraphDestroy(g2);
+  }
+
+  // As a graphed training step ends: a temporary freed inside the graph, then a small output
+  // that outlives the graph (the loss), which may take the temporary's addresses; each launch
+  // auto-frees the previous launch's output. sum_into checks the temporary's contents.
+  for (int big : {36864, 1 << 20}) {
+    cudaGraph_t g3; cudaGraphExec_t e3;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    float* temp; cudaMallocAsync(&temp, big, s);
+    fill<<<(big / 4 + 255) / 256, 256, 0, s>>>(temp, big / 4, 0);
+    float* partial; cudaMallocAsync(&partial, 4, s);
+    fill<<<1, 1, 0, s>>>(partial, 1, 0);
+    sum_into<<<1, 256, 0, s>>>(partial, temp, big / 4);
+    cudaFreeAsync(temp, s);
+    float* loss; cudaMallocAsync(&loss, 4, s);
+    copy_one<<<1, 1, 0, s>>>(loss, partial);
+    cudaFreeAsync(partial, s);
+    cudaStreamEndCapture(s, &g3);
+    cudaGraphInstantiateWithFlags(&e3, g3, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    float got = 0;
+    for (int i = 0; i < 3; ++i) {
+      cudaGraphLaunch(e3, s);
+      cudaMemcpyAsync(&got, loss, 4, cudaMemcpyDeviceToHost, s);
+      cudaStreamSynchronize(s);
+    }
+    const double n = big / 4, want = n * (n - 1) / 2;  // fill(temp, n, 0) writes 0, 1, ..., n - 1
+    const char* t = reinterpret_cast<const char*>(temp);
+    const char* l = reinterpret_cast<const char*>(loss);
+    printf("escaping output after a %7d-byte temporary: temp %p, loss %p (%s), sum %.6g of %.6g: %s\n", big,
+           (void*)temp, (void*)loss, l >= t && l < t + big ? "inside the temporary's range" : "apart", got, want,
+           cudaGetErrorString(cudaGetLastError()));
+    cudaFree(loss);
+    cudaGraphExecDestroy(e3);
+    cudaGraphDestroy(g3);
   }
   printf("probe done: %s\n", cudaGetErrorString(cudaGetLastError()));
   return 0;
