@@ -46,6 +46,7 @@ Conv3dGnMeanProblem make_conv3d_gn_mean_problem(const char* op, const Tensor& x,
   p.conv = make_conv_shape(op, x.shape(), w.shape(), ConvParams{});
   p.groups = groups;
   p.eps = eps;
+  p.precision = precision();
   return p;
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 
+#include "../core/precision.h"
 #include "../core/tensor.h"
 #include "conv.h"
 
@@ -36,6 +37,10 @@ struct Conv3dGnMeanProblem {
   ConvShape conv;       // a 3-D convolution with stride 1, padding 0, dilation 1
   int64_t groups = 1;   // GroupNorm groups over the conv's K output channels
   double eps = 1e-5;
+  // The tensor-core kernels' contract (FP32-accurate split products or one TF32 product), read
+  // from tg::precision() when the op describes the problem, so that the backward runs under
+  // the forward's. The CPU reference and the FFMA kernels are FP32-accurate under either.
+  Precision precision = Precision::FP32;
 
   int64_t volume() const { return conv.out_volume(); }              // V = D'H'W'
   int64_t channels_per_group() const { return conv.K / groups; }

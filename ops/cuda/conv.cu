@@ -149,8 +149,8 @@ void run_pass(const ConvProblem& problem, const ConvOperands& operands) {
 
 std::span<const ConvVariant> conv_variants() { return kVariants; }
 
-ConvProblem conv_problem(const ConvShape& s, DType dtype, ConvPass pass) {
-  return ConvProblem{.shape = s, .dtype = dtype, .precision = precision(), .pass = pass};
+ConvProblem conv_problem(const ConvShape& s, DType dtype, ConvPass pass, Precision precision) {
+  return ConvProblem{.shape = s, .dtype = dtype, .precision = precision, .pass = pass};
 }
 
 const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOperands& operands) {
@@ -162,16 +162,17 @@ const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOpe
                         });
 }
 
-void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  run_pass(conv_problem(s, y.dtype(), ConvPass::Forward), {.out = y, .x = x, .w = w, .b = b});
+void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                  Precision precision) {
+  run_pass(conv_problem(s, y.dtype(), ConvPass::Forward, precision), {.out = y, .x = x, .w = w, .b = b});
 }
 
-void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  run_pass(conv_problem(s, dx.dtype(), ConvPass::GradInput), {.out = dx, .w = w, .dy = dy});
+void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {
+  run_pass(conv_problem(s, dx.dtype(), ConvPass::GradInput, precision), {.out = dx, .w = w, .dy = dy});
 }
 
-void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  run_pass(conv_problem(s, dw.dtype(), ConvPass::GradWeight), {.out = dw, .x = x, .dy = dy});
+void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision) {
+  run_pass(conv_problem(s, dw.dtype(), ConvPass::GradWeight, precision), {.out = dw, .x = x, .dy = dy});
 }
 
 void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,

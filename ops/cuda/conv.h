@@ -2,16 +2,21 @@
 // reference (ops/cpu/conv.h): outputs, inputs, problem size. Ordered on the framework
 // stream of the outputs' device. Each launcher runs the first row of the dispatcher's table
 // (conv_variants.h: the 1x1 and 3x3 kernels, the engine, the direct kernels) that takes the
-// problem. Every output is fully overwritten; no launcher reads its output first.
+// problem. Every output is fully overwritten; no launcher reads its output first. `precision`
+// is the TF32 contract the kernels keep (by default tg::precision() at the call).
 #pragma once
+#include "../../core/precision.h"
 #include "../../core/tensor.h"
 #include "../conv.h"
 
 namespace tg::cuda {
 
-void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
-void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
-void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
+void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                  Precision precision = tg::precision());
+void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                     Precision precision = tg::precision());
+void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                      Precision precision = tg::precision());
 // Both gradients at once (a fast path may read dy once for both).
 void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const ConvShape& s);

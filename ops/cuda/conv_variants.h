@@ -39,7 +39,7 @@ std::span<const ConvVariant> conv_variants();
 // The row the launchers run under the current KernelPolicy (forced rows that cannot implement
 // the problem are an UnsupportedError naming both).
 const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOperands& operands);
-// A ConvProblem for these arguments under the current precision.
-ConvProblem conv_problem(const ConvShape& s, DType dtype, ConvPass pass);
+// A ConvProblem for these arguments (by default under the current precision).
+ConvProblem conv_problem(const ConvShape& s, DType dtype, ConvPass pass, Precision precision = tg::precision());
 
 }  // namespace tg::cuda

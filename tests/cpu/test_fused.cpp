@@ -246,6 +246,21 @@ TEST(Conv3dGroupNormMean, NormParametersOnlySaveNoInput) {
   TG_EXPECT_ERROR(tape.backward(out), "conv3d_group_norm_mean", "not saved");
 }
 
+TEST(Conv3dGroupNormMean, ProblemCarriesThePrecisionItWasDescribedUnder) {
+  const Tensor x = random({1, 3, 4, 4, 4}), w = random({6, 3, 3, 3, 3});
+  Conv3dGnMeanProblem fp32, tf32;
+  {
+    PrecisionGuard guard(Precision::FP32);
+    fp32 = make_conv3d_gn_mean_problem("test", x, w, Tensor(), 2, 1e-5);
+  }
+  {
+    PrecisionGuard guard(Precision::TF32);
+    tf32 = make_conv3d_gn_mean_problem("test", x, w, Tensor(), 2, 1e-5);
+  }
+  EXPECT_EQ(fp32.precision, Precision::FP32);
+  EXPECT_EQ(tf32.precision, Precision::TF32);
+}
+
 TEST(Conv3dGroupNormMean, BadArgumentsAreRejected) {
   const Case c{.N = 2, .C = 3, .D = 5, .H = 5, .W = 5, .K = 6, .groups = 2};
   Inputs in = make_inputs(c, f32, false);

@@ -377,6 +377,33 @@ TEST(CudaConv3dGroupNormMean, Tf32PrecisionWithinTf32Tolerance) {
   check_op(kFusedCases[2], true);  // K 16: FFMA, FP32-accurate under either setting
 }
 
+// The problem carries the precision it was described under: the backward recorded by a TF32
+// forward runs the TF32 kernels even when the global setting has changed since. On the
+// tensor-core case the two precisions give different dw bits, so the comparison can fail.
+TEST(CudaConv3dGroupNormMean, BackwardRunsUnderTheForwardsPrecision) {
+  TG_REQUIRE_GPU();
+  const Case c = kTensorCoreCases[0];
+  Inputs in = make_inputs(c);
+  Tensor seed = random({c.N}, f32).to(kGpu);
+  // forward_tf32 / backward_tf32: the global precision during each half.
+  auto weight_grad = [&](bool forward_tf32, bool backward_tf32) {
+    Tensor x = gpu(in.x), w = gpu(in.w).requires_grad_(true), b = gpu(in.b), g = gpu(in.gamma), be = gpu(in.beta);
+    Tape tape;
+    Tensor out;
+    {
+      PrecisionGuard guard(forward_tf32 ? Precision::TF32 : Precision::FP32);
+      out = conv3d_group_norm_mean(x, w, b, g, be, c.groups);
+    }
+    PrecisionGuard guard(backward_tf32 ? Precision::TF32 : Precision::FP32);
+    tape.backward(out, seed);
+    return w.grad().to_vector<float>();
+  };
+  const std::vector<float> tf32 = weight_grad(true, true), fp32 = weight_grad(false, false);
+  ASSERT_NE(tf32, fp32) << "this case does not tell the precisions apart";
+  EXPECT_EQ(weight_grad(true, false), tf32) << "a TF32 forward's backward ran under the later FP32 setting";
+  EXPECT_EQ(weight_grad(false, true), fp32) << "an FP32 forward's backward ran under the later TF32 setting";
+}
+
 TEST(CudaConv3dGroupNormMean, ChangingWeightChangesOutput) {
   TG_REQUIRE_GPU();
   // A kernel that skipped the conv would pass a test with uniform gamma; not this one.

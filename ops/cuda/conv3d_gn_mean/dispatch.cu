@@ -145,9 +145,9 @@ SmallGeom small_geom(const Conv3dGnMeanProblem& p) {
 namespace conv3d_gn_mean_detail {
 
 // y = conv3d(x, w) + b through the general convolution kernels (the materialized path).
-Tensor conv_output(const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
-  conv_forward(y, x, w, b, s);
+Tensor conv_output(const Tensor& x, const Tensor& w, const Tensor& b, const Conv3dGnMeanProblem& p) {
+  Tensor y = Tensor::empty(p.conv.y_shape(), {.dtype = x.dtype(), .device = x.device()});
+  conv_forward(y, x, w, b, p.conv, p.precision);
   return y;
 }
 

@@ -312,7 +312,7 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
   const bool mma = dw.defined() && use_tensor_cores(p, x.dtype(), kernels) &&
                    (!dx.defined() || kernels == Conv3dGnMeanKernels::tensor_core);
   if (mma) {
-    conv3d_gn_mean_mma_grad_weight(dw, x, w, b, A, B, p, precision() == Precision::TF32);
+    conv3d_gn_mean_mma_grad_weight(dw, x, w, b, A, B, p, p.precision == Precision::TF32);
     if (!dx.defined()) return;
     dw_rest = Tensor();
   }
@@ -323,15 +323,15 @@ void conv3d_gn_mean_grad_conv(const Tensor& dw, const Tensor& dx, const Tensor& 
     else launch_grad_conv<8>(dw_rest, dx, x, w, b, A, B, g, dev, st);
     return;
   }
-  Tensor dy = conv_output(x, w, b, p.conv);  // y, turned into dL/dy in place
+  Tensor dy = conv_output(x, w, b, p);  // y, turned into dL/dy in place
   dispatch_floating("conv3d_gn_mean_grad_conv", x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     affine_dy_kernel<T><<<grid_for(dy.numel(), kThreads), kThreads, 0, st>>>(
         dy.data<T>(), A.data<T>(), B.data<T>(), dy.numel(), p.conv.K, p.groups, p.channels_per_group(), p.volume());
     TG_LAUNCH_CHECK();
   });
-  if (dw_rest.defined()) conv_grad_weight(dw_rest, dy, x, p.conv);
-  if (dx.defined()) conv_grad_input(dx, dy, w, p.conv);
+  if (dw_rest.defined()) conv_grad_weight(dw_rest, dy, x, p.conv, p.precision);
+  if (dx.defined()) conv_grad_input(dx, dy, w, p.conv, p.precision);
 }
 
 }  // namespace tg::cuda

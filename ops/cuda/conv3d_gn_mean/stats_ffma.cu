@@ -171,7 +171,7 @@ void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, c
   if (p.conv.N == 0) return;
   cudaStream_t st = stream(dev);
   if (use_tensor_cores(p, x.dtype(), kernels)) {
-    conv3d_gn_mean_mma_stats(S1, S2, x, w, b, p, precision() == Precision::TF32);
+    conv3d_gn_mean_mma_stats(S1, S2, x, w, b, p, p.precision == Precision::TF32);
     return;
   }
   if (use_ffma(p, x.dtype(), kernels)) {
@@ -188,7 +188,7 @@ void conv3d_gn_mean_stats(const Tensor& S1, const Tensor& S2, const Tensor& x, c
     }
     return;
   }
-  const Tensor y = conv_output(x, w, b, p.conv);
+  const Tensor y = conv_output(x, w, b, p);
   dispatch_floating("conv3d_gn_mean_stats", x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     sums_kernel<T><<<static_cast<unsigned>(p.conv.N * p.conv.K), kThreads, 0, st>>>(

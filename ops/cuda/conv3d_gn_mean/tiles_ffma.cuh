@@ -233,6 +233,6 @@ inline const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<f
 bool use_tensor_cores(const Conv3dGnMeanProblem& p, DType dtype, Conv3dGnMeanKernels kernels);
 bool use_ffma(const Conv3dGnMeanProblem& p, DType dtype, Conv3dGnMeanKernels kernels);
 // y = conv3d(x, w) + b through the general convolution kernels (the materialized path).
-Tensor conv_output(const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
+Tensor conv_output(const Tensor& x, const Tensor& w, const Tensor& b, const Conv3dGnMeanProblem& p);
 
 }  // namespace tg::cuda::conv3d_gn_mean_detail
