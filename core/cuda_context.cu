@@ -1,7 +1,9 @@
 #include "core/cuda_context.h"
 
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <utility>
 
 namespace tg {
 namespace detail {
@@ -19,6 +21,18 @@ void set_device(int device) {
     TG_CUDA_CHECK(cudaSetDevice(device));
     current = device;
   }
+}
+
+void allow_dynamic_smem(const void* kernel, int bytes) {
+  int device = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes set
+  std::lock_guard<std::mutex> lock(mutex);
+  int& set = allowed[{kernel, device}];
+  if (set >= bytes) return;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set = bytes;
 }
 
 cudaStream_t stream(int device) {

@@ -29,6 +29,15 @@ cudaStream_t stream(int device);
 // Makes `device` current for the calling thread.
 void set_device(int device);
 
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device.
+// Launchers call it before every launch; the driver is asked once per kernel, device and
+// larger size (the attribute call otherwise costs host time at each launch).
+void allow_dynamic_smem(const void* kernel, int bytes);
+template <class... Args>
+void allow_dynamic_smem(void (*kernel)(Args...), int bytes) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
+
 // Grid size for a grid-stride loop over n elements: enough blocks to fill the GPU.
 inline unsigned grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;

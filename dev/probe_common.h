@@ -10,21 +10,24 @@
 
 namespace probe_common {
 
-// The median of `repeats` timings (CUDA events on the default stream) of launch().
+// The median of `repeats` timings (CUDA events on the default stream) of launch(), called
+// `batch` times back to back per timing and divided by it. With batch 1 the host's own cost
+// of launching (the GPU idles between the first event and the kernel) is in the time; with a
+// few launches queued behind the first, only the GPU's.
 template <class Launch>
-float median_ms(int repeats, Launch&& launch) {
+float median_ms(int repeats, Launch&& launch, int batch = 1) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int rep = 0; rep < repeats; ++rep) {
     cudaEventRecord(e0);
-    launch();
+    for (int b = 0; b < batch; ++b) launch();
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float t = 0;
     cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
+    ms.push_back(t / float(batch));
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);

@@ -76,6 +76,12 @@ int main() {
                 nvtxRangePop();
               }));
   std::printf("  cudaGetLastError                  %.3f\n", us_per_call(s, buf, n, [&](int) { cudaGetLastError(); }));
+  std::printf("  cudaFuncSetAttribute (same size)  %.3f\n", us_per_call(s, buf, n, [&](int) {
+                cudaFuncSetAttribute(spin, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
+              }));
+  std::printf("  tg::cuda::allow_dynamic_smem      %.3f\n", us_per_call(s, buf, n, [&](int) {
+                tg::cuda::allow_dynamic_smem(spin, 64 * 1024);
+              }));
 
   // The profiler on a chain of relus on 256 floats (a kernel per op, like a small model's).
   tg::Tensor x = tg::randn({256}, {.device = tg::Device::cuda(0)});

@@ -30,6 +30,7 @@ using namespace tg::cuda;
 namespace probe {
 
 constexpr int kK = 2048, kKTiles = kK / 32, kARows = 1024;
+constexpr int kBatch = 8;  // launches per timing (probe_common::median_ms)
 constexpr int kABytes = 128 * 32 * 4;
 
 // kIm2col: A is the 3x3 NHWC convolution of tma_box_probe (x [16, 32, 32, 192], 128 output
@@ -37,9 +38,9 @@ constexpr int kABytes = 128 * 32 * 4;
 constexpr int kConvN = 16, kConvHW = 32, kConvC = 192, kConvKTiles = 9 * kConvC / 32;
 
 // How a box load treats the L2: the plain instruction (the engine's), the cache-hint form with
-// a zero operand, or with a policy made by createpolicy (evict-normal, evict-last).
-enum Hint { kPlain, kZero, kEvictNormal, kEvictLast, kHints };
-const char* const kHintNames[kHints] = {"plain", "hint 0", "evict-normal", "evict-last"};
+// a zero operand, or with a policy made by createpolicy (evict-normal, evict-last, evict-first).
+enum Hint { kPlain, kZero, kEvictNormal, kEvictLast, kEvictFirst, kHints };
+const char* const kHintNames[kHints] = {"plain", "hint 0", "evict-normal", "evict-last", "evict-first"};
 
 __device__ __forceinline__ void load_box_hinted(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
                                                 int hint) {
@@ -47,6 +48,7 @@ __device__ __forceinline__ void load_box_hinted(void* dst, const CUtensorMap* ma
   uint64_t policy = 0;
   if (hint == kEvictNormal) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
   if (hint == kEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  if (hint == kEvictFirst) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   if (hint == kPlain) tma::load_box(dst, map, bar, c0, c1);
   else tma::load_box(dst, map, bar, c0, c1, policy);
 #endif
@@ -133,7 +135,7 @@ float time_it(const CUtensorMap& a, const CUtensorMap& b, int blocks, float* sin
   constexpr int smem = kStages * (kABytes + kBN * 128) + 2 * kStages * 8 + 1024;
   auto kernel = pipeline_kernel<kBN, kStages, kMath, kIm2col>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  return probe_common::median_ms(11, [&] { kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, hint, sink); });
+  return probe_common::median_ms(11, [&] { kernel<<<blocks, 288, smem>>>(a, b, k_tiles, b_row0, hint, sink); }, kBatch);
 }
 
 template <int kBN, int kStages>
@@ -217,7 +219,7 @@ struct ProbeIm2colBoxes {
 // One launch of the engine's kernel over `tiles_m` x `tiles_n` 128 x 128 tiles, 54 k-tiles
 // each, into out (M x N, row-major); us per k-tile per wave of one block per SM.
 template <class Producer>
-double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, int N, float* out) {
+double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, int N, float* out, int batch = kBatch) {
   using namespace tg::cuda::engine;
   Plan plan;
   plan.sm90 = true;
@@ -238,7 +240,7 @@ double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, i
   args.out.N = N;
   args.out.mode = OutputMap::kPlain;
   args.out.kvol = 1;
-  const float ms = probe_common::median_ms(11, [&] { launch_tma_wgmma(producer, plan, args, 0); });
+  const float ms = probe_common::median_ms(11, [&] { launch_tma_wgmma(producer, plan, args, 0); }, batch);
   const double waves = std::ceil(double(tiles_m) * tiles_n / 132.0);
   return ms * 1e3 / (kConvKTiles * waves);
 }
@@ -255,6 +257,10 @@ void engine_rows(const CUtensorMap& a_map, const CUtensorMap& b128, const CUtens
     std::printf(" %s %6.3f / %6.3f / %6.3f;", kHintNames[hint], m, i, i2);
   }
   std::printf(" (%s)\n", cudaGetErrorString(cudaGetLastError()));
+  // One launch per timing: the host's cost of a launch (the engine's launcher sets the kernel's
+  // shared-memory attribute every time) shows up as GPU idle time.
+  const double single = engine_us_per_ktile(ProbeIm2colBoxes{x_im2col, w128, kPlain}, tiles, 1, 128, out, 1);
+  std::printf("engine kernel, im2col 128 outputs, plain, one launch per timing: %6.3f us per k-tile\n", single);
 }
 
 }  // namespace probe

@@ -211,7 +211,7 @@ void launch_backward(const BackwardParams& p, bool split, bool vec, int smem, un
                              : backward_kernel<kNHWC, kWithDx, kSplitRaw, false>)
                       : (vec ? backward_kernel<kNHWC, kWithDx, kTf32, true>
                              : backward_kernel<kNHWC, kWithDx, kTf32, false>);
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(kernel, smem);
   kernel<<<dim3(groups, blocks_y), kWithDx ? 2 * kThreads : kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();
 }

@@ -337,7 +337,7 @@ template <bool kNchw, int kKS, bool kSplit, bool kRows>
 void launch(const Params& p, int dev, cudaStream_t st) {
   const int smem = Layout<kNchw, kKS, kSplit, kRows>::kBytes;
   auto kernel = pointwise_tma_kernel<kNchw, kKS, kSplit, kRows>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(kernel, smem);
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
   kernel<<<static_cast<unsigned>(grid), kThreads, smem, st>>>(p);
   TG_LAUNCH_CHECK();

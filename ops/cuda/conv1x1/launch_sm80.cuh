@@ -41,7 +41,7 @@ inline int stages_that_fit(int smem_limit, int fixed, int stage_bytes) {
 // Blocks of `kernel` that fit on one multiprocessor with `smem` bytes of dynamic shared memory.
 template <class Kernel>
 int blocks_per_sm(Kernel kernel, int threads, int smem) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(kernel, smem);
   int blocks = 0;
   TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
   TG_CHECK(blocks > 0, "conv1x1: a kernel does not fit on the device with ", smem, " bytes of shared memory");

@@ -61,7 +61,7 @@ Tensor weight_fragments(const Tensor& w, int terms, cudaStream_t st) {
 // 2 x 110.6 KB of the 228 KB, plus 1 KB reserved per block).
 template <class Kernel>
 void allow_shared_memory(Kernel kernel, int smem) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(kernel, smem);
   TG_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 }

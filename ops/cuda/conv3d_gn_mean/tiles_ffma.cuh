@@ -221,7 +221,7 @@ inline unsigned item_blocks(int64_t items, int threads) {
 // Blocks of `kernel` that fit on the whole device at once.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, int smem_bytes, int device) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  allow_dynamic_smem(kernel, smem_bytes);
   int per_sm = 0;
   TG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   return std::max<int64_t>(1, int64_t{per_sm} * sm_count(device));

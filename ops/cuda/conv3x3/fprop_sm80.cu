@@ -272,7 +272,7 @@ constexpr int kPrepThreads = 256;
 template <class T, bool kSplit>
 void launch_gemm(float* out, const float* in, const float* wp, const float* bias, const GemmParams& p, int dev) {
   const auto kernel = conv3x3_gemm_kernel<T, kSplit>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  allow_dynamic_smem(kernel, int(T::kSmemBytes));
   // One block per SM (the accumulators take most registers); each loops over tiles.
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
   kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(out, in, wp, bias, p);

@@ -52,7 +52,7 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
   TG_LAUNCH_CHECK();
 
   const auto kernel = conv3x3_wgmma_kernel<T>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  allow_dynamic_smem(kernel, int(T::kSmemBytes));
   // One block per SM (the accumulators take half the registers, the stages most of the smem).
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
   kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(

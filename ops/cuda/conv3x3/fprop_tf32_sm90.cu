@@ -366,8 +366,7 @@ void run(const Tensor& out, const Tensor& in, const Tensor& w, const float* bias
       wp.data<float>(), w.data<float>(), w.size(0), w.size(1), p.chunks, p.k_tiles, for_grad_input);
   TG_LAUNCH_CHECK();
 
-  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(T::kSmemBytes)));
+  allow_dynamic_smem(conv3x3_wgmma_ss_kernel, int(T::kSmemBytes));
   // One block per SM (the accumulators take half the registers, the stages most of the smem).
   const int64_t grid = std::min<int64_t>(p.tiles, sm_count(dev));
   conv3x3_wgmma_ss_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(

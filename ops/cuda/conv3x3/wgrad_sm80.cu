@@ -319,7 +319,7 @@ void run_wgrad(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvSh
   Tensor scratch;
   float* part = partial_slices(scratch, dw, splits);
   const auto kernel = conv3x3_wgrad_kernel<kSplit>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+  allow_dynamic_smem(kernel, int(T::kSmemBytes));
   kernel<<<static_cast<unsigned>(p.k_tiles * p.c_tiles * splits), T::kThreads, T::kSmemBytes, stream(dev)>>>(
       part, dy.data<float>(), x.data<float>(), p);
   TG_LAUNCH_CHECK();

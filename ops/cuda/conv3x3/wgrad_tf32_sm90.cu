@@ -366,8 +366,7 @@ void conv3x3_wgmma_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor&
               x.data<float>(), dy.data<float>());
   Tensor scratch;
   float* part = partial_slices(scratch, dw, p.splits);
-  TG_CUDA_CHECK(cudaFuncSetAttribute(conv3x3_wgmma_dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(T::kSmemBytes)));
+  allow_dynamic_smem(conv3x3_wgmma_dw_kernel, int(T::kSmemBytes));
   const int64_t grid = p.k_tiles * p.c_tiles * p.splits;
   conv3x3_wgmma_dw_kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream(dev)>>>(
       part, dy.data<float>(), x.data<float>(), p);

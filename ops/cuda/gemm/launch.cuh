@@ -14,7 +14,7 @@ template <class Cfg, class OpA, class OpB, bool kSplitTf32>
 void launch_config(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
   const auto kernel = igemm_sm80_kernel<Cfg, OpA, OpB, kSplitTf32>;
   constexpr int kBytes = smem_bytes<Cfg, OpA, OpB>();
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  allow_dynamic_smem(kernel, kBytes);
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
   kernel<<<grid, Cfg::kThreads, kBytes, stream>>>(a, b, args);
   TG_LAUNCH_CHECK();
@@ -24,7 +24,7 @@ template <class OpA, class OpB, bool kSplitTf32>
 void launch_sm90(const OpA& a, const OpB& b, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
   using P = Sm90Pipeline<kSplitTf32>;
   const auto kernel = igemm_sm90_kernel<OpA, OpB, kSplitTf32>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmemBytes));
+  allow_dynamic_smem(kernel, P::kSmemBytes);
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
   kernel<<<grid, P::kThreads, P::kSmemBytes, stream>>>(a, b, args);
   TG_LAUNCH_CHECK();

@@ -136,7 +136,7 @@ template <int kBN, int kBlocksPerSm, class Producer>
 void launch_tma_config(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
   using T = TmaTile<kBN, kBlocksPerSm>;
   const auto kernel = tma_wgmma_kernel<kBN, kBlocksPerSm, Producer>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  allow_dynamic_smem(kernel, T::kSmemBytes);
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
   kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args);
   TG_LAUNCH_CHECK();
