@@ -120,38 +120,6 @@ __global__ void gather_dy_kernel(float* __restrict__ out, const float* __restric
   }
 }
 
-// The product's orientation and its operands' padded rows. dw (K, C * kvol) is the product's
-// C[m][n] with m = k and n = column c * kvol + t; with 64 or fewer output channels it is taken
-// transposed (m = column, n = k), so that the narrow side fills a 64-wide tile instead of half
-// a 128-row one. Both scratch operands get zero rows up to whole tiles (128 rows for A, the
-// tile width for B): a box reaching past an operand's last row is filled by the TMA unit far
-// more slowly than one read from memory, and every split's edge tile would wait on it.
-struct WgradProduct {
-  bool transposed;
-  int64_t M, N;
-  int cols_wide;
-  int64_t dy_rows, col_rows;  // rows of the dy and columns scratch, padded
-};
-
-WgradProduct wgrad_product(const ConvShape& s, const EnginePolicy& policy) {
-  WgradProduct w{};
-  const int64_t col_rows = s.C * s.kernel_volume();
-  w.transposed = s.K <= 64 && col_rows > 64;
-  w.M = w.transposed ? col_rows : s.K;
-  w.N = w.transposed ? s.K : col_rows;
-  w.cols_wide = policy.tile == 256 ? 256 : w.N <= 64 ? 64 : 128;
-  const int64_t m_rows = round_up(w.M, kTmaBM), n_rows = round_up(w.N, w.cols_wide);
-  w.dy_rows = w.transposed ? n_rows : m_rows;
-  w.col_rows = w.transposed ? m_rows : n_rows;
-  return w;
-}
-
-// Rows [from, to) of a scratch of row_len-float rows set to zero.
-void zero_rows(float* scratch, int64_t from, int64_t to, int64_t row_len, cudaStream_t st) {
-  if (to > from)
-    TG_CUDA_CHECK(cudaMemsetAsync(scratch + from * row_len, 0, size_t(to - from) * size_t(row_len) * sizeof(float), st));
-}
-
 // Blocks along a row of row_len floats for the row kernels above: about 8 floats per thread.
 unsigned row_blocks(int64_t row_len) {
   constexpr int64_t kPerThread = 8;
@@ -165,9 +133,8 @@ bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& pol
   const int64_t col_rows = s.C * s.kernel_volume();
   const int64_t min_k = col_rows <= kNarrowColumns ? kMinOutputChannelsNarrow : kMinOutputChannels;
   if (policy.wgrad_columns < 0 || (policy.wgrad_columns == 0 && s.K < min_k) || !device_runs_wgmma(dev)) return false;
-  if (!fits(row_len) || !fits(col_rows) || !fits(s.K) || (row_len + 31) / 32 > 65535) return false;
-  const WgradProduct w = wgrad_product(s, policy);
-  return w.col_rows <= kMaxColumnFloats / row_len && w.dy_rows <= kMaxColumnFloats / row_len;
+  return fits(row_len) && fits(col_rows) && col_rows <= kMaxColumnFloats / row_len &&
+         s.K <= kMaxColumnFloats / row_len && (row_len + 31) / 32 <= 65535;
 }
 
 void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
@@ -177,10 +144,8 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
   const TensorOptions f32{.dtype = DType::f32, .device = dw.device()};
   const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, 4);
   const int64_t col_rows = s.C * s.kernel_volume();
-  const WgradProduct w = wgrad_product(s, policy);
 
-  Tensor dy_rows = Tensor::empty({w.dy_rows * row_len}, f32);
-  zero_rows(dy_rows.data<float>(), s.K, w.dy_rows, row_len, st);
+  Tensor dy_rows = Tensor::empty({s.K * row_len}, f32);
   if (s.channels_last()) {
     transpose_into(dy_rows.data<float>(), dy.data<float>(), 1, pixels, s.K, row_len, st);
   } else {
@@ -189,8 +154,7 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
                                                 FastDivmod(uint32_t(s.out_volume())), uint32_t(row_len));
     TG_LAUNCH_CHECK();
   }
-  Tensor cols = Tensor::empty({w.col_rows * row_len}, f32);
-  zero_rows(cols.data<float>(), col_rows, w.col_rows, row_len, st);
+  Tensor cols = Tensor::empty({col_rows * row_len}, f32);
   if (s.channels_last()) {
     const int64_t pixel_tiles = (row_len + kColumnsTile - 1) / kColumnsTile;
     const int64_t channel_tiles = (s.C + kColumnsTile - 1) / kColumnsTile;
@@ -206,9 +170,13 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
   }
   TG_LAUNCH_CHECK();
 
-  const bool transposed = w.transposed;
-  const int64_t M = w.M, N = w.N;
-  const Plan plan = make_tma_plan(M, N, row_len, w.cols_wide, dev, policy);
+  // dw (K, C * kvol) is the product's C[m][n] with m = k and n = column c * kvol + t; with 64
+  // or fewer output channels the product is taken transposed (m = column, n = k), so that the
+  // narrow side fills a 64-wide tile instead of half a 128-row one.
+  const bool transposed = s.K <= 64 && col_rows > 64;
+  const int64_t M = transposed ? col_rows : s.K, N = transposed ? s.K : col_rows;
+  const int cols_wide = policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
+  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy);
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(N);
@@ -220,10 +188,7 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
   }
   const float* a = transposed ? cols.data<float>() : dy_rows.data<float>();
   const float* b = transposed ? dy_rows.data<float>() : cols.data<float>();
-  const int64_t a_rows = transposed ? w.col_rows : w.dy_rows, b_rows = transposed ? w.dy_rows : w.col_rows;
-  run_plan(plan, args, dw.device(), [&](const MainloopArgs& ma, cudaStream_t stm) {
-    launch_matmul_tma(a, a_rows, b, b_rows, plan, ma, stm);
-  });
+  run_plan(plan, args, dw.device(), [&](const MainloopArgs& ma, cudaStream_t stm) { launch_matmul_tma(a, b, plan, ma, stm); });
 }
 
 }  // namespace tg::cuda::engine

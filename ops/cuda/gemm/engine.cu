@@ -367,7 +367,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   }
   engine::run_plan(plan, args, c.device(), [&](const MainloopArgs& ma, cudaStream_t st) {
     if (tma) {
-      engine::launch_matmul_tma(a_data, ma.M, b_data, ma.N, plan, ma, st);
+      engine::launch_matmul_tma(a_data, b_data, plan, ma, st);
       return;
     }
     engine::launch_matmul(a_data, a_k, lda, b_data, b_k, ldb, plan, ma,

@@ -44,12 +44,9 @@ void launch_matmul(const float* a, bool a_k_contiguous, int64_t lda, const float
 
 // c (M, N) = a b^T with a (M, red) and b (N, red) row-major, TF32, on Hopper's TMA + wgmma kernel
 // (matmul_sm90_tma.cu; a BigTile plan). Applies where red is a positive multiple of 4 (16-byte
-// rows), both pointers are 16-byte aligned and the device runs sm_90a code. a_rows >= M and
-// b_rows >= N: the rows a and b hold (rows past M and N, zeros of a padded scratch, keep the
-// edge tiles' boxes inside the operands, which the TMA unit reads faster than it fills).
+// rows), both pointers are 16-byte aligned and the device runs sm_90a code.
 bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev);
-constexpr int kTmaBM = 128;  // the TMA kernel's tile rows (its A box)
-void launch_matmul_tma(const float* a, int64_t a_rows, const float* b, int64_t b_rows, const Plan& plan,
-                       const MainloopArgs& args, cudaStream_t stream);
+void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
+                       cudaStream_t stream);
 
 }  // namespace tg::cuda::engine

@@ -35,15 +35,13 @@ bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev) {
   return red > 0 && red % 4 == 0 && aligned16(a) && aligned16(b) && device_runs_wgmma(dev);
 }
 
-void launch_matmul_tma(const float* a, int64_t a_rows, const float* b, int64_t b_rows, const Plan& plan,
-                       const MainloopArgs& args, cudaStream_t stream) {
+void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
+                       cudaStream_t stream) {
   MatrixBoxes boxes;
   const TmaBox a_box{.rows = kTmaBM, .cols = kBK, .swizzle128 = true};
   const TmaBox b_box{.rows = plan.tma_cols, .cols = kBK, .swizzle128 = true};
-  TG_CHECK(a_rows >= args.M && b_rows >= args.N, "engine matmul: operands of ", a_rows, " and ", b_rows,
-           " rows for a ", args.M, " x ", args.N, " product");
-  boxes.a = f32_matrix_map("engine matmul (A)", a, a_rows, args.red, a_box);
-  boxes.b = f32_matrix_map("engine matmul (B)", b, b_rows, args.red, b_box);
+  boxes.a = f32_matrix_map("engine matmul (A)", a, args.M, args.red, a_box);
+  boxes.b = f32_matrix_map("engine matmul (B)", b, args.N, args.red, b_box);
   launch_tma_wgmma(boxes, plan, args, stream);
 }
 

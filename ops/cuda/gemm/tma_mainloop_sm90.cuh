@@ -30,6 +30,7 @@
 
 namespace tg::cuda::engine {
 
+constexpr int kTmaBM = 128;
 constexpr int kTmaConsumerThreads = 256, kTmaThreads = kTmaConsumerThreads + 32;
 constexpr int kTmaABytes = kTmaBM * kBK * 4;  // A's share of a stage: 16 KB
 
