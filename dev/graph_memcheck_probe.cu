@@ -5,8 +5,9 @@
 // Then graphs whose second allocation may reuse the addresses of a first one freed before it,
 // and graphs that end as a training step does: a temporary freed, then an output kept.
 // `scripts/gpu-check --probes` builds and runs it; the finding needs it under
-// `compute-sanitizer --tool memcheck`. The open report it probes is described in
-// docs/cuda_graphs.md ("Known issue").
+// `compute-sanitizer --tool memcheck`: the last part is reported there (the kept output lands
+// on the freed temporary's address and memcheck flags the temporary's fill kernel), while the
+// sums come out exact. docs/cuda_graphs.md ("compute-sanitizer memcheck and graph allocations").
 #include <cstdio>
 #include <cuda_runtime.h>
 __global__ void fill(float* p, int n, float v) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = v + i; }
