@@ -8,7 +8,7 @@
 // NDHWC inputs with C % 4 == 0 are read in place; NCDHW inputs are first transposed into a
 // channels-last scratch (channels padded to a multiple of 4, the TMA's 16-byte stride rule),
 // which costs one read and one write of x. The output goes through the engine's output map
-// (channels-first or -last, bias, split partial sums). Design note: docs/kernels/gemm.md.
+// (channels-first or -last, bias, split partial sums). Design note: docs/kernels/gemm_tma.md.
 #include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/arch/tensor_map.h"

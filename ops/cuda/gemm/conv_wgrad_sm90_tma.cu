@@ -6,7 +6,7 @@
 // x at output pixel p's tap t (zero in the padding), rows padded with zeros to a multiple of 4
 // pixels (the TMA's 16-byte rule). The columns cost C * kvol * N * P floats written once and
 // read once; the product then streams at the TMA kernel's rate, and its split reduction is the
-// engine's fixed-order one (deterministic). Design note: docs/kernels/gemm.md.
+// engine's fixed-order one (deterministic). Design note: docs/kernels/gemm_tma.md.
 #include <algorithm>
 
 #include "core/cuda_context.h"

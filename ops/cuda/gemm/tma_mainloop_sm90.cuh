@@ -19,7 +19,7 @@
 // stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
 // zeros, so ragged edges need no code. The tile leaves through shared memory
 // (epilogue_sm90.cuh); split reductions and the output map (bias, partial sums, channels-first
-// outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm.md.
+// outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm_tma.md.
 #pragma once
 #include "../../../core/cuda_context.h"
 #include "../arch/cp_async.cuh"
