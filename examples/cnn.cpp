@@ -112,11 +112,12 @@ int main(int argc, char** argv) {
     tg::data::DataLoader loader(train_examples, {.batch_size = batch, .shuffle = true, .seed = seed,
                                                  .drop_last = true, .num_workers = 1, .device = device});
     const auto start = std::chrono::steady_clock::now();
-    profiler.start();
+    int64_t steps_done = 0;
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
       double loss_sum = 0;
       int64_t hits = 0;
       for (tg::data::Batch& b : loader) {
+        profiler.before_step(steps_done++);
         const auto [loss, logits] = train_step(b.input, b.target);
         loss_sum += loss.item() * static_cast<double>(batch);
         hits += ex::count_correct(logits, b.target);

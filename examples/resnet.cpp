@@ -150,10 +150,10 @@ int main(int argc, char** argv) {
     int64_t step = 0, window_images = 0, window_hits = 0;
     double window_loss = 0;
     auto window_start = std::chrono::steady_clock::now();
-    profiler.start();
     for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int64_t first = 0; first + batch <= train.count; first += batch) {  // drops a last partial batch
+        profiler.before_step(step);
         const Batch b = make_batch(train, order, first, batch, device);
         const auto [loss, logits] = train_step(b.images, b.labels);
         ++step;
