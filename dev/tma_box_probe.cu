@@ -68,13 +68,7 @@ __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUt
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kBoxBytes);
   uint64_t* empty = full + kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tile = blockIdx.x;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], 4);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, 4);
   __syncthreads();
   if (warp == 4) {
     if (lane == 0) {

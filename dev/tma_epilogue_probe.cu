@@ -59,13 +59,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   float* ebuf = reinterpret_cast<float*>(smem + kStages * kStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes + kEpilogueBytes);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], kTmaConsumerThreads / 32);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, kTmaConsumerThreads / 32);
   __syncthreads();
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   if (warp == kTmaConsumerThreads / 32) {

@@ -84,13 +84,7 @@ __global__ void __launch_bounds__(160) stream_kernel(const __grid_constant__ CUt
   uint64_t* empty = full + kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t rank = kCluster == 2 ? tma_cluster::cluster_rank() : 0;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], 4 * kCluster);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, 4 * kCluster);
   if (kCluster == 2) {
     tma_cluster::cluster_arrive();
     tma_cluster::cluster_wait();

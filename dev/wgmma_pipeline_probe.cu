@@ -64,13 +64,7 @@ __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant_
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], 8);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, 8);
   __syncthreads();
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
   const int a_row = (blockIdx.x % (kARows / 128)) * 128;

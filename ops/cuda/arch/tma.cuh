@@ -37,6 +37,17 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
+// A pipeline's stage ring, by one thread: full[s] completes after `full_arrivals` arrivals
+// (and the bytes announced), empty[s] after `empty_arrivals`, for s < stages; then the fence.
+// A block-wide barrier must follow before any other thread uses them.
+__device__ __forceinline__ void init_stage_ring(uint64_t* full, uint64_t* empty, int stages, int full_arrivals,
+                                                int empty_arrivals) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(&full[s], full_arrivals);
+    mbar_init(&empty[s], empty_arrivals);
+  }
+  mbar_init_fence();
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");

@@ -114,13 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   }
   for (int c = threadIdx.x; c < kOutChannels; c += kThreads)
     bias_s[c] = (p.bias != nullptr && c < p.m_count) ? p.bias[p.m0 + c] : 0.f;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], kConsumers / 32);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, kConsumers / 32);
   wgmma::fence_proxy_async();  // the weight's plain stores, for wgmma
   __syncthreads();
   // From here on the roles part: no block-wide barrier below.

@@ -227,13 +227,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + T::kBarrierOffset);
   uint64_t* empty = full + T::kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < T::kStages; ++s) {
-      tma::mbar_init(&full[s], T::kThreads + 1);  // every thread's copies + the weights' expect_tx arrival
-      tma::mbar_init(&empty[s], T::kThreads / 32);
-    }
-    tma::mbar_init_fence();
-  }
+  // full: every thread's copies + the weights' expect_tx arrival.
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, T::kStages, T::kThreads + 1, T::kThreads / 32);
   __syncthreads();
   uint32_t full_parity = 0, empty_parity = 0;  // bit s: parity of stage s's next completion
 

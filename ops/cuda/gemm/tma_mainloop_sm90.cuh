@@ -69,13 +69,7 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
   const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
   const int32_t count = kt_end - kt_begin;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], 1);
-      tma::mbar_init(&empty[s], kTmaConsumerThreads / 32);
-    }
-    tma::mbar_init_fence();
-  }
+  if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, kTmaConsumerThreads / 32);
   __syncthreads();
   // From here on the roles part: no block-wide barrier below. A shuffle makes `warp` visibly
   // uniform, or ptxas treats the consumer path as divergent and serializes the wgmma.
