@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/arch/tma.cuh"
+#include "ops/cuda/gemm/mainloop_sm80.cuh"  // MainloopArgs
 
 namespace probe_common {
 
@@ -50,6 +52,40 @@ inline tg::cuda::Im2colGeometry conv3x3_geometry(int64_t n, int64_t h, int64_t w
     g.dilation[d] = 1;
   }
   return g;
+}
+
+// The k-tiles of a 3x3 NHWC convolution (images hw x hw, stride 1, padding 1) in the TMA
+// unit's im2col mode, for the 128 output pixels from m0: 32 channels at a time, then the next
+// tap (x first).
+struct Conv3x3Walk {
+  int img, h0, c0 = 0, tx = 0, ty = 0;
+  __device__ Conv3x3Walk(int m0, int hw) : img(m0 / (hw * hw)), h0((m0 % (hw * hw)) / hw) {}
+  __device__ void load(void* dst, const CUtensorMap* map, uint64_t* bar) const {
+    tg::cuda::tma::load_im2col_4d(dst, map, bar, c0, -1, h0 - 1, img, uint16_t(tx), uint16_t(ty));
+  }
+  __device__ void advance(int channels) {
+    if ((c0 += 32) == channels) {
+      c0 = 0;
+      if (++tx == 3) tx = 0, ++ty;
+    }
+  }
+};
+
+// The engine's arguments for an unsplit product of k_tiles 32-deep k-tiles written row-major
+// into out (M x N), tiles_n columns of tiles.
+inline tg::cuda::engine::MainloopArgs plain_args(int M, int N, int k_tiles, int tiles_n, float* out) {
+  tg::cuda::engine::MainloopArgs args{};
+  args.M = M;
+  args.N = N;
+  args.red = k_tiles * 32;
+  args.tiles_n = tiles_n;
+  args.k_tiles_per_split = k_tiles;
+  args.out.data = out;
+  args.out.M = M;
+  args.out.N = N;
+  args.out.mode = tg::cuda::engine::OutputMap::kPlain;
+  args.out.kvol = 1;
+  return args;
 }
 
 }  // namespace probe_common

@@ -66,19 +66,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     if (lane == 0) {
       int i = 0;  // k-tiles issued by this block, over all its tiles
       for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int m0 = tile * kTmaBM, img = m0 / (kHW * kHW), h0 = (m0 % (kHW * kHW)) / kHW;
-        int c0 = 0, tx = 0, ty = 0;
+        probe_common::Conv3x3Walk walk(tile * kTmaBM, kHW);
         for (int kt = 0; kt < kKTiles; ++kt, ++i) {
           const int s = i % kStages;
           if (i >= kStages) tma::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
           tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
           unsigned char* dst = smem + s * kStageBytes;
-          tma::load_im2col_4d(dst, &boxes.x, &full[s], c0, -1, h0 - 1, img, uint16_t(tx), uint16_t(ty));
+          walk.load(dst, &boxes.x, &full[s]);
           tma::load_box(dst + kTmaABytes, &boxes.w, &full[s], kt * kBK, 0);
-          if ((c0 += kBK) == kC) {
-            c0 = 0;
-            if (++tx == 3) tx = 0, ++ty;
-          }
+          walk.advance(kC);
         }
       }
     }
@@ -215,17 +211,7 @@ int main() {
   for (int images : {16, 32}) {
     const int tiles = images * kHW * kHW / kTmaBM;
     boxes.y = f32_matrix_map("probe y", y, int64_t(tiles) * kTmaBM, kBN, {kTmaBM, kBN, false});
-    MainloopArgs args{};
-    args.M = tiles * kTmaBM;
-    args.N = kBN;
-    args.red = kKTiles * kBK;
-    args.tiles_n = 1;
-    args.k_tiles_per_split = kKTiles;
-    args.out.data = y;
-    args.out.M = args.M;
-    args.out.N = kBN;
-    args.out.mode = OutputMap::kPlain;
-    args.out.kvol = 1;
+    const MainloopArgs args = probe_common::plain_args(tiles * kTmaBM, kBN, kKTiles, 1, y);
     const int persistent = std::min(tiles, sms);
     const std::vector<float> reference = output_of<kStaged>(boxes, args, tiles, tiles, sink);
     std::printf("%d images (%d tiles), outputs differing from the staged one-tile-per-block run: staged persistent "

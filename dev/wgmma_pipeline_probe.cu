@@ -70,19 +70,15 @@ __global__ void __launch_bounds__(288, 1) pipeline_kernel(const __grid_constant_
   const int a_row = (blockIdx.x % (kARows / 128)) * 128;
   if (warp == 8) {
     if (lane == 0) {
-      int c0 = 0, tx = 0, ty = 0;
-      const int img = blockIdx.x / (kConvHW * kConvHW / 128), h0 = (blockIdx.x % (kConvHW * kConvHW / 128)) * 4;
+      probe_common::Conv3x3Walk walk(blockIdx.x * 128, kConvHW);
       for (int i = 0; i < k_tiles; ++i) {
         const int s = i % kStages;
         if (i >= kStages) tma::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
         tma::mbar_arrive_expect_tx(&full[s], kStageBytes);
         unsigned char* dst = smem + s * kStageBytes;
         if (kIm2col) {
-          tma::load_im2col_4d(dst, &a_map, &full[s], c0, -1, h0 - 1, img, uint16_t(tx), uint16_t(ty));
-          if ((c0 += 32) == kConvC) {
-            c0 = 0;
-            if (++tx == 3) tx = 0, ++ty;
-          }
+          walk.load(dst, &a_map, &full[s]);
+          walk.advance(kConvC);
         } else {
           tma::load_box(dst, &a_map, &full[s], i * 32, a_row);
         }
@@ -190,22 +186,13 @@ struct ProbeMatrixBoxes {
 struct ProbeIm2colBoxes {
   CUtensorMap x, w;
   int hint;
-  struct Cursor {
-    int32_t img, h0, c0, tx, ty;
-  };
+  using Cursor = probe_common::Conv3x3Walk;
   __device__ void prefetch() const {}
-  __device__ Cursor start(int32_t, int32_t m0) const {
-    return {m0 / (kConvHW * kConvHW), (m0 % (kConvHW * kConvHW)) / kConvHW, 0, 0, 0};
-  }
-  __device__ void advance(Cursor& at) const {
-    if ((at.c0 += 32) == kConvC) {
-      at.c0 = 0;
-      if (++at.tx == 3) at.tx = 0, ++at.ty;
-    }
-  }
+  __device__ Cursor start(int32_t, int32_t m0) const { return Cursor(m0, kConvHW); }
+  __device__ void advance(Cursor& at) const { at.advance(kConvC); }
   __device__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at, int32_t kt,
                        int32_t n0) const {
-    tma::load_im2col_4d(a_dst, &x, bar, at.c0, -1, at.h0 - 1, at.img, uint16_t(at.tx), uint16_t(at.ty));
+    at.load(a_dst, &x, bar);
     load_box_hinted(b_dst, &w, bar, kt * 32, n0, hint);
   }
 };
@@ -223,17 +210,7 @@ double engine_us_per_ktile(const Producer& producer, int tiles_m, int tiles_n, i
   plan.tiles_n = tiles_n;
   plan.splits = 1;
   plan.k_tiles_per_split = kConvKTiles;
-  MainloopArgs args{};
-  args.M = tiles_m * 128;
-  args.N = N;
-  args.red = kConvKTiles * 32;
-  args.tiles_n = tiles_n;
-  args.k_tiles_per_split = kConvKTiles;
-  args.out.data = out;
-  args.out.M = args.M;
-  args.out.N = N;
-  args.out.mode = OutputMap::kPlain;
-  args.out.kvol = 1;
+  const MainloopArgs args = probe_common::plain_args(tiles_m * 128, N, kConvKTiles, tiles_n, out);
   const float ms = probe_common::median_ms(11, [&] { launch_tma_wgmma(producer, plan, args, 0); }, batch);
   const double waves = std::ceil(double(tiles_m) * tiles_n / 132.0);
   return ms * 1e3 / (kConvKTiles * waves);
