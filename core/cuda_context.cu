@@ -23,16 +23,26 @@ void set_device(int device) {
   }
 }
 
-void allow_dynamic_smem(const void* kernel, int bytes) {
+void allow_dynamic_smem(const void* kernel, int bytes, bool max_shared_carveout) {
   int device = 0;
   TG_CUDA_CHECK(cudaGetDevice(&device));
+  struct Set {
+    int bytes = 0;
+    bool carveout = false;
+  };
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes set
+  static std::map<std::pair<const void*, int>, Set> allowed;  // (kernel, device) -> what is set
   std::lock_guard<std::mutex> lock(mutex);
-  int& set = allowed[{kernel, device}];
-  if (set >= bytes) return;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  set = bytes;
+  Set& set = allowed[{kernel, device}];
+  if (set.bytes < bytes) {
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    set.bytes = bytes;
+  }
+  if (max_shared_carveout && !set.carveout) {
+    TG_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    set.carveout = true;
+  }
 }
 
 cudaStream_t stream(int device) {

@@ -29,13 +29,14 @@ cudaStream_t stream(int device);
 // Makes `device` current for the calling thread.
 void set_device(int device);
 
-// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device.
-// Launchers call it before every launch; the driver is asked once per kernel, device and
-// larger size (the attribute call otherwise costs host time at each launch).
-void allow_dynamic_smem(const void* kernel, int bytes);
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device, and
+// with max_shared_carveout also prefer the largest shared-memory carveout. Launchers call it
+// before every launch; the driver is asked once per kernel, device and setting (an attribute
+// call otherwise costs host time at each launch).
+void allow_dynamic_smem(const void* kernel, int bytes, bool max_shared_carveout = false);
 template <class... Args>
-void allow_dynamic_smem(void (*kernel)(Args...), int bytes) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+void allow_dynamic_smem(void (*kernel)(Args...), int bytes, bool max_shared_carveout = false) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, max_shared_carveout);
 }
 
 // Grid size for a grid-stride loop over n elements: enough blocks to fill the GPU.

@@ -61,9 +61,7 @@ Tensor weight_fragments(const Tensor& w, int terms, cudaStream_t st) {
 // 2 x 110.6 KB of the 228 KB, plus 1 KB reserved per block).
 template <class Kernel>
 void allow_shared_memory(Kernel kernel, int smem) {
-  allow_dynamic_smem(kernel, smem);
-  TG_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  allow_dynamic_smem(kernel, smem, /*max_shared_carveout=*/true);
 }
 
 // Persistent grid: as many blocks as fit on the device, trimmed to the fewest that keep the
