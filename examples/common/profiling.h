@@ -30,11 +30,10 @@ class ExampleProfiler {
   // Call before each training step with the number of steps done: recording starts once
   // that reaches --profile-skip.
   void before_step(int64_t steps_done) {
-    if (on_ && !profiler_ && !finished_ && steps_done >= skip_) profiler_.emplace();
+    if (on_ && !profiler_ && steps_done >= skip_) profiler_.emplace();
   }
   // Stops recording, prints the table, writes the trace.
   void finish() {
-    finished_ = true;
     if (!profiler_) {
       if (on_) std::printf("\nprofile: nothing recorded (--profile-skip %lld: no step after it)\n",
                            static_cast<long long>(skip_));
@@ -50,7 +49,7 @@ class ExampleProfiler {
   }
 
  private:
-  bool on_ = false, finished_ = false;
+  bool on_ = false;
   std::string trace_;
   int64_t skip_;
   std::optional<tg::Profiler> profiler_;
