@@ -66,6 +66,8 @@ const Variant kVariants[] = {
     {"256 wide, split 2", {.tile = 256, .splits = 2}},
     {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
     {"128 wide, two blocks per SM, split 2", {.tile = 128, .splits = 2, .blocks_per_sm = 2}},
+    {"128 wide, stores through the output map", {.tile = 128, .splits = 1, .tma_store = -1}},
+    {"128 wide, split 3, stores through the output map", {.tile = 128, .splits = 3, .tma_store = -1}},
 };
 
 Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
@@ -119,6 +121,47 @@ TEST(ConvTma, BiasIsAddedOnceSplitOrNot) {
       worst = std::max(worst, double(std::abs(a[i] - z[i] - bias[size_t(k)])));
     }
     EXPECT_LE(worst, 1e-4) << "splits " << splits;
+  }
+}
+
+// The epilogue that hands row-major tiles to the TMA unit (channels-last outputs, split partial
+// sums, grad-weight) against the one that stores element by element through the output map:
+// the same accumulators, the same bias additions, so the same bits, at ragged edges (rows past
+// the last tile, columns past the last 32-column box) and for every tile width.
+TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
+  TG_REQUIRE_TMA();
+  const ConvCase cases[] = {
+      {"NHWC 3x3, 36 -> 20 channels", {3, 9, 11, 36}, {20, 36, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 3x3 s2, 48 -> 132 channels", {2, 13, 10, 48}, {132, 48, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"NCHW 3x3, 40 -> 200 channels (partial sums when split)", {2, 40, 9, 7}, {200, 40, 3, 3}, {.padding = {1}}},
+  };
+  const cuda::EnginePolicy layouts[] = {{.tile = 128, .splits = 1}, {.tile = 128, .splits = 3}, {.tile = 256, .splits = 1},
+                                        {.tile = 128, .splits = 1, .blocks_per_sm = 2}, {}};
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu), b = random({s.K}, DType::f32, kGpu);
+    Tensor dy = random(s.y_shape(), DType::f32, kGpu);
+    for (const cuda::EnginePolicy& base : layouts) {
+      cuda::EnginePolicy elementwise = base;
+      elementwise.tma_store = -1;
+      const std::string where = std::string(c.name) + ", tile " + std::to_string(base.tile) + ", splits " +
+                                std::to_string(base.splits) + ", blocks per SM " + std::to_string(base.blocks_per_sm);
+      Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu}), y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
+      poison(y_tma);
+      poison(y_map);
+      cuda::engine_conv_forward(y_tma, x, w, b, s, Precision::TF32, base);
+      cuda::engine_conv_forward(y_map, x, w, b, s, Precision::TF32, elementwise);
+      EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << where;
+      if (!cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}), Precision::TF32, base))
+        continue;
+      Tensor dw_tma = Tensor::empty(c.w, {.device = kGpu}), dw_map = Tensor::empty(c.w, {.device = kGpu});
+      poison(dw_tma);
+      poison(dw_map);
+      cuda::engine_conv_grad_weight(dw_tma, dy, x, s, Precision::TF32, base);
+      cuda::engine_conv_grad_weight(dw_map, dy, x, s, Precision::TF32, elementwise);
+      EXPECT_EQ(dw_tma.to_vector<float>(), dw_map.to_vector<float>()) << "grad-weight, " << where;
+    }
   }
 }
 

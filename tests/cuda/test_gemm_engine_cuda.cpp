@@ -96,6 +96,7 @@ const Variant kWideVariants[] = {
     {"128x256 split 3", {.tile = 256, .splits = 3}},
     {"128x128 TMA, two blocks per SM", {.tile = 128, .splits = 1, .arch = 90, .blocks_per_sm = 2}},
     {"128x128 TMA, two blocks per SM, split 2", {.tile = 128, .splits = 2, .arch = 90, .blocks_per_sm = 2}},
+    {"128x128 TMA, stores through the output map", {.tile = 128, .splits = 1, .arch = 90, .tma_store = -1}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
@@ -242,6 +243,38 @@ TEST(GemmEngineMatmul, EveryTransposeMatchesF64Reference) {
             << c.M << "x" << c.N << "x" << c.K << " tA " << c.transA << " tB " << c.transB << ", " << name_of(prec)
             << ", " << v.name;
       }
+    }
+  }
+}
+
+// The TMA kernel's epilogue that hands row-major tiles to the TMA unit (the bias added as the
+// tile is staged; split partial sums as planes) against the one that stores element by element:
+// the same bits, with ragged rows and columns, every tile width, split or not.
+TEST(GemmEngineMatmul, TmaStoreEpilogueMatchesTheElementwiseOne) {
+  TG_REQUIRE_GPU();
+  struct Case {
+    int64_t M, N, K;
+    bool bias;
+  };
+  const Case cases[] = {{300, 260, 512, true}, {130, 36, 1028, false}, {513, 520, 2048, true}, {70, 4, 96, true}};
+  const cuda::EnginePolicy layouts[] = {{.tile = 128, .splits = 1, .arch = 90},
+                                        {.tile = 128, .splits = 3, .arch = 90},
+                                        {.tile = 256, .splits = 1, .arch = 90},
+                                        {.tile = 128, .splits = 2, .arch = 90, .blocks_per_sm = 2},
+                                        {}};
+  for (const Case& c : cases) {
+    const GemmProblem p{.M = c.M, .N = c.N, .K = c.K};
+    Tensor a = random({p.a_rows(), p.a_cols()}, DType::f32, kGpu), b = random({p.b_rows(), p.b_cols()}, DType::f32, kGpu);
+    Tensor bias = c.bias ? random({c.N}, DType::f32, kGpu) : Tensor();
+    for (const cuda::EnginePolicy& base : layouts) {
+      cuda::EnginePolicy elementwise = base;
+      elementwise.tma_store = -1;
+      Tensor with_tma = poisoned({c.M, c.N}), with_map = poisoned({c.M, c.N});
+      cuda::engine_gemm(with_tma, a, b, bias, p, Precision::TF32, base);
+      cuda::engine_gemm(with_map, a, b, bias, p, Precision::TF32, elementwise);
+      EXPECT_EQ(with_tma.to_vector<float>(), with_map.to_vector<float>())
+          << c.M << "x" << c.N << "x" << c.K << " bias " << c.bias << ", tile " << base.tile << ", splits "
+          << base.splits << ", blocks per SM " << base.blocks_per_sm;
     }
   }
 }

@@ -78,6 +78,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
                Precision precision, bool gather) {
   const int sms = sm_count(dev);
   Plan plan;
+  plan.tma_store = policy.tma_store >= 0;
   if (policy.tile == 16 && narrow_ok) plan.shape = TileShape::Narrow;
   else if (policy.tile == 128 || policy.tile == 256) plan.shape = TileShape::Big;  // 256: engine_gemm widens
   else if (policy.tile == 64) plan.shape = TileShape::Small;
@@ -127,6 +128,7 @@ Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const E
   Plan plan;
   plan.shape = TileShape::Big;
   plan.sm90 = true;
+  plan.tma_store = policy.tma_store >= 0;
   plan.tma_cols = cols;
   plan.tiles_m = ceil_div32(M, 128);
   plan.tiles_n = ceil_div32(N, cols);

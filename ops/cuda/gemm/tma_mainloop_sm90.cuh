@@ -18,15 +18,17 @@
 // group in flight (wait<1>), and, once the previous stage's group has retired, release that
 // stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
 // zeros, so ragged edges need no code. The tile leaves through shared memory
-// (epilogue_sm90.cuh); split reductions and the output map (bias, partial sums, channels-first
-// outputs) are MainloopArgs::store's. Design note: docs/kernels/gemm_tma.md.
+// as TMA stores where the output is row-major (tma_epilogue_sm90.cuh), else through
+// shared memory and MainloopArgs::store (epilogue_sm90.cuh: channels-first and permuted maps). Design note: docs/kernels/gemm_tma.md.
 #pragma once
 #include "../../../core/cuda_context.h"
 #include "../arch/cp_async.cuh"
 #include "../arch/tma.cuh"
 #include "../arch/wgmma.cuh"
+#include "../arch/tensor_map.h"
 #include "epilogue_sm90.cuh"
 #include "kernels.h"
+#include "tma_epilogue_sm90.cuh"
 
 namespace tg::cuda::engine {
 
@@ -52,7 +54,8 @@ struct TmaTile {
 
 template <int kBN, int kBlocksPerSm, class Producer>
 __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBlocksPerSm)
-    tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args) {
+    tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args,
+                     const __grid_constant__ TileStore store) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = TmaTile<kBN, kBlocksPerSm>;
   constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes;
@@ -119,10 +122,32 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
   for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
   // Every load the producer issued has been waited for: the stages are free for the epilogue.
   static_assert(staged_tile_floats<128, kBN>() * 4 <= kStages * kStageBytes, "staged tile must fit the stages");
-  store_tile_staged<kBN>(acc, reinterpret_cast<float*>(smem), threadIdx.x, m0, n0, args);
+  static_assert(kBN / 32 * kStoreBoxBytes <= kStages * kStageBytes, "store boxes must fit the stages");
+  if (store.kind == TileStore::kScalar)
+    store_tile_staged<kBN>(acc, reinterpret_cast<float*>(smem), threadIdx.x, m0, n0, args);
+  else
+    store_tile_tma<kBN>(acc, smem, threadIdx.x, m0, n0, args, store);
 #else
   __trap();  // launched only on devices that run sm_90a code
 #endif
+}
+
+// How the launch's tiles leave (TileStore): TMA stores where plan.tma_store allows and the
+// destination is row-major with 16-byte rows (N % 4 == 0) at a 16-byte-aligned address.
+inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
+  TileStore store{};
+  store.kind = TileStore::kScalar;
+  const TmaBox box{.rows = 128, .cols = 32, .swizzle128 = true};
+  if (!plan.tma_store || args.N % 4 != 0) return store;
+  if (args.partials) {
+    if (reinterpret_cast<uintptr_t>(args.partials) % 16 != 0) return store;
+    store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N, box);
+    store.kind = TileStore::kSplits;
+  } else if (args.out.mode == OutputMap::kPlain && reinterpret_cast<uintptr_t>(args.out.data) % 16 == 0) {
+    store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, box);
+    store.kind = TileStore::kRows;
+  }
+  return store;
 }
 
 // One launch of the kernel over plan's tiles: plan.tma_cols wide (plan.tiles_n counts such
@@ -133,7 +158,7 @@ void launch_tma_config(const Producer& producer, const Plan& plan, const Mainloo
   const auto kernel = tma_wgmma_kernel<kBN, kBlocksPerSm, Producer>;
   allow_dynamic_smem(kernel, T::kSmemBytes);
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args);
+  kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args, tile_store_for(plan, args));
   TG_LAUNCH_CHECK();
 }
 
