@@ -124,8 +124,8 @@ TEST(ConvTma, BiasIsAddedOnceSplitOrNot) {
   }
 }
 
-// The epilogue that hands row-major tiles to the TMA unit (channels-last outputs, split partial
-// sums, grad-weight) against the one that stores element by element through the output map:
+// The epilogue that hands tiles to the TMA unit (channels-last and channels-first outputs, split
+// partial sums, grad-weight) against the one that stores element by element through the output map:
 // the same accumulators, the same bias additions, so the same bits, at ragged edges (rows past
 // the last tile, columns past the last 32-column box) and for every tile width.
 TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
@@ -135,6 +135,11 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
       {"NHWC 3x3 s2, 48 -> 132 channels", {2, 13, 10, 48}, {132, 48, 3, 3},
        {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
       {"NCHW 3x3, 40 -> 200 channels (partial sums when split)", {2, 40, 9, 7}, {200, 40, 3, 3}, {.padding = {1}}},
+      // Channels-first outputs by TMA: tiles that straddle images (156 pixels each), a box of 32
+      // pixels that spans eight 4-pixel images, and a 3-D output.
+      {"NCHW 3x3, 20 -> 72 channels, 12 x 13 images", {3, 20, 12, 13}, {72, 20, 3, 3}, {.padding = {1}}},
+      {"NCHW 3x3, 16 -> 40 channels, 2 x 2 images", {9, 16, 2, 2}, {40, 16, 3, 3}, {.padding = {1}}},
+      {"NCDHW 3x3x3, 24 -> 36 channels", {2, 24, 3, 4, 6}, {36, 24, 3, 3, 3}, {.padding = {1}}},
   };
   const cuda::EnginePolicy layouts[] = {{.tile = 128, .splits = 1}, {.tile = 128, .splits = 3}, {.tile = 256, .splits = 1},
                                         {.tile = 128, .splits = 1, .blocks_per_sm = 2}, {}};

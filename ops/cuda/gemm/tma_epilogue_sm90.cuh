@@ -1,9 +1,9 @@
-// The TMA kernel's epilogue where the output is row-major (a plain map: Linear, channels-last
-// convolutions, grad-weight; or the split partial sums): the 128 x kBN accumulator tile is
-// staged in the idle stages as 128-row x 32-column boxes in the 128-byte swizzle, and one
-// thread hands them to the TMA unit, which clips rows past M and columns past N. Other outputs
-// take store_tile_staged (epilogue_sm90.cuh): one store per element through the OutputMap.
-// Design note: docs/kernels/gemm_tma.md.
+// The TMA kernel's epilogue where the output is a plain row-major matrix (Linear, channels-last
+// convolutions, grad-weight), the split partial sums, or a channels-first activation (NCDHW
+// convolution outputs): the 128 x kBN accumulator tile is staged in the idle stages as 32 x 32
+// or 128 x 32 boxes in the 128-byte swizzle, and one thread hands them to the TMA unit, which
+// clips what lies outside the output. Other outputs take store_tile_staged (epilogue_sm90.cuh):
+// one store per element through the OutputMap. Design note: docs/kernels/gemm_tma.md.
 #pragma once
 #include <cuda.h>
 
@@ -19,31 +19,82 @@ struct TileStore {
     kScalar,  // store_tile_staged through MainloopArgs::store
     kRows,    // map: the M x N output (args.out.data, a plain map; the bias added here)
     kSplits,  // map: splits planes of M x N partial sums (args.partials), plane blockIdx.y
+    kChannelsFirst,  // map: the output as M / P images of N x P (args.out, channels-first mode;
+                     // the bias added here)
   };
-  CUtensorMap map;  // boxes of 128 rows x 32 columns, 128-byte swizzle
+  CUtensorMap map;  // kRows, kSplits: boxes of 128 rows x 32 columns; kChannelsFirst: 32 channels
+                    // x 32 pixels of one image; 128-byte swizzle
   Kind kind = kScalar;
 };
 
 constexpr int kStoreBoxBytes = 128 * 32 * 4;  // one 128 x 32 box: 16 KB, 1024-byte aligned in the stages
 
-// Called by the 256 consumer threads once every wgmma of the block has retired and no copy into
-// `stage` (1024-byte aligned, at least kBN / 32 boxes) is pending; syncs them on named barrier 1.
+// Channels-first staging: box (i, j) holds pixels 32 i.. (rows of the tile) of channels 32 j..
+// (columns), one 128-byte line per channel, so that the TMA unit writes runs of 32 pixels.
+constexpr int kPixelBoxBytes = 32 * 32 * 4;
+
 template <int kBN>
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t m0,
-                                               int32_t n0, const MainloopArgs& args, const TileStore& store) {
-  named_barrier_sync(1, 256);  // both warpgroups are done with the stages' operands
-  // acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e]. Element (r, c) goes to box c / 32,
-  // row r (128 bytes each), 16-byte chunk (c % 32) / 4 XOR r % 8: a warp's 8-byte writes land in
-  // 32 distinct banks.
+__device__ __forceinline__ void stage_channels_first(const float (&acc)[kBN / 2], unsigned char* stage, int tid,
+                                                     int32_t n0, const MainloopArgs& args) {
+  // Element (r, c) goes to box (r / 32, c / 32), line c % 32, 16-byte chunk (r % 32) / 4 XOR
+  // c % 8. A warp's 4-byte writes for one register: 8 consecutive rows (two chunks) times 4
+  // columns of one parity (four XOR patterns), 32 distinct banks.
   const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
-  const float* bias = store.kind == TileStore::kRows ? args.out.bias : nullptr;
+  // The bias of column 32 k + lane sits in lane's bias_of[k] and reaches the other lanes by
+  // shuffles: loading each of the thread's kBN / 2 columns' own would hold them all in registers
+  // beside the accumulators.
+  float bias_of[kBN / 32];
+#pragma unroll
+  for (int k = 0; k < kBN / 32; ++k)
+    bias_of[k] = args.out.bias && n0 + 32 * k + lane < args.N ? args.out.bias[n0 + 32 * k + lane] : 0.f;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * t + e;
+      const float b = __shfl_sync(0xffffffffu, bias_of[j / 4], col % 32);  // col / 32 == j / 4
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        const int chunk = ((row % 32) / 4) ^ (col % 8);
+        float* dst = reinterpret_cast<float*>(stage + ((row / 32) * (kBN / 32) + col / 32) * kPixelBoxBytes +
+                                              (col % 32) * 128 + chunk * 16 + (row % 4) * 4);
+        *dst = acc[4 * j + 2 * h + e] + b;
+      }
+    }
+  }
+}
+
+// Issues the channels-first boxes of the tile at (m0, n0): a 32-pixel box that runs past its
+// image's last pixel goes out once more per image it reaches, at a pixel coordinate shifted by
+// the image size (negative: the unit writes only the part inside that image).
+template <int kBN>
+__device__ __forceinline__ void issue_channels_first(const unsigned char* stage, int32_t m0, int32_t n0,
+                                                     const MainloopArgs& args, const TileStore& store) {
+  const int32_t pixels = int32_t(args.out.div.divisor), images = args.M / pixels;
+  for (int i = 0; i < 4 && m0 + 32 * i < args.M; ++i) {
+    uint32_t image, pixel;
+    args.out.div.divmod(uint32_t(m0 + 32 * i), image, pixel);
+    for (int32_t p = int32_t(pixel), img = int32_t(image); img < images && p + 32 > 0; p -= pixels, ++img)
+      for (int j = 0; j < kBN / 32 && n0 + 32 * j < args.N; ++j)
+        tma::store_box_3d(&store.map, stage + (i * (kBN / 32) + j) * kPixelBoxBytes, p, n0 + 32 * j, img);
+  }
+}
+
+// Row-major staging: box j holds columns 32 j.. of all 128 rows, one 128-byte line per row.
+template <int kBN>
+__device__ __forceinline__ void stage_rows(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t n0,
+                                           const float* bias, int32_t N) {
+  // Element (r, c) goes to box c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8: a warp's
+  // 8-byte writes land in 32 distinct banks.
+  const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < kBN / 8; ++j) {
     const int col = 8 * j + 2 * t;
     float b0 = 0.f, b1 = 0.f;
     if (bias) {
-      if (n0 + col < args.N) b0 = bias[n0 + col];
-      if (n0 + col + 1 < args.N) b1 = bias[n0 + col + 1];
+      if (n0 + col < N) b0 = bias[n0 + col];
+      if (n0 + col + 1 < N) b1 = bias[n0 + col + 1];
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -53,18 +104,34 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
       *dst = make_float2(acc[4 * j + 2 * h] + b0, acc[4 * j + 2 * h + 1] + b1);
     }
   }
+}
+
+// Called by the 256 consumer threads once every wgmma of the block has retired and no copy into
+// `stage` (1024-byte aligned, room for the 128 x kBN tile) is pending; syncs them on named
+// barrier 1. acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e] (wgmma's layout).
+template <int kBN>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t m0,
+                                               int32_t n0, const MainloopArgs& args, const TileStore& store) {
+  named_barrier_sync(1, 256);  // both warpgroups are done with the stages' operands
+  if (store.kind == TileStore::kChannelsFirst)
+    stage_channels_first<kBN>(acc, stage, tid, n0, args);
+  else
+    stage_rows<kBN>(acc, stage, tid, n0, store.kind == TileStore::kRows ? args.out.bias : nullptr, args.N);
   wgmma::fence_proxy_async();  // the plain shared-memory writes, for the TMA unit
   named_barrier_sync(1, 256);
-  if (tid == 0) {
+  if (tid != 0) return;
+  if (store.kind == TileStore::kChannelsFirst) {
+    issue_channels_first<kBN>(stage, m0, n0, args, store);
+  } else {
     for (int b = 0; b < kBN / 32 && n0 + 32 * b < args.N; ++b) {
       if (store.kind == TileStore::kRows)
         tma::store_box(&store.map, stage + b * kStoreBoxBytes, n0 + 32 * b, m0);
       else
         tma::store_box_3d(&store.map, stage + b * kStoreBoxBytes, n0 + 32 * b, m0, int(blockIdx.y));
     }
-    tma::bulk_commit();
-    tma::bulk_wait();  // the stages stay valid until the unit has read them; the block then exits
   }
+  tma::bulk_commit();
+  tma::bulk_wait();  // the stages stay valid until the unit has read them; the block then exits
 }
 
 }  // namespace tg::cuda::engine

@@ -17,9 +17,10 @@
 // the 128 x kBN tile: per stage they wait on `full`, run four m64nNk8 wgmmas, keep one wgmma
 // group in flight (wait<1>), and, once the previous stage's group has retired, release that
 // stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
-// zeros, so ragged edges need no code. The tile leaves through shared memory
-// as TMA stores where the output is row-major (tma_epilogue_sm90.cuh), else through
-// shared memory and MainloopArgs::store (epilogue_sm90.cuh: channels-first and permuted maps). Design note: docs/kernels/gemm_tma.md.
+// zeros, so ragged edges need no code. The tile leaves through shared memory: as TMA stores
+// where the output is a plain, partial-sum or channels-first map (tma_epilogue_sm90.cuh), else
+// through MainloopArgs::store (epilogue_sm90.cuh: permuted maps, misaligned rows). Design note:
+// docs/kernels/gemm_tma.md.
 #pragma once
 #include "../../../core/cuda_context.h"
 #include "../arch/cp_async.cuh"
@@ -133,19 +134,28 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
 }
 
 // How the launch's tiles leave (TileStore): TMA stores where plan.tma_store allows and the
-// destination is row-major with 16-byte rows (N % 4 == 0) at a 16-byte-aligned address.
+// destination's rows (pixel runs, for channels-first outputs) are whole 16-byte units at a
+// 16-byte-aligned address; else element-wise stores.
 inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
   TileStore store{};
   store.kind = TileStore::kScalar;
-  const TmaBox box{.rows = 128, .cols = 32, .swizzle128 = true};
-  if (!plan.tma_store || args.N % 4 != 0) return store;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!plan.tma_store) return store;
   if (args.partials) {
-    if (reinterpret_cast<uintptr_t>(args.partials) % 16 != 0) return store;
-    store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N, box);
+    if (args.N % 4 != 0 || !aligned(args.partials)) return store;
+    store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N,
+                               {.rows = 128, .cols = 32, .swizzle128 = true});
     store.kind = TileStore::kSplits;
-  } else if (args.out.mode == OutputMap::kPlain && reinterpret_cast<uintptr_t>(args.out.data) % 16 == 0) {
-    store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, box);
+  } else if (args.out.mode == OutputMap::kPlain) {
+    if (args.N % 4 != 0 || !aligned(args.out.data)) return store;
+    store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, {.rows = 128, .cols = 32, .swizzle128 = true});
     store.kind = TileStore::kRows;
+  } else if (args.out.mode == OutputMap::kChannelsFirst) {
+    const int64_t pixels = args.out.div.divisor;
+    if (pixels % 4 != 0 || args.M % pixels != 0 || !aligned(args.out.data)) return store;
+    store.map = f32_planes_map("engine output", args.out.data, args.M / pixels, args.N, pixels,
+                               {.rows = 32, .cols = 32, .swizzle128 = true});
+    store.kind = TileStore::kChannelsFirst;
   }
   return store;
 }
