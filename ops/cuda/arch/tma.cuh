@@ -11,7 +11,9 @@
 //   - a store reads shared memory in the async proxy: the threads that wrote the box call
 //     fence_proxy_async (wgmma.cuh) before the barrier that precedes the store; the box may be
 //     rewritten once bulk_wait_read says the store has read it; the kernel must not exit before
-//     bulk_wait says it is done.
+//     bulk_wait says it is done. A store's box may reach past the far end of any dimension (that
+//     part is not written) but must not start at a negative coordinate: the unit raises an
+//     illegal instruction (dev/tma_store_probe.cu). Loads take negative coordinates (zeros).
 // Device code only; the wrappers are empty where sm_90 features are absent (callers guard their
 // kernels as the wgmma kernels do).
 #pragma once

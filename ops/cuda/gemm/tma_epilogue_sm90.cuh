@@ -65,19 +65,39 @@ __device__ __forceinline__ void stage_channels_first(const float (&acc)[kBN / 2]
   }
 }
 
-// Issues the channels-first boxes of the tile at (m0, n0): a 32-pixel box that runs past its
-// image's last pixel goes out once more per image it reaches, at a pixel coordinate shifted by
-// the image size (negative: the unit writes only the part inside that image).
+// Hands the channels-first boxes of the tile at (m0, n0) to the TMA unit, each clipped at its
+// image's last pixel. The unit refuses a store that starts at a negative coordinate (an illegal
+// instruction: dev/tma_store_probe.cu), so the rows of a box that run into the next images go
+// out in store_straddling_rows.
 template <int kBN>
 __device__ __forceinline__ void issue_channels_first(const unsigned char* stage, int32_t m0, int32_t n0,
                                                      const MainloopArgs& args, const TileStore& store) {
-  const int32_t pixels = int32_t(args.out.div.divisor), images = args.M / pixels;
   for (int i = 0; i < 4 && m0 + 32 * i < args.M; ++i) {
     uint32_t image, pixel;
     args.out.div.divmod(uint32_t(m0 + 32 * i), image, pixel);
-    for (int32_t p = int32_t(pixel), img = int32_t(image); img < images && p + 32 > 0; p -= pixels, ++img)
-      for (int j = 0; j < kBN / 32 && n0 + 32 * j < args.N; ++j)
-        tma::store_box_3d(&store.map, stage + (i * (kBN / 32) + j) * kPixelBoxBytes, p, n0 + 32 * j, img);
+    for (int j = 0; j < kBN / 32 && n0 + 32 * j < args.N; ++j)
+      tma::store_box_3d(&store.map, stage + (i * (kBN / 32) + j) * kPixelBoxBytes, int(pixel), n0 + 32 * j, int(image));
+  }
+}
+
+// The rows of each 32-pixel box past its first image's last pixel (none where the image size is
+// a multiple of 32), stored element by element through the output map by the 256 consumer
+// threads: consecutive threads take consecutive pixels of one channel.
+template <int kBN>
+__device__ __forceinline__ void store_straddling_rows(const unsigned char* stage, int tid, int32_t m0, int32_t n0,
+                                                      const MainloopArgs& args) {
+  const int32_t pixels = int32_t(args.out.div.divisor);
+  for (int i = 0; i < 4 && m0 + 32 * i < args.M; ++i) {
+    const int32_t first = pixels - int32_t(uint32_t(m0 + 32 * i) % uint32_t(pixels));  // rows in the first image
+    if (first >= 32) continue;
+    const int32_t rows = min(32, args.M - (m0 + 32 * i)) - first, cols = min(kBN, args.N - n0);
+    for (int32_t idx = tid; idx < rows * cols; idx += 256) {
+      const int32_t r = first + idx % rows, c = idx / rows;
+      const int chunk = (r / 4) ^ (c % 8);
+      const float v = *reinterpret_cast<const float*>(stage + (i * (kBN / 32) + c / 32) * kPixelBoxBytes +
+                                                      (c % 32) * 128 + chunk * 16 + (r % 4) * 4);
+      args.out.data[args.out.offset(m0 + 32 * i + r, n0 + c)] = v;
+    }
   }
 }
 
@@ -119,10 +139,10 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
     stage_rows<kBN>(acc, stage, tid, n0, store.kind == TileStore::kRows ? args.out.bias : nullptr, args.N);
   wgmma::fence_proxy_async();  // the plain shared-memory writes, for the TMA unit
   named_barrier_sync(1, 256);
-  if (tid != 0) return;
   if (store.kind == TileStore::kChannelsFirst) {
-    issue_channels_first<kBN>(stage, m0, n0, args, store);
-  } else {
+    if (tid == 0) issue_channels_first<kBN>(stage, m0, n0, args, store);
+    store_straddling_rows<kBN>(stage, tid, m0, n0, args);
+  } else if (tid == 0) {
     for (int b = 0; b < kBN / 32 && n0 + 32 * b < args.N; ++b) {
       if (store.kind == TileStore::kRows)
         tma::store_box(&store.map, stage + b * kStoreBoxBytes, n0 + 32 * b, m0);
@@ -130,6 +150,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
         tma::store_box_3d(&store.map, stage + b * kStoreBoxBytes, n0 + 32 * b, m0, int(blockIdx.y));
     }
   }
+  if (tid != 0) return;
   tma::bulk_commit();
   tma::bulk_wait();  // the stages stay valid until the unit has read them; the block then exits
 }
