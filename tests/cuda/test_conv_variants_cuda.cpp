@@ -1,8 +1,7 @@
 // Every row of the convolution dispatcher's table (ops/cuda/conv_variants.h) on every case it can
 // implement on this GPU, forced through KernelPolicy::conv_variant, against the CPU reference:
 // forward, grad-input and grad-weight into NaN-poisoned outputs, FP32 (relative L2 <= 1e-5) and
-// TF32 (<= 2e-3: each operand rounded to 10 mantissa bits, a relative error of ~2^-11 per factor,
-// so ~7e-4 per product, which random signs do not let grow in the sum; measured 3e-4 - 8e-4).
+// TF32 (<= 2e-3: common/variant_rows.h says why).
 // Also: the default order picks the first row that prefers a problem, a forced row that cannot
 // implement a problem is an UnsupportedError, and each case is implemented by at least the engine
 // or the direct kernels.
@@ -11,6 +10,7 @@
 
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
+#include "common/variant_rows.h"
 #include "core/precision.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv.h"
@@ -84,14 +84,12 @@ TEST(CudaConvVariants, EveryRowOnEveryCaseItCanImplement) {
   std::set<std::string> rows_run;
   for (const Precision mode : {Precision::FP32, Precision::TF32}) {
     PrecisionGuard guard(mode);
-    const double tol = mode == Precision::FP32 ? 1e-5 : 2e-3;
+    const double tol = row_tolerance(mode);
     for (const Case& c : cases()) {
       const ConvShape s = shape_of(c);
       const Reference r = reference(c);
       for (const cuda::ConvVariant& v : cuda::conv_variants()) {
-        cuda::KernelPolicy policy = cuda::kernel_policy();
-        policy.conv_variant = v.name;
-        cuda::KernelPolicyGuard forced(policy);
+        cuda::KernelPolicyGuard forced(forcing_conv_row(v.name));
         const std::string what = std::string(c.name) + " on " + std::string(v.name) + (mode == Precision::TF32 ? " tf32" : " fp32");
         const Tensor y = poisoned_gpu(s.y_shape(), f32), dx = poisoned_gpu(c.x, f32), dw = poisoned_gpu(c.w, f32);
         const cuda::ConvOperands fwd{.out = y, .x = r.xg, .w = r.wg, .b = r.bg};
@@ -116,9 +114,7 @@ TEST(CudaConvVariants, EveryRowOnEveryCaseItCanImplement) {
       }
     }
   }
-  // Every row of the table ran somewhere: none goes untested.
-  for (const cuda::ConvVariant& v : cuda::conv_variants())
-    EXPECT_TRUE(rows_run.count(std::string(v.name))) << "no case exercised row " << v.name;
+  expect_every_row_ran(cuda::conv_variants(), rows_run);
 }
 
 TEST(CudaConvVariants, BothGradientsAtOnceOnEveryRow) {
@@ -130,9 +126,7 @@ TEST(CudaConvVariants, BothGradientsAtOnceOnEveryRow) {
     for (const cuda::ConvVariant& v : cuda::conv_variants()) {
       const cuda::ConvOperands gi{.out = poisoned_gpu(c.x, f32), .w = r.wg, .dy = r.dyg};
       if (!v.can_implement(cuda::conv_problem(s, f32, cuda::ConvPass::GradInput), gi)) continue;
-      cuda::KernelPolicy policy = cuda::kernel_policy();
-      policy.conv_variant = v.name;
-      cuda::KernelPolicyGuard forced(policy);
+      cuda::KernelPolicyGuard forced(forcing_conv_row(v.name));
       const Tensor dx = poisoned_gpu(c.x, f32), dw = poisoned_gpu(c.w, f32);
       cuda::conv_grad_input_weight(dx, dw, r.dyg, r.xg, r.wg, s);
       EXPECT_LE(rel_l2(dx, r.dx), 1e-5) << c.name << " on " << v.name << ": dx";
@@ -176,9 +170,7 @@ TEST(CudaConvVariants, ForcedRowThatCannotImplementThrows) {
   const ConvShape s = shape_of(c);
   const Tensor x = random(c.x, f32).to(kGpu), w = random(c.w, f32).to(kGpu), y = poisoned_gpu(s.y_shape(), f32);
   for (const char* name : {"pointwise", "conv3x3", "no_such_kernels"}) {
-    cuda::KernelPolicy policy = cuda::kernel_policy();
-    policy.conv_variant = name;
-    cuda::KernelPolicyGuard forced(policy);
+    cuda::KernelPolicyGuard forced(forcing_conv_row(name));
     try {
       cuda::conv_forward(y, x, w, Tensor(), s);
       ADD_FAILURE() << name << ": expected UnsupportedError";

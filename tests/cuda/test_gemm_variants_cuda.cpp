@@ -1,7 +1,7 @@
 // Every row of the matrix-product dispatcher's table (ops/cuda/gemm_variants.h) on every case it
 // can implement on this GPU, forced through KernelPolicy::gemm_variant, against the CPU
 // reference in f64, into NaN-poisoned outputs: FP32 (relative L2 <= 1e-5) and TF32 (<= 2e-3, the
-// bound test_conv_variants_cuda.cpp derives), every transpose, with and without a bias, sizes
+// bound common/variant_rows.h derives), every transpose, with and without a bias, sizes
 // that break every kernel's tiles. Also: the default order takes the first row that prefers a
 // problem, a forced row that cannot implement one is an UnsupportedError, an unknown name too,
 // and Linear's fused backward matches on every row that can take both products.
@@ -10,6 +10,7 @@
 
 #include "common/cuda_compare.h"
 #include "common/test_util.h"
+#include "common/variant_rows.h"
 #include "core/error.h"
 #include "core/precision.h"
 #include "ops/cuda/gemm_variants.h"
@@ -61,12 +62,6 @@ Operands operands(const Case& c) {
   return o;
 }
 
-cuda::KernelPolicy forcing(std::string_view row) {
-  cuda::KernelPolicy policy = cuda::kernel_policy();
-  policy.gemm_variant = row;
-  return policy;
-}
-
 }  // namespace
 
 TEST(CudaGemmVariants, EveryRowOnEveryCaseItCanImplement) {
@@ -74,22 +69,20 @@ TEST(CudaGemmVariants, EveryRowOnEveryCaseItCanImplement) {
   std::set<std::string> rows_run;
   for (const Precision mode : {Precision::FP32, Precision::TF32}) {
     PrecisionGuard guard(mode);
-    const double tol = mode == Precision::FP32 ? 1e-5 : 2e-3;
+    const double tol = row_tolerance(mode);
     for (const Case& c : cases()) {
       const Operands o = operands(c);
       for (const cuda::GemmVariant& v : cuda::gemm_variants()) {
         const Tensor out = poisoned_gpu({c.p.M, c.p.N}, f32);
         if (!v.can_implement(cuda::gemm_case(c.p, f32), {.c = out, .a = o.a, .b = o.b, .bias = o.bias})) continue;
-        cuda::KernelPolicyGuard forced(forcing(v.name));
+        cuda::KernelPolicyGuard forced(forcing_gemm_row(v.name));
         cuda::gemm(out, o.a, o.b, o.bias, c.p);
         EXPECT_LE(rel_l2(out, o.want), tol) << c.name << " on " << v.name << (mode == Precision::TF32 ? " tf32" : " fp32");
         rows_run.insert(std::string(v.name));
       }
     }
   }
-  // Every row of the table ran somewhere: none goes untested.
-  for (const cuda::GemmVariant& v : cuda::gemm_variants())
-    EXPECT_TRUE(rows_run.count(std::string(v.name))) << "no case exercised row " << v.name;
+  expect_every_row_ran(cuda::gemm_variants(), rows_run);
 }
 
 TEST(CudaGemmVariants, DoublePrecisionRunsOnTheDirectRowOnly) {
@@ -150,17 +143,17 @@ TEST(CudaGemmVariants, ForcedRowsThatCannotServeAreUnsupportedErrors) {
   const Tensor a = random({big.a_rows(), big.a_cols()}, f32, kGpu), b = random({big.b_rows(), big.b_cols()}, f32, kGpu);
   const Tensor c = poisoned_gpu({big.M, big.N}, f32);
   {
-    cuda::KernelPolicyGuard forced(forcing("skinny"));  // no dimension is at most 8
+    cuda::KernelPolicyGuard forced(forcing_gemm_row("skinny"));  // no dimension is at most 8
     EXPECT_THROW(cuda::gemm(c, a, b, Tensor(), big), UnsupportedError);
     TG_EXPECT_ERROR(cuda::gemm(c, a, b, Tensor(), big), "gemm", "'skinny'", "M 300, N 200, K 600");
   }
   {
     const GemmProblem tt{.M = 20, .N = 30, .K = 40, .transA = true, .transB = true};
     const Tensor ta = random({tt.a_rows(), tt.a_cols()}, f32, kGpu), tb = random({tt.b_rows(), tt.b_cols()}, f32, kGpu);
-    cuda::KernelPolicyGuard forced(forcing("pointwise"));  // the 1x1 kernels have no TT form
+    cuda::KernelPolicyGuard forced(forcing_gemm_row("pointwise"));  // the 1x1 kernels have no TT form
     EXPECT_THROW(cuda::gemm(poisoned_gpu({tt.M, tt.N}, f32), ta, tb, Tensor(), tt), UnsupportedError);
   }
-  cuda::KernelPolicyGuard forced(forcing("tiled"));
+  cuda::KernelPolicyGuard forced(forcing_gemm_row("tiled"));
   TG_EXPECT_ERROR(cuda::gemm(c, a, b, Tensor(), big), "gemm", "no matrix-product kernels named 'tiled'");
 }
 
@@ -175,7 +168,7 @@ TEST(CudaGemmVariants, LinearBackwardOnEveryRow) {
   cpu::gemm(dw_want, ref_of(dy), ref_of(x), Tensor(), {.M = out, .N = in, .K = B, .transA = true});
   PrecisionGuard fp32(Precision::FP32);
   for (const std::string_view row : {"pointwise", "engine", "direct"}) {
-    cuda::KernelPolicyGuard forced(forcing(row));
+    cuda::KernelPolicyGuard forced(forcing_gemm_row(row));
     const Tensor dx = poisoned_gpu({B, in}, f32), dw = poisoned_gpu({out, in}, f32);
     cuda::linear_grad_input_weight(dx, dw, dy, x, w);
     EXPECT_LE(rel_l2(dx, dx_want), 1e-5) << row << ": dx";
