@@ -54,14 +54,6 @@ void run_pass(cuda::ConvPass pass, const Tensor& out, const Tensor& x, const Ten
   }
 }
 
-// The row the default order runs: the first that prefers the problem, else the last.
-std::string default_row(const cuda::ConvProblem& p, const cuda::ConvOperands& o) {
-  const auto rows = cuda::conv_variants();
-  for (const auto& row : rows)
-    if (row.preferred(p, o)) return std::string(row.name);
-  return std::string(rows.back().name);
-}
-
 void sweep(const char* family, int64_t kernel, Layout layout, int& misses, int& problems) {
   const Device gpu = Device::cuda(0);
   const int64_t channel_pairs[][2] = {{32, 32}, {64, 64}, {128, 128}, {256, 256}, {64, 256}, {256, 64}};
@@ -78,10 +70,10 @@ void sweep(const char* family, int64_t kernel, Layout layout, int& misses, int& 
           const Shape out_shape = pass.pass == cuda::ConvPass::Forward     ? s.y_shape()
                                   : pass.pass == cuda::ConvPass::GradInput ? x_shape
                                                                            : s.w_shape();
-          const cuda::ConvProblem problem{.shape = s, .dtype = DType::f32, .precision = precision, .pass = pass.pass};
+          const cuda::ConvProblem problem = cuda::conv_problem(s, DType::f32, pass.pass, precision);
           const Tensor out = Tensor::empty(out_shape, {.device = gpu}), check = Tensor::empty(out_shape, {.device = gpu});
           cuda::ConvOperands operands{.out = out, .x = x, .w = w, .dy = dy};
-          const std::string chosen = default_row(problem, operands);
+          const std::string chosen(cuda::choose_conv_variant(problem, operands).name);  // the default policy's row
           {
             cuda::KernelPolicy engine;
             engine.conv_variant = "engine";
