@@ -20,7 +20,7 @@ struct Plan {
   int tma_blocks_per_sm = 1;  // the TMA kernels' 128-wide tiles: 1 (six stages) or 2 (three)
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
-  bool tma_store = true;  // the TMA kernels store row-major tiles with TMA (EnginePolicy::tma_store)
+  bool tma_store = true;  // the TMA kernels may store tiles with TMA (EnginePolicy::tma_store)
 };
 
 // y = conv(x, packed weights (K, kvol*C)); x NCDHW or NDHWC.

@@ -140,21 +140,21 @@ inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
   TileStore store{};
   store.kind = TileStore::kScalar;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  constexpr TmaBox kRowBox{.rows = 128, .cols = 32, .swizzle128 = true};    // kStoreBoxBytes
+  constexpr TmaBox kPixelBox{.rows = 32, .cols = 32, .swizzle128 = true};   // kPixelBoxBytes
   if (!plan.tma_store) return store;
   if (args.partials) {
     if (args.N % 4 != 0 || !aligned(args.partials)) return store;
-    store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N,
-                               {.rows = 128, .cols = 32, .swizzle128 = true});
+    store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N, kRowBox);
     store.kind = TileStore::kSplits;
   } else if (args.out.mode == OutputMap::kPlain) {
     if (args.N % 4 != 0 || !aligned(args.out.data)) return store;
-    store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, {.rows = 128, .cols = 32, .swizzle128 = true});
+    store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, kRowBox);
     store.kind = TileStore::kRows;
   } else if (args.out.mode == OutputMap::kChannelsFirst) {
     const int64_t pixels = args.out.div.divisor;
     if (pixels % 4 != 0 || args.M % pixels != 0 || !aligned(args.out.data)) return store;
-    store.map = f32_planes_map("engine output", args.out.data, args.M / pixels, args.N, pixels,
-                               {.rows = 32, .cols = 32, .swizzle128 = true});
+    store.map = f32_planes_map("engine output", args.out.data, args.M / pixels, args.N, pixels, kPixelBox);
     store.kind = TileStore::kChannelsFirst;
   }
   return store;
