@@ -97,6 +97,9 @@ const Variant kWideVariants[] = {
     {"128x128 TMA, two blocks per SM", {.tile = 128, .splits = 1, .arch = 90, .blocks_per_sm = 2}},
     {"128x128 TMA, two blocks per SM, split 2", {.tile = 128, .splits = 2, .arch = 90, .blocks_per_sm = 2}},
     {"128x128 TMA, stores through the output map", {.tile = 128, .splits = 1, .arch = 90, .tma_store = -1}},
+    // FP32 mode runs on the TMA kernel (split TF32) wherever TF32 would; this keeps the
+    // cp.async wgmma kernel's FP32 mode under test on the same products.
+    {"128x128 wgmma, FP32 off the TMA kernel", {.tile = 128, .splits = 1, .arch = 90, .fp32_tma = -1}},
 };
 const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }

@@ -21,6 +21,7 @@ struct Plan {
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
   bool tma_store = true;  // the TMA kernels may store tiles with TMA (EnginePolicy::tma_store)
+  bool tma_split = false;  // the TMA kernel in FP32 mode (split TF32; 128-wide, one block per SM)
 };
 
 // y = conv(x, packed weights (K, kvol*C)); x NCDHW or NDHWC.
