@@ -1,4 +1,4 @@
-// The engine's TMA-fed TF32 convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
+// The engine's TMA-fed convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
 // forward and the stride-1 grad-input it runs as a forward; conv_wgrad_sm90_tma.cu: grad-weight)
 // against the f64 CPU reference, at shapes that break its assumptions: channels that are not a
 // multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
@@ -159,12 +159,14 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
       elementwise.tma_store = -1;
       const std::string where = std::string(c.name) + ", tile " + std::to_string(base.tile) + ", splits " +
                                 std::to_string(base.splits) + ", blocks per SM " + std::to_string(base.blocks_per_sm);
-      Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu}), y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
-      poison(y_tma);
-      poison(y_map);
-      cuda::engine_conv_forward(y_tma, x, w, b, s, Precision::TF32, base);
-      cuda::engine_conv_forward(y_map, x, w, b, s, Precision::TF32, elementwise);
-      EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << where;
+      for (Precision prec : kPrecisions) {
+        Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu}), y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
+        poison(y_tma);
+        poison(y_map);
+        cuda::engine_conv_forward(y_tma, x, w, b, s, prec, base);
+        cuda::engine_conv_forward(y_map, x, w, b, s, prec, elementwise);
+        EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << name_of(prec) << ", " << where;
+      }
       if (!cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}), Precision::TF32, base))
         continue;
       Tensor dw_tma = Tensor::empty(c.w, {.device = kGpu}), dw_map = Tensor::empty(c.w, {.device = kGpu});

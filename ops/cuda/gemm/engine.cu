@@ -149,13 +149,13 @@ bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
 // ~0.7 ms of product). Policy arch 90 asks for them wherever they are possible.
 bool transposes_pay(const GemmProblem& p, bool a_k, bool b_k, Precision precision, const EnginePolicy& policy,
                     int dev) {
-  const bool split = precision == Precision::FP32;
   if (!tma_matmul_mode(precision, policy) || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
   if (p.K < 4 || p.K % 4 != 0 || (p.K + 31) / 32 > 65535) return false;
   if (policy.arch == 90) return true;
   const double moved = 8.0 * double((a_k ? 0 : p.M * p.K) + (b_k ? 0 : p.N * p.K));
-  return (split || tma_matmul_choice(p, dev, policy).pays) &&
-         2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
+  // FP32 too needs the TF32 rule's size (a long reduction or tiles for two blocks per SM): a
+  // product too small for 128x128 tiles would pay the transposes and run elsewhere.
+  return tma_matmul_choice(p, dev, policy).pays && 2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
 }
 
 }  // namespace

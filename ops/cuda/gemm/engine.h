@@ -35,8 +35,8 @@ struct EnginePolicy {
 bool engine_conv_can_implement(const ConvShape& s, DType dtype);
 bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 
-// Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32 on an
-// sm_90a device, 16+ input channels, a geometry within the TMA unit's im2col ranges,
+// Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32, or FP32
+// unless policy.fp32_tma is -1, on an sm_90a device, 16+ input channels, a geometry within the TMA unit's im2col ranges,
 // channels-last inputs with C % 4 == 0 (NCHW inputs are transposed first), and a policy that
 // allows it (not arch 80, tile 0, 128 or 256).
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,

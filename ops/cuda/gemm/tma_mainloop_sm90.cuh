@@ -122,6 +122,8 @@ __device__ __forceinline__ void consume_split(float (&acc)[kBN / 2], unsigned ch
   auto stage = [&](int32_t i) { return smem + (i % kStages) * kStageBytes; };
   auto low = [&](int32_t i) { return smem + (kStages + i % 2) * kStageBytes; };
   float part[kBN / 2];
+#pragma unroll
+  for (int q = 0; q < kBN / 2; ++q) part[q] = 0.f;  // never read (the first product overwrites it)
   if (count > 0) {
     tma::mbar_wait(&full[0], 0);
     split_stage<kStageBytes>(stage(0), low(0), tid);
