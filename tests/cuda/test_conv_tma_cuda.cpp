@@ -160,7 +160,8 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
       const std::string where = std::string(c.name) + ", tile " + std::to_string(base.tile) + ", splits " +
                                 std::to_string(base.splits) + ", blocks per SM " + std::to_string(base.blocks_per_sm);
       for (Precision prec : kPrecisions) {
-        Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu}), y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
+        Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu});
+        Tensor y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
         poison(y_tma);
         poison(y_map);
         cuda::engine_conv_forward(y_tma, x, w, b, s, prec, base);

@@ -36,9 +36,9 @@ bool engine_conv_can_implement(const ConvShape& s, DType dtype);
 bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 
 // Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32, or FP32
-// unless policy.fp32_tma is -1, on an sm_90a device, 16+ input channels, a geometry within the TMA unit's im2col ranges,
-// channels-last inputs with C % 4 == 0 (NCHW inputs are transposed first), and a policy that
-// allows it (not arch 80, tile 0, 128 or 256).
+// unless policy.fp32_tma is -1, on an sm_90a device; 16+ input channels, a geometry within the
+// TMA unit's im2col ranges, channels-last inputs with C % 4 == 0 (NCHW inputs are transposed
+// first), and a policy that allows it (not arch 80, tile 0, 128 or 256).
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy = {});
 // The same for engine_conv_grad_input, which runs stride-1 problems (padding at most the
