@@ -1,4 +1,4 @@
-// The engine's TMA-fed TF32 convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
+// The engine's TMA-fed convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
 // forward and the stride-1 grad-input it runs as a forward; conv_wgrad_sm90_tma.cu: grad-weight)
 // against the f64 CPU reference, at shapes that break its assumptions: channels that are not a
 // multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
@@ -23,6 +23,11 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 constexpr double kTf32Tolerance = 1e-3;
+// FP32 mode (split TF32, three products per step): FP32-accurate.
+constexpr double kFp32Tolerance = 1e-5;
+const Precision kPrecisions[] = {Precision::TF32, Precision::FP32};
+double tolerance(Precision p) { return p == Precision::FP32 ? kFp32Tolerance : kTf32Tolerance; }
+const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
 
 struct ConvCase {
   const char* name;
@@ -88,14 +93,16 @@ TEST(ConvTma, ForwardMatchesF64Reference) {
     Tensor b = random({s.K}, DType::f32, kGpu);
     Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
     cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
-    for (const Variant& v : kVariants) {
-      const std::string where = std::string(c.name) + ", " + v.name;
-      ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, v.policy)) << where;
-      Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::f32, .device = kGpu});
-      poison(y);
-      cuda::engine_conv_forward(y, x, w, b, s, Precision::TF32, v.policy);
-      EXPECT_LE(rel_l2(y, y_ref), kTf32Tolerance) << where;
-    }
+    // FP32 runs 128-wide tiles, one block per SM, whatever the variant asks of the width.
+    for (Precision prec : kPrecisions)
+      for (const Variant& v : kVariants) {
+        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, prec, v.policy)) << where;
+        Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::f32, .device = kGpu});
+        poison(y);
+        cuda::engine_conv_forward(y, x, w, b, s, prec, v.policy);
+        EXPECT_LE(rel_l2(y, y_ref), tolerance(prec)) << where;
+      }
   }
 }
 
@@ -152,12 +159,15 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
       elementwise.tma_store = -1;
       const std::string where = std::string(c.name) + ", tile " + std::to_string(base.tile) + ", splits " +
                                 std::to_string(base.splits) + ", blocks per SM " + std::to_string(base.blocks_per_sm);
-      Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu}), y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
-      poison(y_tma);
-      poison(y_map);
-      cuda::engine_conv_forward(y_tma, x, w, b, s, Precision::TF32, base);
-      cuda::engine_conv_forward(y_map, x, w, b, s, Precision::TF32, elementwise);
-      EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << where;
+      for (Precision prec : kPrecisions) {
+        Tensor y_tma = Tensor::empty(s.y_shape(), {.device = kGpu});
+        Tensor y_map = Tensor::empty(s.y_shape(), {.device = kGpu});
+        poison(y_tma);
+        poison(y_map);
+        cuda::engine_conv_forward(y_tma, x, w, b, s, prec, base);
+        cuda::engine_conv_forward(y_map, x, w, b, s, prec, elementwise);
+        EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << name_of(prec) << ", " << where;
+      }
       if (!cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}), Precision::TF32, base))
         continue;
       Tensor dw_tma = Tensor::empty(c.w, {.device = kGpu}), dw_map = Tensor::empty(c.w, {.device = kGpu});
@@ -203,14 +213,15 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
     Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
     Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
     cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    for (const Variant& v : kVariants) {
-      const std::string where = std::string(c.name) + ", " + v.name;
-      ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32, v.policy)) << where;
-      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-      poison(dx);
-      cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32, v.policy);
-      EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << where;
-    }
+    for (Precision prec : kPrecisions)
+      for (const Variant& v : kVariants) {
+        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
+        Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+        poison(dx);
+        cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
+        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
+      }
   }
   const ConvCase others[] = {
       {"stride 2", {2, 24, 9, 11}, {32, 24, 3, 3}, {.stride = {2}, .padding = {1}}},
@@ -318,11 +329,14 @@ TEST(ConvTma, LeavesWhatItCannotServeToTheOtherKernels) {
     cpu::conv_forward(y_ref, ref(x), ref(w), Tensor(), s);
     EXPECT_LE(rel_l2(y, y_ref), kTf32Tolerance) << c.name;
   }
-  // FP32 mode and the mma.sync policy never take it.
+  // FP32 mode takes it unless the policy says never; the mma.sync policy never does.
   const ConvShape s = make_conv_shape("test", {2, 32, 8, 8}, {32, 32, 3, 3}, {.padding = {1}});
   Tensor x = random({2, 32, 8, 8}, DType::f32, kGpu);
   EXPECT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32));
-  EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32));
+  EXPECT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32));
+  EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32, {.fp32_tma = -1}));
+  EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty({32, 32, 3, 3}, {.device = kGpu}),
+                                                      Precision::FP32, {.wgrad_columns = 1}));
   EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.arch = 80}));
   EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.tile = 64}));
 }

@@ -88,6 +88,9 @@ const Variant kVariants[] = {
     {"128x128 mma.sync only", {.tile = 128, .splits = 1, .arch = 80}},
     {"128x128 wgmma where it applies", {.tile = 128, .splits = 1, .arch = 90}},
     {"128x128 wgmma split 3", {.tile = 128, .splits = 3, .arch = 90}},
+    // FP32 mode runs on the TMA kernel (split TF32) wherever TF32 would; this keeps the
+    // cp.async wgmma kernel's FP32 mode under test on the same problems.
+    {"128x128 wgmma, FP32 off the TMA kernel", {.tile = 128, .splits = 1, .arch = 90, .fp32_tma = -1}},
 };
 // Matrix products also take the TMA kernel's 128 x 256 tile and its two-blocks-per-SM 128 x 128
 // configuration (TF32, both operands k-contiguous).
@@ -266,16 +269,17 @@ TEST(GemmEngineMatmul, TmaStoreEpilogueMatchesTheElementwiseOne) {
     const GemmProblem p{.M = c.M, .N = c.N, .K = c.K};
     Tensor a = random({p.a_rows(), p.a_cols()}, DType::f32, kGpu), b = random({p.b_rows(), p.b_cols()}, DType::f32, kGpu);
     Tensor bias = c.bias ? random({c.N}, DType::f32, kGpu) : Tensor();
-    for (const cuda::EnginePolicy& base : layouts) {
-      cuda::EnginePolicy elementwise = base;
-      elementwise.tma_store = -1;
-      Tensor with_tma = poisoned({c.M, c.N}), with_map = poisoned({c.M, c.N});
-      cuda::engine_gemm(with_tma, a, b, bias, p, Precision::TF32, base);
-      cuda::engine_gemm(with_map, a, b, bias, p, Precision::TF32, elementwise);
-      EXPECT_EQ(with_tma.to_vector<float>(), with_map.to_vector<float>())
-          << c.M << "x" << c.N << "x" << c.K << " bias " << c.bias << ", tile " << base.tile << ", splits "
-          << base.splits << ", blocks per SM " << base.blocks_per_sm;
-    }
+    for (Precision prec : kPrecisions)
+      for (const cuda::EnginePolicy& base : layouts) {
+        cuda::EnginePolicy elementwise = base;
+        elementwise.tma_store = -1;
+        Tensor with_tma = poisoned({c.M, c.N}), with_map = poisoned({c.M, c.N});
+        cuda::engine_gemm(with_tma, a, b, bias, p, prec, base);
+        cuda::engine_gemm(with_map, a, b, bias, p, prec, elementwise);
+        EXPECT_EQ(with_tma.to_vector<float>(), with_map.to_vector<float>())
+            << c.M << "x" << c.N << "x" << c.K << " bias " << c.bias << ", " << name_of(prec) << ", tile "
+            << base.tile << ", splits " << base.splits << ", blocks per SM " << base.blocks_per_sm;
+      }
   }
 }
 

@@ -1,4 +1,4 @@
-// The engine's TF32 convolution forward on Hopper, fed by the TMA unit's im2col mode: the
+// The engine's TF32 and FP32 convolution forward on Hopper, fed by the TMA unit's im2col mode: the
 // GEMM's A (output pixels x taps * channels) is never formed; each k-tile is one kernel tap
 // and 32 channels, and one TMA request brings the 128 output pixels' inputs at that tap from a
 // channels-last activation, zeros where the window leaves the input (tma_mainloop_sm90.cuh runs
@@ -138,13 +138,14 @@ bool grad_input_as_forward(const ConvShape& s, ConvShape& forward) {
 }
 
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
-                    const EnginePolicy& policy, bool flipped) {
+                    Precision precision, const EnginePolicy& policy, bool flipped) {
   const int dev = y.device().index;
   cudaStream_t st = stream(dev);
   const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kBK), channels = map_channels(s);
   const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
 
-  const int cols = policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
+  // FP32 (split TF32) runs on 128-wide tiles only.
+  const int cols = precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
   // The weights are packed with zero rows up to whole tiles: a B box that reaches past the
   // operand's last row is filled by the TMA unit far more slowly than one read from memory.
   const int64_t k_rows = round_up(s.K, cols);
@@ -162,7 +163,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   }
 
   const int64_t M = s.N * s.out_volume(), red = kvol * c_pad;
-  const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy);
+  const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, precision);
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(s.K);

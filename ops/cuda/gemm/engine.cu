@@ -117,6 +117,12 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
 // are tiles for two blocks per SM (the policy's arch 80 / 90 aside); `blocks_per_sm` is how many
 // of its 128-wide blocks would share an SM.
 constexpr int64_t kTmaMinReduction = 2048;
+// The precisions whose products the TMA matrix kernel runs: TF32, and FP32 (split TF32) unless
+// policy.fp32_tma says never.
+bool tma_matmul_mode(Precision precision, const EnginePolicy& policy) {
+  return precision == Precision::TF32 || (precision == Precision::FP32 && policy.fp32_tma >= 0);
+}
+
 struct TmaMatmulChoice {
   bool pays;
   int blocks_per_sm;
@@ -127,11 +133,13 @@ TmaMatmulChoice tma_matmul_choice(const GemmProblem& p, int dev, const EnginePol
   return {p.K >= kTmaMinReduction || blocks == 2, blocks};
 }
 
-// The TMA convolution passes run at TF32 unless the policy asks for the mma.sync kernels
-// (arch 80) or a tile the TMA kernel lacks (64, 16).
+// The TMA convolution passes run at TF32, and at FP32 (split TF32) unless policy.fp32_tma says
+// never, unless the policy asks for the mma.sync kernels (arch 80) or a tile the TMA kernel
+// lacks (64, 16).
 bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
   const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
-  return precision == Precision::TF32 && policy.arch != 80 && tile;
+  const bool mode = precision == Precision::TF32 || (precision == Precision::FP32 && policy.fp32_tma >= 0);
+  return mode && policy.arch != 80 && tile;
 }
 
 // Whether engine_gemm transposes the operands stored with the reduction strided, so that the
@@ -141,10 +149,12 @@ bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
 // ~0.7 ms of product). Policy arch 90 asks for them wherever they are possible.
 bool transposes_pay(const GemmProblem& p, bool a_k, bool b_k, Precision precision, const EnginePolicy& policy,
                     int dev) {
-  if (precision != Precision::TF32 || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
+  if (!tma_matmul_mode(precision, policy) || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
   if (p.K < 4 || p.K % 4 != 0 || (p.K + 31) / 32 > 65535) return false;
   if (policy.arch == 90) return true;
   const double moved = 8.0 * double((a_k ? 0 : p.M * p.K) + (b_k ? 0 : p.N * p.K));
+  // FP32 too needs the TF32 rule's size (a long reduction or tiles for two blocks per SM): a
+  // product too small for 128x128 tiles would pay the transposes and run elsewhere.
   return tma_matmul_choice(p, dev, policy).pays && 2.0 * double(p.M) * double(p.N) * double(p.K) >= 64.0 * moved;
 }
 
@@ -180,9 +190,11 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
          engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
 }
 
+// TF32 only: the columns' thresholds were measured against the cp.async kernels at TF32.
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy) {
-  return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 && dw.device().is_cuda() &&
+  return precision == Precision::TF32 && tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 &&
+         dw.device().is_cuda() &&
          engine_conv_can_implement(s, DType::f32) &&
          engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
 }
@@ -193,7 +205,8 @@ void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
            s.w_shape(), " (", dtype_name(y.dtype()), ") is outside the engine's limits");
   const int dev = y.device().index;
   set_device(dev);
-  if (engine_conv_forward_uses_tma(s, x, precision, policy)) return engine::conv_fprop_tma(y, x, w, b, s, policy);
+  if (engine_conv_forward_uses_tma(s, x, precision, policy))
+    return engine::conv_fprop_tma(y, x, w, b, s, precision, policy);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.N * s.out_volume(), N = s.K, red = s.C * s.kernel_volume();
   const Tensor packed = pack_forward_weights(w, s);
@@ -223,7 +236,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   // engine_conv_grad_input_uses_tma, with the columns and limits already settled above.
   ConvShape forward;
   if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_uses_tma(forward, dy, precision, policy))
-    return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
+    return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, precision, policy, /*flipped=*/true);
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
@@ -346,15 +359,21 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // one-block-per-SM kernel, costs more than the two-blocks-per-SM mma.sync kernel loses on
   // loading (docs/kernels/gemm.md); two TMA blocks per SM overlap it. arch 90 forces the TMA
   // kernel wherever it applies, arch 80 never.
+  // FP32 (split TF32) runs there wherever it applies: three products per step leave the
+  // epilogue a third of the weight it has at TF32; 128-wide tiles, one block per SM.
   const TmaMatmulChoice choice = tma_matmul_choice(p, dev, policy);
-  const bool tma = precision == Precision::TF32 && a_k && b_k && plan.shape == engine::TileShape::Big &&
-                   (policy.arch == 90 || (policy.arch == 0 && choice.pays)) &&
+  const bool split = precision == Precision::FP32;
+  const bool tma = tma_matmul_mode(precision, policy) && a_k && b_k && plan.shape == engine::TileShape::Big &&
+                   (policy.arch == 90 || (policy.arch == 0 && (split || choice.pays))) &&
                    engine::matmul_tma_applies(a_data, b_data, p.K, dev);
-  if (tma) plan.tma_blocks_per_sm = choice.blocks_per_sm;
+  if (tma) {
+    plan.tma_blocks_per_sm = split ? 1 : choice.blocks_per_sm;
+    plan.tma_split = split;
+  }
   // Its 128 x 256 tile moves a quarter fewer bytes per product; take it on long reductions where
   // it costs no waves: blocks of twice the work, counted in waves of one block per SM, no more
   // than the 128-wide tiles' (unsplit reductions only).
-  if (tma && p.N > 128) {
+  if (tma && !split && p.N > 128) {
     const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
     const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
     const bool pays = plan.splits == 1 && p.K >= kTmaMinReduction && policy.blocks_per_sm != 2 && tiles128 >= sms &&

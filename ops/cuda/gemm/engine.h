@@ -23,6 +23,8 @@ struct EnginePolicy {
   int blocks_per_sm = 0;  // the TMA kernels' 128-wide tiles: 0 by problem size; 1 or 2
   int wgrad_columns = 0;  // TF32 grad-weight over written-out columns (Hopper): 0 by output
                           // channels; 1 wherever the columns fit; -1 never
+  int fp32_tma = 0;       // FP32 products on the TMA kernel (split TF32, docs/kernels/gemm_tma.md):
+                          // 0 wherever the TF32 ones would run there (not the grad-weight); -1 never
   int tma_store = 0;      // the TMA kernels' epilogue: 0 TMA stores of the tile where the output
                           // allows (plain, channels-first, split partial sums: tile_store_for);
                           // -1 one store per element through the output map everywhere
@@ -33,10 +35,10 @@ struct EnginePolicy {
 bool engine_conv_can_implement(const ConvShape& s, DType dtype);
 bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 
-// Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32 on an
-// sm_90a device, 16+ input channels, a geometry within the TMA unit's im2col ranges,
-// channels-last inputs with C % 4 == 0 (NCHW inputs are transposed first), and a policy that
-// allows it (not arch 80, tile 0, 128 or 256).
+// Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32, or FP32
+// unless policy.fp32_tma is -1, on an sm_90a device; 16+ input channels, a geometry within the
+// TMA unit's im2col ranges, channels-last inputs with C % 4 == 0 (NCHW inputs are transposed
+// first), and a policy that allows it (not arch 80, tile 0, 128 or 256).
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy = {});
 // The same for engine_conv_grad_input, which runs stride-1 problems (padding at most the

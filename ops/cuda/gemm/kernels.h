@@ -21,6 +21,7 @@ struct Plan {
   int32_t tiles_m = 0, tiles_n = 0;
   int32_t splits = 1, k_tiles_per_split = 0;
   bool tma_store = true;  // the TMA kernels may store tiles with TMA (EnginePolicy::tma_store)
+  bool tma_split = false;  // the TMA kernel in FP32 mode (split TF32; 128-wide, one block per SM)
 };
 
 // y = conv(x, packed weights (K, kvol*C)); x NCDHW or NDHWC.
@@ -43,7 +44,8 @@ void launch_conv_wgrad(const ConvGeometry& g, bool channels_last, const float* d
 void launch_matmul(const float* a, bool a_k_contiguous, int64_t lda, const float* b, bool b_k_contiguous,
                    int64_t ldb, const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
 
-// c (M, N) = a b^T with a (M, red) and b (N, red) row-major, TF32, on Hopper's TMA + wgmma kernel
+// c (M, N) = a b^T with a (M, red) and b (N, red) row-major, TF32 or FP32 (plan.tma_split), on
+// Hopper's TMA + wgmma kernel
 // (matmul_sm90_tma.cu; a BigTile plan). Applies where red is a positive multiple of 4 (16-byte
 // rows), both pointers are 16-byte aligned and the device runs sm_90a code.
 bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev);

@@ -1,4 +1,4 @@
-// The engine's TF32 matrix product on Hopper when both operands are row-major with the
+// The engine's TF32 and FP32 matrix product on Hopper when both operands are row-major with the
 // reduction index contiguous (C = A B^T: Linear's forward, x w^T): both tiles are plain boxes of
 // the two matrices, moved by the TMA unit (tma_mainloop_sm90.cuh), so no consumer thread spends
 // an instruction on loading. Design note: docs/kernels/gemm_tma.md.

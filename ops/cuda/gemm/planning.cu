@@ -122,8 +122,12 @@ int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& poli
 // of the work each, plus one pass over s partial outputs. The split taken is the one whose
 // waves plus reduction pass are estimated shortest: splits that only add a partial wave lose
 // (a 96-tile forward on 132 SMs stays unsplit), splits that fill idle SMs win.
-Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy) {
+// FP32 (split TF32): 128-wide tiles, one block per SM, three products per step.
+Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
+                   Precision precision) {
   constexpr double kSmFlopsPerSecond = 2.2e12, kBytesPerSecond = 3.0e12;
+  const bool split = precision == Precision::FP32;
+  TG_CHECK(!split || cols == 128, "implicit-GEMM engine: FP32 on the TMA kernel takes 128-wide tiles, not ", cols);
   const int sms = sm_count(dev);
   Plan plan;
   plan.shape = TileShape::Big;
@@ -134,7 +138,8 @@ Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const E
   plan.tiles_n = ceil_div32(N, cols);
   const int64_t tiles = int64_t(plan.tiles_m) * plan.tiles_n;
   TG_CHECK(tiles <= kIndexLimit, "implicit-GEMM engine: ", M, " x ", N, " output needs too many tiles");
-  plan.tma_blocks_per_sm = tma_blocks_per_sm(cols, tiles, sms, policy);
+  plan.tma_split = split;
+  plan.tma_blocks_per_sm = split ? 1 : tma_blocks_per_sm(cols, tiles, sms, policy);
   const int blocks_per_sm = plan.tma_blocks_per_sm;
   const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, kBK));
   int64_t splits = 1;
@@ -142,7 +147,8 @@ Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const E
     splits = policy.splits;
   } else {
     const int64_t slots = int64_t(sms) * blocks_per_sm;
-    const double block_seconds = 2.0 * 128 * cols * double(red) / (kSmFlopsPerSecond / blocks_per_sm);
+    const double products = split ? 3.0 : 1.0;
+    const double block_seconds = products * 2.0 * 128 * cols * double(red) / (kSmFlopsPerSecond / blocks_per_sm);
     double best = 0;
     for (int64_t s = 1; s <= std::min<int64_t>(kMaxSplits, std::max(1, k_tiles / kMinKTilesPerSplit)); ++s) {
       const double waves = double((tiles * s + slots - 1) / slots);

@@ -32,7 +32,8 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
 
 // The TMA kernel's plan (tma_mainloop_sm90.cuh): 128 x cols tiles, and the reduction split that
 // a wave model says finishes first (policy.splits forces it).
-Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy);
+Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
+                   Precision precision = Precision::TF32);
 // Blocks per SM of the TMA kernel for `tiles` tiles `cols` wide: two (half the stages each)
 // where there are tiles for two per SM, so that one's fill and epilogue hide behind the other.
 int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy);
@@ -52,14 +53,15 @@ ConvGeometry geometry(const ConvShape& s);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
 
-// TF32 forward on Hopper through the TMA unit's im2col mode (conv_fprop_sm90_tma.cu): whether
-// it serves this problem (16+ input channels, geometry within the tensor map's ranges,
-// channels-last inputs with C % 4 == 0 and 16-byte alignment), and the pass.
+// TF32 or FP32 (split TF32) forward on Hopper through the TMA unit's im2col mode
+// (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, geometry within
+// the tensor map's ranges, channels-last inputs with C % 4 == 0 and 16-byte alignment), and the
+// pass.
 // `flipped`: s is a grad-input posed as a forward (grad_input_as_forward), x is dy, y is dx
 // and w the forward's weights, read transposed and flipped.
 bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev);
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
-                    const EnginePolicy& policy, bool flipped = false);
+                    Precision precision, const EnginePolicy& policy, bool flipped = false);
 // TF32 grad-weight on Hopper as a TMA product over written-out dy and input columns
 // (conv_wgrad_sm90_tma.cu): whether it serves this problem (160+ output channels, or 32+ when
 // C * kvol <= 64; columns within 1 GiB), and the pass.

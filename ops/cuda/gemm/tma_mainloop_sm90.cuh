@@ -1,4 +1,5 @@
-// The engine's TMA-fed Hopper kernel, C[M][N] = sum_k A[m][k] B[n][k] at TF32, shared by the
+// The engine's TMA-fed Hopper kernel, C[M][N] = sum_k A[m][k] B[n][k] at TF32 or FP32 (split
+// TF32: consume_split), shared by the
 // products whose operands the TMA unit can fetch as whole boxes: plain k-contiguous matrices
 // (matmul_sm90_tma.cu) and channels-last convolution inputs in im2col mode
 // (conv_fprop_sm90_tma.cu). A `Producer` says where each k-tile's two boxes come from:
@@ -16,7 +17,8 @@
 // announces their bytes on the stage's `full` barrier. Warpgroups 0 and 1 each own 64 rows of
 // the 128 x kBN tile: per stage they wait on `full`, run four m64nNk8 wgmmas, keep one wgmma
 // group in flight (wait<1>), and, once the previous stage's group has retired, release that
-// stage (one arrival per consumer warp on `empty`). Boxes reaching past the operands arrive as
+// stage (one arrival per consumer warp on `empty`); FP32 mode splits each landed stage into
+// heads and remainders and runs three products per step (consume_split). Boxes reaching past the operands arrive as
 // zeros, so ragged edges need no code. The tile leaves through shared memory: as TMA stores
 // where the output is a plain, partial-sum or channels-first map (tma_epilogue_sm90.cuh), else
 // through MainloopArgs::store (epilogue_sm90.cuh: permuted maps, misaligned rows). Design note:
@@ -27,6 +29,7 @@
 #include "../arch/tma.cuh"
 #include "../arch/wgmma.cuh"
 #include "../arch/tensor_map.h"
+#include "../arch/tf32.cuh"
 #include "epilogue_sm90.cuh"
 #include "kernels.h"
 #include "tma_epilogue_sm90.cuh"
@@ -42,28 +45,133 @@ constexpr int kTmaABytes = kTmaBM * kBK * 4;  // A's share of a stage: 16 KB
 // outputs and makes more blocks. kBlocksPerSm 1: as many stages as fit in about 192 KB; 2:
 // half the stages, so that two blocks share an SM and one's pipeline fill and epilogue hide
 // behind the other's products (64-wide tiles always run two per SM; 256-wide ones never fit).
-template <int kBN, int kBlocksPerSmArg = 1>
+// kSplit (FP32 mode): 128 wide, one block per SM, 4 stages plus two "low" stages.
+template <int kBN, int kBlocksPerSmArg = 1, bool kSplit = false>
 struct TmaTile {
   static_assert(kBN == 64 || kBN == 128 || kBN == 256, "TMA tile width");
+  static_assert(!kSplit || (kBN == 128 && kBlocksPerSmArg == 1), "FP32 mode: 128-wide tiles, one block per SM");
   static constexpr int kBlocksPerSm = kBN == 64 ? 2 : kBlocksPerSmArg;
   static_assert(kBlocksPerSm == 1 || (kBlocksPerSm == 2 && kBN <= 128), "two 256-wide blocks do not fit an SM");
   static constexpr int kBBytes = kBN * kBK * 4;
   static constexpr int kStageBytes = kTmaABytes + kBBytes;  // A then B
-  static constexpr int kStages = kBlocksPerSm == 2 ? (kBN == 64 ? 4 : 3) : (kBN == 128 ? 6 : 4);
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+  static constexpr int kStages = kSplit ? 4 : kBlocksPerSm == 2 ? (kBN == 64 ? 4 : 3) : (kBN == 128 ? 6 : 4);
+  static constexpr int kLowStages = kSplit ? 2 : 0;  // the remainders' ring, after the stages
+  // + barriers, alignment
+  static constexpr int kSmemBytes = (kStages + kLowStages) * kStageBytes + 2 * kStages * 8 + 1024;
 };
 
-template <int kBN, int kBlocksPerSm, class Producer>
-__global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBlocksPerSm)
+// FP32 mode, by the 256 consumer threads once a stage has landed: every element becomes its
+// TF32 head in place, and the TF32 rounding of its remainder goes to the same offset of `low`
+// (the layout is per element, so the swizzle carries over). 16-byte chunks, consecutive
+// threads on consecutive chunks: no bank conflicts.
+template <int kStageBytes>
+__device__ __forceinline__ void split_stage(unsigned char* stage, unsigned char* low, int tid) {
+  static_assert(kStageBytes % (16 * kTmaConsumerThreads) == 0, "whole chunks per thread");
+#pragma unroll
+  for (int c = tid; c < kStageBytes / 16; c += kTmaConsumerThreads) {
+    float4 v = reinterpret_cast<const float4*>(stage)[c], lo;
+    float* vs = reinterpret_cast<float*>(&v);
+    float* ls = reinterpret_cast<float*>(&lo);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float head = __uint_as_float(tf32_bits(vs[e]));
+      ls[e] = __uint_as_float(tf32_bits(vs[e] - head));
+      vs[e] = head;
+    }
+    reinterpret_cast<float4*>(stage)[c] = v;
+    reinterpret_cast<float4*>(low)[c] = lo;
+  }
+}
+
+// TF32 mode's consumer loop: per stage, wait for its boxes, run four m64nNk8 wgmmas, keep one
+// wgmma group in flight (wait<1>), and release the previous stage once its group retired.
+template <int kBN, int kStages, int kStageBytes>
+__device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned char* smem, uint64_t* full,
+                                             uint64_t* empty, int32_t count, uint32_t a_rows, int lane) {
+  const uint32_t stages = shared_address(smem);
+  for (int32_t i = 0; i < count; ++i) {
+    const int s = i % kStages;
+    tma::mbar_wait(&full[s], uint32_t(i / kStages) & 1);
+    wgmma::fence();
+    const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks) {
+      const uint32_t k_bytes = ks * 32;
+      wgmma::mma_ss_tf32<kBN>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
+                              wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
+    }
+    wgmma::commit();
+    wgmma::wait<1>();  // the previous stage's products retired: release its slot
+    if (i > 0 && lane == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
+  }
+}
+
+// FP32 mode's consumer loop (split TF32, as mainloop_sm90.cuh): three products per k8 step,
+// remainder x head, head x remainder, head x head, into `part`, which is added to the running
+// sum with rounded FP32 adds once the stage's products have retired (the tensor cores'
+// accumulation does not round to nearest). The split of stage i + 1 runs on the CUDA cores
+// while the tensor cores work on stage i; a named barrier over the 256 consumer threads per
+// stage makes every split visible before any warpgroup's products read it. Low stage i % 2
+// is rewritten at i + 2, after both warpgroups passed stage i + 1's barrier, which each
+// crossed only after its stage-i products retired.
+template <int kBN, int kStages, int kStageBytes>
+__device__ __forceinline__ void consume_split(float (&acc)[kBN / 2], unsigned char* smem, uint64_t* full,
+                                              uint64_t* empty, int32_t count, uint32_t a_rows, int lane) {
+  const int tid = threadIdx.x;
+  const uint32_t stages = shared_address(smem);
+  auto stage = [&](int32_t i) { return smem + (i % kStages) * kStageBytes; };
+  auto low = [&](int32_t i) { return smem + (kStages + i % 2) * kStageBytes; };
+  float part[kBN / 2];
+#pragma unroll
+  for (int q = 0; q < kBN / 2; ++q) part[q] = 0.f;  // never read (the first product overwrites it)
+  if (count > 0) {
+    tma::mbar_wait(&full[0], 0);
+    split_stage<kStageBytes>(stage(0), low(0), tid);
+    wgmma::fence_proxy_async();
+    named_barrier_sync(1, kTmaConsumerThreads);
+  }
+  for (int32_t i = 0; i < count; ++i) {
+    const int s = i % kStages;
+    wgmma::fence();
+    const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
+    const uint32_t low_addr = stages + (kStages + i % 2) * kStageBytes;
+    const uint32_t al_addr = low_addr + a_rows, bl_addr = low_addr + kTmaABytes;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks) {
+      const uint32_t k_bytes = ks * 32;
+      const uint64_t da = wgmma::sw128_kmajor_desc(a_addr + k_bytes), db = wgmma::sw128_kmajor_desc(b_addr + k_bytes);
+      wgmma::mma_ss_tf32<kBN>(part, wgmma::sw128_kmajor_desc(al_addr + k_bytes), db, ks > 0);
+      wgmma::mma_ss_tf32<kBN>(part, da, wgmma::sw128_kmajor_desc(bl_addr + k_bytes), true);
+      wgmma::mma_ss_tf32<kBN>(part, da, db, true);
+    }
+    wgmma::commit();
+    if (i + 1 < count) {  // the next stage's split, while the tensor cores work
+      tma::mbar_wait(&full[(i + 1) % kStages], uint32_t((i + 1) / kStages) & 1);
+      split_stage<kStageBytes>(stage(i + 1), low(i + 1), tid);
+      wgmma::fence_proxy_async();
+    }
+    wgmma::wait<0>();
+#pragma unroll
+    for (int q = 0; q < kBN / 2; ++q) {
+      wgmma::fence_operand(part[q]);
+      acc[q] += part[q];
+    }
+    if (lane == 0) tma::mbar_arrive(&empty[s]);  // this warp is done with stage i
+    named_barrier_sync(1, kTmaConsumerThreads);  // stage i + 1's split is complete
+  }
+}
+
+template <int kBN, int kBlocksPerSm, class Producer, bool kSplit>
+__global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit>::kBlocksPerSm)
     tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args,
                      const __grid_constant__ TileStore store) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = TmaTile<kBN, kBlocksPerSm>;
+  using T = TmaTile<kBN, kBlocksPerSm, kSplit>;
   constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle pattern is anchored to 1024-byte boundaries of the shared window.
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + (kStages + T::kLowStages) * kStageBytes);
   uint64_t* empty = full + kStages;
 
   const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
@@ -100,24 +208,12 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm>::kBloc
   float acc[kBN / 2];
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) acc[q] = 0.f;
-  const uint32_t stages = shared_address(smem);
   // Each warpgroup's 64 rows start 64 rows (8 KB) into the A box.
   const uint32_t a_rows = uint32_t(warpgroup) * 64 * kBK * 4;
-  for (int32_t i = 0; i < count; ++i) {
-    const int s = i % kStages;
-    tma::mbar_wait(&full[s], uint32_t(i / kStages) & 1);
-    wgmma::fence();
-    const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
-#pragma unroll
-    for (int ks = 0; ks < kBK / 8; ++ks) {
-      const uint32_t k_bytes = ks * 32;
-      wgmma::mma_ss_tf32<kBN>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
-                              wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
-    }
-    wgmma::commit();
-    wgmma::wait<1>();  // the previous stage's products retired: release its slot
-    if (i > 0 && lane == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
-  }
+  if constexpr (kSplit)
+    consume_split<kBN, kStages, kStageBytes>(acc, smem, full, empty, count, a_rows, lane);
+  else
+    consume_tf32<kBN, kStages, kStageBytes>(acc, smem, full, empty, count, a_rows, lane);
   wgmma::wait<0>();
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
@@ -162,10 +258,10 @@ inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
 
 // One launch of the kernel over plan's tiles: plan.tma_cols wide (plan.tiles_n counts such
 // tiles), plan.tma_blocks_per_sm blocks per SM.
-template <int kBN, int kBlocksPerSm, class Producer>
+template <int kBN, int kBlocksPerSm, class Producer, bool kSplit = false>
 void launch_tma_config(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  using T = TmaTile<kBN, kBlocksPerSm>;
-  const auto kernel = tma_wgmma_kernel<kBN, kBlocksPerSm, Producer>;
+  using T = TmaTile<kBN, kBlocksPerSm, kSplit>;
+  const auto kernel = tma_wgmma_kernel<kBN, kBlocksPerSm, Producer, kSplit>;
   allow_dynamic_smem(kernel, T::kSmemBytes);
   const dim3 grid(static_cast<unsigned>(int64_t(plan.tiles_m) * plan.tiles_n), static_cast<unsigned>(plan.splits));
   kernel<<<grid, kTmaThreads, T::kSmemBytes, stream>>>(producer, args, tile_store_for(plan, args));
@@ -174,6 +270,11 @@ void launch_tma_config(const Producer& producer, const Plan& plan, const Mainloo
 
 template <class Producer>
 void launch_tma_wgmma(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  if (plan.tma_split) {
+    TG_CHECK(plan.tma_cols == 128 && plan.tma_blocks_per_sm == 1, "engine TMA kernel: FP32 mode runs 128-wide tiles, "
+             "one block per SM; plan has ", plan.tma_cols, " columns, ", plan.tma_blocks_per_sm, " blocks per SM");
+    return launch_tma_config<128, 1, Producer, true>(producer, plan, args, stream);
+  }
   if (plan.tma_cols == 64) launch_tma_config<64, 2>(producer, plan, args, stream);
   else if (plan.tma_cols == 256) launch_tma_config<256, 1>(producer, plan, args, stream);
   else if (plan.tma_blocks_per_sm == 2) launch_tma_config<128, 2>(producer, plan, args, stream);
