@@ -9,6 +9,9 @@
 //           (2) one thread per channel: dgamma = sum_n rstd ds, dbeta = sum_n db
 //           (3) one block per (n, g), or per range of it when groups are few: the group's two
 //               coefficients from (1), then dx.
+//           Where dx is wanted, the groups fill the GPU and a group's x and dy fit in shared
+//           memory (the usual case in a CNN), (1) and (3) are one kernel per (n, g): x and dy
+//           are read from memory once, not twice.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp).
 #include <algorithm>
 
@@ -239,6 +242,71 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   }
 }
 
+// (1) and (3) in one block per (n, g), the group's x and dy staged in shared memory (2 M
+// elements, then 2 D doubles): the per-channel sums by one warp per channel (written out for
+// (2)), the group's coefficients from them in channel order by every thread, then dx.
+constexpr int64_t kFusedMaxElements = 8192;  // f32 x and dy of a group: 64 KB
+constexpr int kFusedThreads = 256;
+
+template <class T>
+int64_t fused_smem_bytes(int64_t M, int64_t D) {
+  return 2 * M * int64_t(sizeof(T)) + 2 * D * int64_t(sizeof(double));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
+    T* __restrict__ dx, double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
+    const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
+    int64_t C, int64_t G, int64_t D, int64_t HW) {
+  extern __shared__ double fused_smem[];  // double: aligned for every part
+  const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, M = D * HW;
+  T* sx = reinterpret_cast<T*>(fused_smem);
+  T* sdy = sx + M;
+  double* sums = reinterpret_cast<double*>(sdy + M);  // 2 M sizeof(T) bytes: a multiple of 8
+  const T* xg = x + ng * M;
+  const T* dyg = dy + ng * M;
+  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+    sx[i] = xg[i];
+    sdy[i] = dyg[i];
+  }
+  __syncthreads();
+  const double mu = mean[ng], rs = rstd[ng];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t d = warp; d < D; d += warps) {
+    double b = 0, s = 0;
+    for (int64_t i = d * HW + lane; i < (d + 1) * HW; i += 32) {
+      const double gy = sdy[i];
+      b += gy;
+      s += gy * (double(sx[i]) - mu);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      b += __shfl_down_sync(0xffffffffu, b, o);
+      s += __shfl_down_sync(0xffffffffu, s, o);
+    }
+    if (lane == 0) {
+      sums[d] = b;
+      sums[D + d] = s;
+      db[n * C + g * D + d] = b;
+      ds[n * C + g * D + d] = s;
+    }
+  }
+  __syncthreads();
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    const double gc = gamma ? double(gamma[g * D + d]) : 1.0;
+    sum_g += gc * sums[d];
+    sum_gx += gc * sums[D + d];
+  }
+  const double A = sum_g / double(M), B = rs * sum_gx / double(M);
+  // As dx_kernel: the CPU formula term by term in T.
+  const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
+  T* dxg = dx + ng * M;
+  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+    const T gc = gamma ? gamma[g * D + i / HW] : T(1);
+    dxg[i] = rs_t * (mul_rn(gc, sdy[i]) - A_t - (sx[i] - mu_t) * rs_t * B_t);
+  }
+}
+
 template <class T>
 const T* data_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 template <class T>
@@ -308,7 +376,16 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
   double* ds = db + p.N * p.C;
   dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
-    if (p.N > 0) {
+    const int64_t M = p.group_size();
+    const bool fused = dx.defined() && p.N > 0 && M <= kFusedMaxElements && slices_for(p.N * G, M, dev) == 1;
+    if (fused) {
+      const int64_t bytes = fused_smem_bytes<T>(M, D);
+      allow_dynamic_smem(fused_backward_kernel<T>, static_cast<int>(bytes));
+      fused_backward_kernel<T><<<blocks_checked(p.N * G, "groups"), kFusedThreads, static_cast<size_t>(bytes), s>>>(
+          dx.data<T>(), db, ds, dy.data<T>(), x.data<T>(), data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(), p.C,
+          G, D, p.HW);
+      TG_LAUNCH_CHECK();
+    } else if (p.N > 0) {
       channel_sums_kernel<T><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
           db, ds, dy.data<T>(), x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);
       TG_LAUNCH_CHECK();
@@ -319,8 +396,8 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
           mutable_or_null<T>(dgamma), mutable_or_null<T>(dbeta), db, ds, rstd.data<T>(), p.N, p.C, G, D);
       TG_LAUNCH_CHECK();
     }
-    if (dx.defined() && p.N > 0) {
-      const int64_t M = p.group_size(), slices = slices_for(p.N * G, M, dev);
+    if (dx.defined() && p.N > 0 && !fused) {
+      const int64_t slices = slices_for(p.N * G, M, dev);
       const int64_t slice_len = (M + slices - 1) / slices;
       const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
       dx_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(dx.data<T>(), dy.data<T>(), x.data<T>(),
