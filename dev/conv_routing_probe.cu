@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/cuda_context.h"
 #include "core/tensor.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
@@ -90,7 +91,8 @@ void sweep(const char* family, int64_t kernel, Layout layout, int& misses, int& 
             cuda::KernelPolicyGuard guard(forced);
             run_pass(pass.pass, out, x, w, dy, s, precision);
             const double err = rel_l2(out, check);
-            const float ms = probe_common::median_ms(10, [&] { run_pass(pass.pass, out, x, w, dy, s, precision); }, 4);
+            const float ms = probe_common::median_ms(10, [&] { run_pass(pass.pass, out, x, w, dy, s, precision); }, 4,
+                                                     cuda::stream(0));
             char buf[96];
             std::snprintf(buf, sizeof buf, " %s %.4f", std::string(row.name).c_str(), ms);
             line += buf;

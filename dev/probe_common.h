@@ -12,20 +12,22 @@
 
 namespace probe_common {
 
-// The median of `repeats` timings (CUDA events on the default stream) of launch(), called
-// `batch` times back to back per timing and divided by it. With batch 1 the host's own cost
-// of launching (the GPU idles between the first event and the kernel) is in the time; with a
-// few launches queued behind the first, only the GPU's.
+// The median of `repeats` timings (CUDA events on `stream`) of launch(), called `batch` times
+// back to back per timing and divided by it. With batch 1 the host's own cost of launching (the
+// GPU idles between the first event and the kernel) is in the time; with a few launches queued
+// behind the first, only the GPU's. The events must be on the stream the kernels run on: the
+// framework's ops run on its own non-blocking stream (tg::cuda::stream), which the default
+// stream's events do not wait for.
 template <class Launch>
-float median_ms(int repeats, Launch&& launch, int batch = 1) {
+float median_ms(int repeats, Launch&& launch, int batch = 1, cudaStream_t stream = 0) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int rep = 0; rep < repeats; ++rep) {
-    cudaEventRecord(e0);
+    cudaEventRecord(e0, stream);
     for (int b = 0; b < batch; ++b) launch();
-    cudaEventRecord(e1);
+    cudaEventRecord(e1, stream);
     cudaEventSynchronize(e1);
     float t = 0;
     cudaEventElapsedTime(&t, e0, e1);
