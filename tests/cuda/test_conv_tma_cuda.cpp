@@ -168,14 +168,16 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
         cuda::engine_conv_forward(y_map, x, w, b, s, prec, elementwise);
         EXPECT_EQ(y_tma.to_vector<float>(), y_map.to_vector<float>()) << "forward, " << name_of(prec) << ", " << where;
       }
-      if (!cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}), Precision::TF32, base))
-        continue;
-      Tensor dw_tma = Tensor::empty(c.w, {.device = kGpu}), dw_map = Tensor::empty(c.w, {.device = kGpu});
-      poison(dw_tma);
-      poison(dw_map);
-      cuda::engine_conv_grad_weight(dw_tma, dy, x, s, Precision::TF32, base);
-      cuda::engine_conv_grad_weight(dw_map, dy, x, s, Precision::TF32, elementwise);
-      EXPECT_EQ(dw_tma.to_vector<float>(), dw_map.to_vector<float>()) << "grad-weight, " << where;
+      for (Precision prec : kPrecisions) {
+        if (!cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}), prec, base)) continue;
+        Tensor dw_tma = Tensor::empty(c.w, {.device = kGpu}), dw_map = Tensor::empty(c.w, {.device = kGpu});
+        poison(dw_tma);
+        poison(dw_map);
+        cuda::engine_conv_grad_weight(dw_tma, dy, x, s, prec, base);
+        cuda::engine_conv_grad_weight(dw_map, dy, x, s, prec, elementwise);
+        EXPECT_EQ(dw_tma.to_vector<float>(), dw_map.to_vector<float>()) << "grad-weight, " << name_of(prec) << ", "
+                                                                        << where;
+      }
     }
   }
 }
@@ -265,26 +267,32 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
     Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
     Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
     cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
-    for (const Variant& v : kVariants) {
-      const std::string where = std::string(c.name) + ", " + v.name;
-      Tensor dw = Tensor::empty(c.w, {.device = kGpu});
-      ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, Precision::TF32, v.policy)) << where;
-      poison(dw);
-      cuda::engine_conv_grad_weight(dw, dy, x, s, Precision::TF32, v.policy);
-      EXPECT_LE(rel_l2(dw, dw_ref), kTf32Tolerance) << where;
-    }
+    for (Precision prec : kPrecisions)
+      for (const Variant& v : kVariants) {
+        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        Tensor dw = Tensor::empty(c.w, {.device = kGpu});
+        ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, prec, v.policy)) << where;
+        poison(dw);
+        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, v.policy);
+        EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where;
+      }
   }
-  // A long reduction split many ways gives the same bits every run.
+  // A long reduction split many ways gives the same bits every run, and at FP32 the
+  // FP32-accurate answer.
   const ConvShape s = make_conv_shape("test", {8, 16, 40, 40}, {192, 16, 3, 3}, {.padding = {1}});
   Tensor x = random(s.x_shape(), DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-  for (int splits : {0, 7, 64}) {
-    Tensor first = Tensor::empty(s.w_shape(), {.device = kGpu}), second = Tensor::empty(s.w_shape(), {.device = kGpu});
-    poison(first);
-    poison(second);
-    cuda::engine_conv_grad_weight(first, dy, x, s, Precision::TF32, {.splits = splits});
-    cuda::engine_conv_grad_weight(second, dy, x, s, Precision::TF32, {.splits = splits});
-    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << "splits " << splits;
-  }
+  Tensor dw_ref = Tensor::empty(s.w_shape(), {.dtype = DType::f64});
+  cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
+  for (Precision prec : kPrecisions)
+    for (int splits : {0, 7, 64}) {
+      Tensor first = Tensor::empty(s.w_shape(), {.device = kGpu}), second = Tensor::empty(s.w_shape(), {.device = kGpu});
+      poison(first);
+      poison(second);
+      cuda::engine_conv_grad_weight(first, dy, x, s, prec, {.splits = splits});
+      cuda::engine_conv_grad_weight(second, dy, x, s, prec, {.splits = splits});
+      EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << name_of(prec) << ", splits " << splits;
+      EXPECT_LE(rel_l2(first, dw_ref), tolerance(prec)) << name_of(prec) << ", splits " << splits;
+    }
   // Fewer output channels than the columns pay for: the cp.async kernel.
   for (const Shape& w_shape : {Shape{48, 16, 3, 3}, Shape{16, 4, 3, 3}}) {
     const ConvShape few = make_conv_shape("test", {2, w_shape[1], 8, 8}, w_shape, {.padding = {1}});
@@ -335,8 +343,10 @@ TEST(ConvTma, LeavesWhatItCannotServeToTheOtherKernels) {
   EXPECT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32));
   EXPECT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32));
   EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::FP32, {.fp32_tma = -1}));
+  EXPECT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty({32, 32, 3, 3}, {.device = kGpu}),
+                                                     Precision::FP32, {.wgrad_columns = 1}));
   EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(s, Tensor::empty({32, 32, 3, 3}, {.device = kGpu}),
-                                                      Precision::FP32, {.wgrad_columns = 1}));
+                                                      Precision::FP32, {.wgrad_columns = 1, .fp32_tma = -1}));
   EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.arch = 80}));
   EXPECT_FALSE(cuda::engine_conv_forward_uses_tma(s, x, Precision::TF32, {.tile = 64}));
 }

@@ -1,4 +1,4 @@
-// The engine's TF32 convolution grad-weight on Hopper as a TMA matrix product:
+// The engine's convolution grad-weight on Hopper as a TMA matrix product (TF32, or FP32 as split TF32):
 // dw (K, C * kvol) = dy (K, pixels) x cols (C * kvol, pixels)^T, the reduction running over
 // every output pixel of every image. The TMA kernel reads both operands with the reduction
 // contiguous, which neither stored tensor has along the pixels of all images, so both are
@@ -137,7 +137,7 @@ bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& pol
          s.K <= kMaxColumnFloats / row_len && (row_len + 31) / 32 <= 65535;
 }
 
-void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
                     const EnginePolicy& policy) {
   const int dev = dw.device().index;
   cudaStream_t st = stream(dev);
@@ -172,11 +172,12 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
 
   // dw (K, C * kvol) is the product's C[m][n] with m = k and n = column c * kvol + t; with 64
   // or fewer output channels the product is taken transposed (m = column, n = k), so that the
-  // narrow side fills a 64-wide tile instead of half a 128-row one.
+  // narrow side fills a 64-wide tile instead of half a 128-row one. FP32 (split TF32) takes
+  // 128-wide tiles only.
   const bool transposed = s.K <= 64 && col_rows > 64;
   const int64_t M = transposed ? col_rows : s.K, N = transposed ? s.K : col_rows;
-  const int cols_wide = policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
-  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy);
+  const int cols_wide = precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
+  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy, precision);
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(N);

@@ -190,10 +190,11 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
          engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
 }
 
-// TF32 only: the columns' thresholds were measured against the cp.async kernels at TF32.
+// The columns' output-channel thresholds were measured against the cp.async kernels at TF32;
+// FP32 keeps them (its three products per step weigh the columns' copy less).
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy) {
-  return precision == Precision::TF32 && tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 &&
+  return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 &&
          dw.device().is_cuda() &&
          engine_conv_can_implement(s, DType::f32) &&
          engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
@@ -298,7 +299,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
            s.w_shape(), " (", dtype_name(dw.dtype()), ") is outside the engine's limits");
   const int dev = dw.device().index;
   set_device(dev);
-  if (engine_conv_grad_weight_uses_tma(s, dw, precision, policy)) return engine::conv_wgrad_tma(dw, dy, x, s, policy);
+  if (engine_conv_grad_weight_uses_tma(s, dw, precision, policy)) return engine::conv_wgrad_tma(dw, dy, x, s, precision, policy);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.K, N = s.C * s.kernel_volume(), red = s.N * s.out_volume();
   MainloopArgs args{};

@@ -21,10 +21,10 @@ struct EnginePolicy {
   int splits = 0;  // 0: by problem size; n >= 1: split the reduction n ways (fewer if it is short)
   int arch = 0;    // 0: the engine's choice; 80: mma.sync kernels only; 90: wgmma wherever it applies
   int blocks_per_sm = 0;  // the TMA kernels' 128-wide tiles: 0 by problem size; 1 or 2
-  int wgrad_columns = 0;  // TF32 grad-weight over written-out columns (Hopper): 0 by output
+  int wgrad_columns = 0;  // grad-weight over written-out columns (Hopper): 0 by output
                           // channels; 1 wherever the columns fit; -1 never
   int fp32_tma = 0;       // FP32 products on the TMA kernel (split TF32, docs/kernels/gemm_tma.md):
-                          // 0 wherever the TF32 ones would run there (not the grad-weight); -1 never
+                          // 0 wherever the TF32 ones would run there; -1 never
   int tma_store = 0;      // the TMA kernels' epilogue: 0 TMA stores of the tile where the output
                           // allows (plain, channels-first, split partial sums: tile_store_for);
                           // -1 one store per element through the output map everywhere

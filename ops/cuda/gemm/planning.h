@@ -62,11 +62,11 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
 bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev);
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                     Precision precision, const EnginePolicy& policy, bool flipped = false);
-// TF32 grad-weight on Hopper as a TMA product over written-out dy and input columns
-// (conv_wgrad_sm90_tma.cu): whether it serves this problem (160+ output channels, or 32+ when
-// C * kvol <= 64; columns within 1 GiB), and the pass.
+// Grad-weight on Hopper as a TMA product (TF32, or FP32 as split TF32) over written-out dy and
+// input columns (conv_wgrad_sm90_tma.cu): whether it serves this problem (64+ output channels,
+// or 32+ when C * kvol <= 64; columns within 1 GiB), and the pass.
 bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy);
-void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
                     const EnginePolicy& policy);
 
 // The grad-input of s as the forward problem that computes it (stride 1, padding at most the
