@@ -103,6 +103,7 @@ Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
     g.kernel[d] = s.kernel[d];
     g.stride[d] = s.stride[d];
     g.pad[d] = s.pad[d];
+    g.pad_hi[d] = s.pad[d];
     g.dilation[d] = s.dilation[d];
   }
   return g;
