@@ -162,9 +162,11 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy) {
+  if (engine::columns_pay(s) || !engine_conv_can_implement(s, DType::f32)) return false;
   ConvShape forward;
-  return engine::grad_input_as_forward(s, forward) && !engine::columns_pay(s) &&
-         engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
+  if (engine::grad_input_as_forward(s, forward)) return engine_conv_forward_uses_tma(forward, dy, precision, policy);
+  return tma_conv_allowed(precision, policy) && dy.dtype() == DType::f32 && dy.device().is_cuda() &&
+         engine::conv_dgrad_phases_tma_applies(s, dy.data<float>(), dy.device().index);
 }
 
 // The columns' output-channel thresholds were measured against the cp.async kernels at TF32;
@@ -215,6 +217,9 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   ConvShape forward;
   if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_uses_tma(forward, dy, precision, policy))
     return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, precision, policy, /*flipped=*/true);
+  // Strided: each stride phase as a stride-1 forward over dy on the TMA kernel.
+  if (tma_conv_allowed(precision, policy) && engine::conv_dgrad_phases_tma_applies(s, dy.data<float>(), dev))
+    return engine::conv_dgrad_phases_tma(dx, dy, w, s, precision, policy);
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;

@@ -77,6 +77,14 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
 // dilated kernel's reach in every dim); false where there is none.
 bool grad_input_as_forward(const ConvShape& s, ConvShape& forward);
 
+// Strided grad-input on Hopper's TMA kernel, TF32 or FP32 (split TF32), one stride-1 forward
+// over dy per stride phase (conv_dgrad_sm90_tma.cu): whether it serves this problem (a stride
+// above 1, 16+ dy channels, channels-last dy with K % 4 == 0 and 16-byte alignment, every
+// phase's geometry within the im2col map's ranges), and the pass.
+bool conv_dgrad_phases_tma_applies(const ConvShape& s, const float* dy, int dev);
+void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                           Precision precision, const EnginePolicy& policy);
+
 // Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
 bool columns_pay(const ConvShape& s);
 void grad_input_by_columns(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
