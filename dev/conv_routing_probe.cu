@@ -5,7 +5,7 @@
 //
 // Grid: NCHW 3x3 stride 1 (the 3x3 kernels against the engine), NCHW and NHWC 1x1 stride 1 (the
 // 1x1 kernels against the engine); channels 32..512 in and out (and 64 <-> 256, 96 <-> 384);
-// images 8x8 .. 128x128 with the batch chosen for about 64K output pixels; the forward,
+// images 8x8 .. 256x256 with the batch chosen for about 64K output pixels; the forward,
 // grad-input and grad-weight passes; TF32 and FP32. For each problem: every row's time (median
 // of 10 timings of 4 queued launches, ms), the row the default order takes, and "MISS" where
 // another row is more than 10% faster. Each row's output is first compared with the engine's
@@ -60,7 +60,7 @@ void sweep(const char* family, int64_t kernel, Layout layout, int& misses, int& 
   const int64_t channel_pairs[][2] = {{32, 32},  {64, 64},  {96, 96},  {128, 128}, {192, 192}, {256, 256},
                                       {512, 512}, {64, 256}, {256, 64}, {96, 384},  {384, 96}};
   for (const auto& ck : channel_pairs)
-    for (int64_t size : {8, 16, 32, 64, 128}) {
+    for (int64_t size : {8, 16, 32, 64, 128, 256}) {
       const int64_t C = ck[0], K = ck[1], n = std::max<int64_t>(1, 65536 / (size * size));
       const Shape x_shape = layout == Layout::NHWC ? Shape{n, size, size, C} : Shape{n, C, size, size};
       const ConvShape s = make_conv_shape("probe", x_shape, {K, C, kernel, kernel},

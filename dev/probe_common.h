@@ -51,6 +51,7 @@ inline tg::cuda::Im2colGeometry conv3x3_geometry(int64_t n, int64_t h, int64_t w
     g.kernel[d] = kernel[d];
     g.stride[d] = 1;
     g.pad[d] = pad[d];
+    g.pad_hi[d] = pad[d];
     g.dilation[d] = 1;
   }
   return g;

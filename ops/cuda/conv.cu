@@ -4,6 +4,7 @@
 // engine (ops/cuda/gemm/), then the direct FFMA kernels (conv_direct.cu), which implement
 // everything. KernelPolicy (policy.h) can skip the specialised rows, force the direct kernels,
 // or force one row by name.
+#include <algorithm>
 #include <array>
 
 #include "core/error.h"
@@ -17,6 +18,13 @@
 namespace tg::cuda {
 namespace {
 
+// The crossovers below come from dev/conv_routing_probe.cu (H200, TF32 and FP32; channel pairs
+// 32..512 in and out, images 8x8 .. 128x128 at about 64K output pixels; each row's median time;
+// the table and ratios are in bench/journal/notes_engine_sm90.md). Where the engine would not run
+// the pass on its TMA kernel (pre-Hopper GPUs, the policy's arch 80, too few channels) the
+// specialised kernels keep it: the rules were measured against that kernel only.
+
+// ---- 1x1: the pointwise kernels against the engine ----
 // The 1x1 kernels keep a block of weights resident and re-read their output once per 128
 // reduction channels: past 512 channels the engine's tiles are faster (H200, 1024 -> 256
 // channels at 14x14: FP32 forward 0.38 ms against 0.17 on the engine, fwd+bwd 0.88 against 0.63).
@@ -24,51 +32,78 @@ constexpr int64_t kPointwiseMaxChannels = 512;
 bool pointwise_claims(const ConvShape& s, DType dtype) {
   return conv1x1_applies(s, dtype) && s.C <= kPointwiseMaxChannels && s.K <= kPointwiseMaxChannels;
 }
-// Past 64 input channels the forward runs one launch per 128 of them and per 64 output
-// channels (re-reading its output per reduction group, its input per channel block); past 128
-// input channels the engine's product is faster (H100, 384 -> 96 channels at 32x32: NCHW TF32 0.074 -> 0.068 ms, FP32 0.083 -> 0.066;
-// NHWC TF32 0.087 -> 0.043, FP32 0.095 -> 0.049), at 96 it is not (96 -> 384: 0.058 against
-// 0.063). The fused backward reads dy once and stays.
-constexpr int64_t kPointwiseForwardMaxChannels = 128;
-bool pointwise_claims_forward(const ConvShape& s, DType dtype) {
-  return pointwise_claims(s, dtype) && (s.C <= kPointwiseForwardMaxChannels || !engine_conv_can_implement(s, dtype));
+// Forward and grad-input: with 64 or fewer channels on a side the 1x1 kernels win (1.1-2.6x the
+// engine's speed: most of the engine's 128-wide tiles would be empty). From 96 on both sides the
+// engine's TMA kernel wins channels-last (TF32 0.13-0.68 of the 1x1 kernels' time, FP32 0.34-0.98);
+// channels-first its input is transposed first, and it wins at TF32 from 192 x 192 (C K >= 36864:
+// 0.26-0.87; 96 x 96 and 128 x 128 lose, 1.3-1.4) and at FP32 from 256 on both sides (0.51-0.82;
+// 192 x 192 and 96 <-> 384 level). Grad-weight stays on the 1x1 kernels (1.0-2.8x faster
+// everywhere in the grid but 8x8 images).
+constexpr int64_t kEngineMinChannels1x1 = 96, kEngineMinProductNchwTf32 = 36864, kEngineMinChannelsNchwFp32 = 256;
+bool engine_beats_pointwise(const ConvShape& s, Precision precision) {
+  const int64_t narrow = std::min(s.C, s.K);
+  if (s.channels_last()) return narrow >= kEngineMinChannels1x1;
+  if (precision == Precision::FP32) return narrow >= kEngineMinChannelsNchwFp32;
+  return narrow >= kEngineMinChannels1x1 && s.C * s.K >= kEngineMinProductNchwTf32;
 }
-// The 3x3 kernels tile the image; on small images most of each tile is wasted and the engine's
-// (pixels x channels) tiles are faster at TF32: its mma.sync kernel under 512 output pixels
-// (H200 forward, 384 channels at 16x16: 0.34 ms against 0.44), its TMA kernel (Hopper, 16+
-// channels) under 4096 (192 channels at 32x32: 0.14 against 0.24; at 64x64 with 96 channels
-// the 3x3 kernels win, 0.19 against 0.22). Grad-input runs the same kernels on the same image
-// size (`engine_tma`: the engine would run this pass on its TMA kernel). FP32 mode measured
-// level on small images and stays.
-constexpr int64_t kConv3x3MinPixelsTf32 = 512, kConv3x3MinPixelsTf32Tma = 4096;
+
+// ---- 3x3 stride 1 NCHW: the 3x3 kernels against the engine ----
+// The 3x3 kernels tile the image; on small images most of each tile is wasted. Forward and
+// grad-input, against the engine's TMA kernel, by the channels the pass writes (K forward, C
+// grad-input):
+// - TF32: the engine wins every image up to 64x64 (0.35-0.81 of the 3x3 kernels' time) and at
+//   128x128 where the pass writes 96+ channels (0.69-0.96); the 3x3 kernels win at 128x128 with
+//   64 or fewer (1.17-1.53). Larger images stay on the 3x3 kernels (beyond the grid; workload A's
+//   512x1024 is their home).
+// - FP32: the engine wins up to 32x32 (0.10-0.77) and at 64x64 with 96+ channels (0.75); the 3x3
+//   kernels at 64x64 with 64 or fewer (1.44) and from 128x128 (1.4-2.6).
+// The crossovers between grid points are taken at the geometric middle. Without the TMA kernel:
+// at TF32 the engine's mma.sync kernel under 512 output pixels (H200 forward, 384 channels at
+// 16x16: 0.34 ms against 0.44); FP32 stays.
+constexpr int64_t kConv3x3FewChannels = 64;
+constexpr int64_t kConv3x3MinPixelsTf32 = 512;  // without the TMA kernel
+constexpr int64_t kConv3x3MinPixelsTf32Tma = 128 * 128 + 1;  // 128x128 itself: the engine
+constexpr int64_t kConv3x3MinPixelsTf32TmaFew = 8192;
+constexpr int64_t kConv3x3MinPixelsFp32Tma = 8192, kConv3x3MinPixelsFp32TmaFew = 2048;
 // `engine_tma()` is asked only for the images whose routing depends on it.
 template <class EngineTma>
 bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2];
-  if (p.precision != Precision::TF32 || pixels >= kConv3x3MinPixelsTf32Tma) return true;
+  const int64_t written = p.pass == ConvPass::Forward ? p.shape.K : p.shape.C;
+  const bool few = written <= kConv3x3FewChannels;
+  if (p.precision == Precision::FP32) {
+    if (pixels >= (few ? kConv3x3MinPixelsFp32TmaFew : kConv3x3MinPixelsFp32Tma)) return true;
+    return !engine_tma();
+  }
+  if (pixels >= (few ? kConv3x3MinPixelsTf32TmaFew : kConv3x3MinPixelsTf32Tma)) return true;
   return pixels >= kConv3x3MinPixelsTf32 && !engine_tma();
 }
 
-// Grad-weight stays on the 3x3 kernels except on images under 512 output pixels with 160+
-// output channels, where the engine runs it on its TMA product (TF32, Hopper): H200, forward +
-// backward, 384 channels at 16x16 0.53 -> 0.49 ms, 512 at 8x8 0.57 -> 0.40; at 32x32 the 3x3
-// kernel wins (192 channels: 0.43 against 0.64). Fewer channels were not measured against the
-// 3x3 kernels and stay there.
-constexpr int64_t kConv3x3GradWeightMinPixelsTma = 512, kConv3x3GradWeightMinChannelsTma = 160;
+// Grad-weight: the 3x3 kernels win from 32x32 on; on smaller images the engine's TMA product
+// (over written-out columns) wins where C K is large: TF32 at 8x8 from C K >= 9216 (96 x 96:
+// 0.75; 64 x 64: 1.21) and at 16x16 from 36864 (96 -> 384: 0.75; 64 -> 256: 1.07); FP32 at 8x8
+// from 4096 (64 x 64: 0.86) and at 16x16 from 9216 (96 x 96: 0.89; 64 x 64: 1.50).
+constexpr int64_t kGradWeightTinyPixels = 128, kGradWeightSmallPixels = 512;
 template <class EngineTma>
 bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
-  return p.precision != Precision::TF32 || p.shape.out[1] * p.shape.out[2] >= kConv3x3GradWeightMinPixelsTma ||
-         p.shape.K < kConv3x3GradWeightMinChannelsTma || !engine_tma();
+  const int64_t pixels = p.shape.out[1] * p.shape.out[2], product = p.shape.C * p.shape.K;
+  const bool fp32 = p.precision == Precision::FP32;
+  const bool engine_wins = (pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
+                           (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864));
+  return !engine_wins || !engine_tma();
 }
-
 
 // ---- the rows ----
 
 bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return conv1x1_applies(p.shape, p.dtype); }
-bool pointwise_preferred(const ConvProblem& p, const ConvOperands&) {
-  return p.pass == ConvPass::Forward ? pointwise_claims_forward(p.shape, p.dtype) : pointwise_claims(p.shape, p.dtype);
+bool pointwise_preferred(const ConvProblem& p, const ConvOperands& o) {
+  if (!pointwise_claims(p.shape, p.dtype)) return false;
+  if (p.pass == ConvPass::GradWeight || !engine_beats_pointwise(p.shape, p.precision)) return true;
+  const EnginePolicy& engine = kernel_policy().engine;
+  return p.pass == ConvPass::Forward ? !engine_conv_forward_uses_tma(p.shape, o.x, p.precision, engine)
+                                     : !engine_conv_grad_input_uses_tma(p.shape, o.dy, p.precision, engine);
 }
 void pointwise_run(const ConvProblem& p, const ConvOperands& o) {
   switch (p.pass) {

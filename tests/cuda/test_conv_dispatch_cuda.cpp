@@ -1,12 +1,21 @@
 // Which kernel the CUDA convolution dispatcher picks (ops/cuda/conv.cu): each routed result must
-// be bit-identical to the kernel the rule names, called directly on the same inputs. The rules:
-// TF32 3x3 stride-1 NCHW forward and grad-input go to the engine on images under 4096 output
-// pixels where the engine runs that pass on its TMA kernel (Hopper, 16+ channels into it), under
-// 512 otherwise; grad-weight stays on the 3x3 kernels except for the engine's TMA product on
-// images under 512 pixels; FP32 stays.
+// be bit-identical to the kernel the rule names, called directly on the same inputs. The rules
+// (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
+// - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
+//   channels-last; channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 from 256
+//   on both sides; grad-weight and everything narrower on the 1x1 kernels; past 512 channels
+//   the engine.
+// - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
+//   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
+//   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
+//   pixels and FP32 stays.
+// - 3x3 grad-weight: the engine's TMA product on images under 128 pixels from C K >= 9216
+//   (FP32 4096) and under 512 pixels from 36864 (FP32 9216).
+// Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
 #include "common/test_util.h"
 #include "core/precision.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/conv_variants.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/gemm/engine.h"
@@ -18,21 +27,22 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-struct Problem {
-  ConvShape s;
-  Tensor x, w, dy;
-};
-
-Problem make(const Shape& x_shape, const Shape& w_shape, int64_t pad) {
-  ConvParams p;
-  p.padding = {pad, pad};
-  Problem pr;
-  pr.s = make_conv_shape("conv2d", x_shape, w_shape, p);
-  pr.x = random(x_shape, f32).to(kGpu);
-  pr.w = random(w_shape, f32).to(kGpu);
-  pr.dy = random(pr.s.y_shape(), f32).to(kGpu);
-  return pr;
+enum class Kernel { Pointwise, Conv3x3, Engine };
+const char* name_of(Kernel k) {
+  return k == Kernel::Pointwise ? "1x1 kernel" : k == Kernel::Conv3x3 ? "3x3 kernel" : "engine";
 }
+const char* name_of(cuda::ConvPass p) {
+  return p == cuda::ConvPass::Forward ? "forward" : p == cuda::ConvPass::GradInput ? "grad-input" : "grad-weight";
+}
+
+struct Case {
+  const char* why;
+  Precision mode;
+  cuda::ConvPass pass;
+  Shape x, w;  // x in the layout's order
+  Layout layout;
+  Kernel want;
+};
 
 Tensor out(const Shape& shape) {
   Tensor t = Tensor::empty(shape, {.dtype = f32, .device = kGpu});
@@ -40,109 +50,131 @@ Tensor out(const Shape& shape) {
   return t;
 }
 
-template <class Fn>
-std::vector<float> run(const Shape& shape, Fn&& fn) {
+// Runs `pass` through the dispatcher (kernel == nullopt) or on the named kernel.
+std::vector<float> run(const Case& c, const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& dy,
+                       const Kernel* kernel) {
+  using cuda::ConvPass;
+  const Shape shape = c.pass == ConvPass::Forward     ? s.y_shape()
+                      : c.pass == ConvPass::GradInput ? s.x_shape()
+                                                      : s.w_shape();
   Tensor t = out(shape);
-  fn(t);
+  if (kernel == nullptr) {
+    if (c.pass == ConvPass::Forward) cuda::conv_forward(t, x, w, Tensor(), s);
+    else if (c.pass == ConvPass::GradInput) cuda::conv_grad_input(t, dy, w, s);
+    else cuda::conv_grad_weight(t, dy, x, s);
+  } else if (*kernel == Kernel::Engine) {
+    if (c.pass == ConvPass::Forward) cuda::engine_conv_forward(t, x, w, Tensor(), s, c.mode);
+    else if (c.pass == ConvPass::GradInput) cuda::engine_conv_grad_input(t, dy, w, s, c.mode);
+    else cuda::engine_conv_grad_weight(t, dy, x, s, c.mode);
+  } else if (*kernel == Kernel::Conv3x3) {
+    if (c.pass == ConvPass::Forward) cuda::conv3x3_forward(t, x, w, Tensor(), s);
+    else if (c.pass == ConvPass::GradInput) cuda::conv3x3_grad_input(t, dy, w, s);
+    else cuda::conv3x3_grad_weight(t, dy, x, s);
+  } else {
+    if (c.pass == ConvPass::Forward) cuda::conv1x1_forward(t, x, w, Tensor(), s);
+    else if (c.pass == ConvPass::GradInput) cuda::conv1x1_grad_input(t, dy, w, s);
+    else cuda::conv1x1_grad_weight(t, dy, x, s);
+  }
   return t.to_vector<float>();
 }
 
+// Whether the engine runs this case's pass on its TMA kernel on this GPU.
+bool engine_tma(const Case& c, const ConvShape& s, const Tensor& x, const Tensor& dy) {
+  switch (c.pass) {
+    case cuda::ConvPass::Forward: return cuda::engine_conv_forward_uses_tma(s, x, c.mode);
+    case cuda::ConvPass::GradInput: return cuda::engine_conv_grad_input_uses_tma(s, dy, c.mode);
+    case cuda::ConvPass::GradWeight: return cuda::engine_conv_grad_weight_uses_tma(s, out(s.w_shape()), c.mode);
+  }
+  return false;
+}
+
+void check_routes(const Case* cases, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Case& c = cases[i];
+    PrecisionGuard guard(c.mode);
+    const int64_t k = c.w[2];
+    const ConvShape s = make_conv_shape("conv2d", c.x, c.w, {.padding = {k / 2}, .layout = c.layout});
+    const Tensor x = random(c.x, f32).to(kGpu), w = random(c.w, f32).to(kGpu);
+    const Tensor dy = random(s.y_shape(), f32).to(kGpu);
+    const char* mode = c.mode == Precision::FP32 ? ", fp32" : ", tf32";
+    const std::string where = detail::concat(c.why, ": ", name_of(c.pass), mode, ", x ", c.x, ", w ", c.w,
+                                             ", want the ", name_of(c.want));
+    if (c.want == Kernel::Engine && !engine_tma(c, s, x, dy)) {
+      std::printf("skipped (no TMA kernel for it on this GPU): %s\n", where.c_str());
+      continue;
+    }
+    EXPECT_EQ(run(c, s, x, w, dy, nullptr), run(c, s, x, w, dy, &c.want)) << where;
+  }
+}
+
+using Pass = cuda::ConvPass;
+constexpr Precision kTf32 = Precision::TF32, kFp32 = Precision::FP32;
+
 }  // namespace
 
-TEST(CudaConvDispatch, Tf32SmallImages3x3GoToTheEngine) {
+TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
   TG_REQUIRE_GPU();
-  PrecisionGuard tf32(Precision::TF32);
-  // 64 output pixels; and 576, under the TMA limit where the engine's TMA kernel serves both passes.
-  for (const Shape& x_shape : {Shape{2, 64, 8, 8}, Shape{2, 32, 24, 24}}) {
-    Problem p = make(x_shape, {48, x_shape[1], 3, 3}, 1);
-    ASSERT_TRUE(cuda::conv3x3_applies(p.s));
-    const bool tma = cuda::engine_conv_forward_uses_tma(p.s, p.x, Precision::TF32);
-    if (x_shape[2] == 24 && !tma) continue;  // no TMA kernel on this GPU: the 512-pixel rule keeps the 3x3 kernels
-    const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
-    const auto engine = run(p.s.y_shape(), [&](const Tensor& y) {
-      cuda::engine_conv_forward(y, p.x, p.w, Tensor(), p.s, Precision::TF32);
-    });
-    EXPECT_EQ(routed, engine) << "x " << x_shape;
-    const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
-    const auto dx_engine = run(p.s.x_shape(), [&](const Tensor& t) {
-      cuda::engine_conv_grad_input(t, p.dy, p.w, p.s, Precision::TF32);
-    });
-    EXPECT_EQ(dx, dx_engine) << "x " << x_shape;
-    const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
-    const auto dw_3x3 = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s); });
-    EXPECT_EQ(dw, dw_3x3) << "x " << x_shape;
-  }
-}
-
-TEST(CudaConvDispatch, Tf32LargeImagesAndFp32Stay3x3) {
-  TG_REQUIRE_GPU();
-  struct Case {
-    Precision mode;
-    Shape x, w;
-  };
   const Case cases[] = {
-      {Precision::TF32, {2, 32, 64, 64}, {40, 32, 3, 3}},  // 4096 pixels: the TMA limit
-      {Precision::TF32, {2, 8, 24, 24}, {12, 8, 3, 3}},    // 576 pixels, too few channels for TMA: the 512 rule
-      {Precision::FP32, {2, 32, 24, 24}, {40, 32, 3, 3}},
-      {Precision::FP32, {2, 32, 8, 8}, {40, 32, 3, 3}},
+      {"NCHW 384 -> 96: C K = 36864", kTf32, Pass::Forward, {2, 384, 12, 10}, {96, 384, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"NCHW 128 -> 128: C K under 36864", kTf32, Pass::Forward, {2, 128, 12, 10}, {128, 128, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
+      {"NCHW 384 -> 40: a narrow side", kTf32, Pass::Forward, {2, 384, 12, 10}, {40, 384, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
+      {"NCHW 192 -> 192", kTf32, Pass::GradInput, {2, 192, 9, 7}, {192, 192, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"grad-weight stays", kTf32, Pass::GradWeight, {2, 384, 9, 7}, {96, 384, 1, 1}, Layout::NCHW, Kernel::Pointwise},
+      {"NCHW FP32 256 -> 256", kFp32, Pass::Forward, {2, 256, 9, 7}, {256, 256, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"NCHW FP32 192 -> 192", kFp32, Pass::Forward, {2, 192, 9, 7}, {192, 192, 1, 1}, Layout::NCHW, Kernel::Pointwise},
+      {"NHWC 96 -> 96", kTf32, Pass::Forward, {2, 9, 7, 96}, {96, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
+      {"NHWC 64 -> 256: a narrow side", kTf32, Pass::Forward, {2, 9, 7, 64}, {256, 64, 1, 1}, Layout::NHWC,
+       Kernel::Pointwise},
+      {"NHWC 128 -> 96", kTf32, Pass::GradInput, {2, 9, 7, 128}, {96, 128, 1, 1}, Layout::NHWC, Kernel::Engine},
+      {"NHWC FP32 96 -> 384", kFp32, Pass::GradInput, {2, 9, 7, 96}, {384, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
+      {"NHWC FP32 256 -> 64", kFp32, Pass::Forward, {2, 9, 7, 256}, {64, 256, 1, 1}, Layout::NHWC, Kernel::Pointwise},
+      {"NHWC grad-weight stays", kTf32, Pass::GradWeight, {2, 9, 7, 256}, {256, 256, 1, 1}, Layout::NHWC,
+       Kernel::Pointwise},
+      {"past 512 channels", kTf32, Pass::Forward, {2, 640, 5, 4}, {40, 640, 1, 1}, Layout::NCHW, Kernel::Engine},
   };
-  for (const Case& c : cases) {
-    PrecisionGuard guard(c.mode);
-    Problem p = make(c.x, c.w, 1);
-    const auto routed = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, p.x, p.w, Tensor(), p.s); });
-    const auto direct = run(p.s.y_shape(), [&](const Tensor& y) { cuda::conv3x3_forward(y, p.x, p.w, Tensor(), p.s); });
-    EXPECT_EQ(routed, direct) << "x " << c.x;
-    const auto dx = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, p.dy, p.w, p.s); });
-    const auto dx_3x3 = run(p.s.x_shape(), [&](const Tensor& t) { cuda::conv3x3_grad_input(t, p.dy, p.w, p.s); });
-    EXPECT_EQ(dx, dx_3x3) << "x " << c.x;
-  }
+  check_routes(cases, std::size(cases));
 }
 
-// Grad-weight leaves the 3x3 kernels only for the engine's TMA product (160+ output channels)
-// on images under 512 output pixels; with 128 output channels it stays.
-TEST(CudaConvDispatch, Tf32SmallImageGradWeightGoesToTheTmaProduct) {
+TEST(CudaConvDispatch, Conv3x3DataPassesAgainstTheEngine) {
   TG_REQUIRE_GPU();
-  PrecisionGuard tf32(Precision::TF32);
-  for (const auto& [x_shape, K] : {std::pair{Shape{2, 32, 8, 8}, 192}, std::pair{Shape{2, 32, 32, 32}, 192},
-                                   std::pair{Shape{2, 32, 8, 8}, 128}}) {
-    Problem p = make(x_shape, {K, 32, 3, 3}, 1);
-    Tensor probe = out(p.s.w_shape());
-    const bool engine =
-        x_shape[2] == 8 && K >= 160 && cuda::engine_conv_grad_weight_uses_tma(p.s, probe, Precision::TF32);
-    const auto dw = run(p.s.w_shape(), [&](const Tensor& t) { cuda::conv_grad_weight(t, p.dy, p.x, p.s); });
-    const auto want = run(p.s.w_shape(), [&](const Tensor& t) {
-      if (engine) cuda::engine_conv_grad_weight(t, p.dy, p.x, p.s, Precision::TF32);
-      else cuda::conv3x3_grad_weight(t, p.dy, p.x, p.s);
-    });
-    EXPECT_EQ(dw, want) << "x " << x_shape << ", K " << K << (engine ? " (engine)" : " (3x3 kernel)");
-  }
+  const Case cases[] = {
+      {"8x8", kTf32, Pass::Forward, {2, 64, 8, 8}, {48, 64, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"64x64, few channels", kTf32, Pass::Forward, {2, 32, 64, 64}, {32, 32, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"96x96, few channels", kTf32, Pass::Forward, {1, 32, 96, 96}, {40, 32, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"128x128, 96 written", kTf32, Pass::Forward, {1, 16, 128, 128}, {96, 16, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"130x130", kTf32, Pass::Forward, {1, 16, 130, 130}, {96, 16, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"128x128, 96 written back", kTf32, Pass::GradInput, {1, 96, 128, 128}, {16, 96, 3, 3}, Layout::NCHW,
+       Kernel::Engine},
+      {"96x96, 40 written back", kTf32, Pass::GradInput, {1, 40, 96, 96}, {32, 40, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"24x24, too few channels for the TMA kernel", kTf32, Pass::Forward, {2, 8, 24, 24}, {12, 8, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"FP32 32x32", kFp32, Pass::Forward, {2, 32, 32, 32}, {40, 32, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"FP32 48x48, few channels", kFp32, Pass::Forward, {2, 32, 48, 48}, {40, 32, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"FP32 64x64, 96 written", kFp32, Pass::Forward, {1, 32, 64, 64}, {96, 32, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"FP32 96x96", kFp32, Pass::Forward, {1, 32, 96, 96}, {96, 32, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"FP32 8x8", kFp32, Pass::GradInput, {2, 32, 8, 8}, {40, 32, 3, 3}, Layout::NCHW, Kernel::Engine},
+  };
+  check_routes(cases, std::size(cases));
 }
 
-TEST(CudaConvDispatch, PointwiseForwardPast128InputChannelsGoesToTheEngine) {
+TEST(CudaConvDispatch, Conv3x3GradWeightAgainstTheEngine) {
   TG_REQUIRE_GPU();
-  for (const Precision mode : {Precision::TF32, Precision::FP32}) {
-    PrecisionGuard guard(mode);
-    for (const bool nhwc : {false, true}) {
-      for (const int64_t C : {96, 128, 129, 384}) {
-        ConvParams params;
-        params.layout = nhwc ? Layout::NHWC : Layout::NCHW;
-        const Shape x_shape = nhwc ? Shape{2, 12, 10, C} : Shape{2, C, 12, 10};
-        const Shape w_shape{40, C, 1, 1};
-        const ConvShape s = make_conv_shape("conv2d", x_shape, w_shape, params);
-        ASSERT_TRUE(cuda::conv1x1_applies(s, f32));
-        const Tensor x = random(x_shape, f32).to(kGpu), w = random(w_shape, f32).to(kGpu);
-        const Tensor b = random({40}, f32).to(kGpu);
-        const auto routed = run(s.y_shape(), [&](const Tensor& y) { cuda::conv_forward(y, x, w, b, s); });
-        const auto want = run(s.y_shape(), [&](const Tensor& y) {
-          if (C > 128) cuda::engine_conv_forward(y, x, w, b, s, mode);
-          else cuda::conv1x1_forward(y, x, w, b, s);
-        });
-        EXPECT_EQ(routed, want) << "C " << C << (nhwc ? " NHWC" : " NCHW") << (C > 128 ? " (engine)" : " (1x1 kernel)");
-        const Tensor dy = random(s.y_shape(), f32).to(kGpu);
-        const auto dx = run(s.x_shape(), [&](const Tensor& t) { cuda::conv_grad_input(t, dy, w, s); });
-        const auto dx_1x1 = run(s.x_shape(), [&](const Tensor& t) { cuda::conv1x1_grad_input(t, dy, w, s); });
-        EXPECT_EQ(dx, dx_1x1) << "C " << C << (nhwc ? " NHWC" : " NCHW");
-      }
-    }
-  }
+  const Case cases[] = {
+      {"8x8, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 8, 8}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"8x8, C K = 4096", kTf32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"16x16, C K = 36864", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"16x16, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"32x32", kTf32, Pass::GradWeight, {2, 96, 32, 32}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"FP32 8x8, C K = 4096", kFp32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"FP32 16x16, C K = 9216", kFp32, Pass::GradWeight, {2, 96, 16, 16}, {96, 96, 3, 3}, Layout::NCHW,
+       Kernel::Engine},
+      {"FP32 16x16, C K = 4096", kFp32, Pass::GradWeight, {2, 64, 16, 16}, {64, 64, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+  };
+  check_routes(cases, std::size(cases));
 }

@@ -1,9 +1,10 @@
 // The engine's TMA-fed convolution passes (ops/cuda/gemm/conv_fprop_sm90_tma.cu: the
-// forward and the stride-1 grad-input it runs as a forward; conv_wgrad_sm90_tma.cu: grad-weight)
-// against the f64 CPU reference, at shapes that break its assumptions: channels that are not a
-// multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output pixels that run
-// across rows and images, strides, dilations and paddings larger than the kernel, 3-D
-// volumes, N = 1, output channels past one tile or under 64, split reductions. Outputs are
+// forward and the stride-1 grad-input it runs as a forward; conv_dgrad_sm90_tma.cu: the strided
+// grad-input, one stride-1 forward over dy per stride phase; conv_wgrad_sm90_tma.cu:
+// grad-weight) against the f64 CPU reference, at shapes that break its assumptions: channels
+// that are not a multiple of the 32-channel k-tile (and, NCHW, not of 4), tiles of 128 output
+// pixels that run across rows and images, strides, dilations and paddings larger than the
+// kernel, 3-D volumes, N = 1, output channels past one tile or under 64, split reductions. Outputs are
 // NaN-poisoned before each launch. Also: which problems it serves, and that its split
 // reductions give the same bits every run. Needs an sm_90a GPU (H100 / H200); elsewhere the
 // tests say so and skip.
@@ -147,6 +148,10 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
       {"NCHW 3x3, 20 -> 72 channels, 12 x 13 images", {3, 20, 12, 13}, {72, 20, 3, 3}, {.padding = {1}}},
       {"NCHW 3x3, 16 -> 40 channels, 2 x 2 images", {9, 16, 2, 2}, {40, 16, 3, 3}, {.padding = {1}}},
       {"NCDHW 3x3x3, 24 -> 36 channels", {2, 24, 3, 4, 6}, {36, 24, 3, 3, 3}, {.padding = {1}}},
+      // Strided: the grad-input's phases scatter through the output map (partial sums by TMA
+      // when split).
+      {"NCHW 3x3 s2, 24 -> 40 channels, 15 x 11 images", {2, 24, 15, 11}, {40, 24, 3, 3},
+       {.stride = {2}, .padding = {1}}},
   };
   const cuda::EnginePolicy layouts[] = {{.tile = 128, .splits = 1}, {.tile = 128, .splits = 3}, {.tile = 256, .splits = 1},
                                         {.tile = 128, .splits = 1, .blocks_per_sm = 2}, {}};
@@ -176,6 +181,16 @@ TEST(ConvTma, TmaStoreEpilogueMatchesTheElementwiseOne) {
         cuda::engine_conv_grad_weight(dw_tma, dy, x, s, prec, base);
         cuda::engine_conv_grad_weight(dw_map, dy, x, s, prec, elementwise);
         EXPECT_EQ(dw_tma.to_vector<float>(), dw_map.to_vector<float>()) << "grad-weight, " << name_of(prec) << ", "
+                                                                        << where;
+      }
+      for (Precision prec : kPrecisions) {
+        if (!cuda::engine_conv_grad_input_uses_tma(s, dy, prec, base)) continue;
+        Tensor dx_tma = Tensor::empty(c.x, {.device = kGpu}), dx_map = Tensor::empty(c.x, {.device = kGpu});
+        poison(dx_tma);
+        poison(dx_map);
+        cuda::engine_conv_grad_input(dx_tma, dy, w, s, prec, base);
+        cuda::engine_conv_grad_input(dx_map, dy, w, s, prec, elementwise);
+        EXPECT_EQ(dx_tma.to_vector<float>(), dx_map.to_vector<float>()) << "grad-input, " << name_of(prec) << ", "
                                                                         << where;
       }
     }
@@ -225,8 +240,8 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
         EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
       }
   }
+  // Strided grad-input: StridedGradInputMatchesF64Reference.
   const ConvCase others[] = {
-      {"stride 2", {2, 24, 9, 11}, {32, 24, 3, 3}, {.stride = {2}, .padding = {1}}},
       {"padding past the reach", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {3}}},
       {"NHWC, 18 output channels", {2, 8, 7, 12}, {18, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
   };
@@ -240,6 +255,102 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
     Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
     cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
     EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
+  }
+}
+
+// Strided grad-input: per stride phase a stride-1 forward over dy (taps reversed, a padding
+// that may be negative: the window starting inside dy), scattered into dx through the output
+// map's phase mode. Shapes where the phases differ in pixel and tap counts, phases that no tap
+// reaches (zeros), per-dim strides, dilations sharing a factor with the stride or not, channel
+// counts that are not multiples of 4 or 32, more dx channels than one tile.
+TEST(ConvTma, StridedGradInputMatchesF64Reference) {
+  TG_REQUIRE_TMA();
+  const ConvCase cases[] = {
+      {"3x3 s2 p1, 19 -> 24 channels (NCHW pads dy's to 20), 15 x 11", {2, 24, 15, 11}, {19, 24, 3, 3},
+       {.stride = {2}, .padding = {1}}},
+      {"3x3 s2 p1, 33 -> 70 channels, N = 1, 13 x 9", {1, 70, 13, 9}, {33, 70, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"3x3 s2 p1, 32 -> 150 channels (two column tiles)", {1, 150, 9, 10}, {32, 150, 3, 3},
+       {.stride = {2}, .padding = {1}}},
+      {"4x4 s2 p1", {2, 20, 16, 17}, {24, 20, 4, 4}, {.stride = {2}, .padding = {1}}},
+      {"3x3 s3 d2 p2 (windows starting inside dy)", {2, 16, 17, 14}, {20, 16, 3, 3},
+       {.stride = {3}, .padding = {2}, .dilation = {2}}},
+      {"5x5 s2 d3 p4 (phase taps 3 dy pixels apart)", {1, 24, 17, 14}, {16, 24, 5, 5},
+       {.stride = {2}, .padding = {4}, .dilation = {3}}},
+      {"1x1 s2 (phases without taps)", {2, 20, 9, 10}, {40, 20, 1, 1}, {.stride = {2}}},
+      {"2x2 s3 (phases without taps)", {2, 12, 11, 10}, {32, 12, 2, 2}, {.stride = {3}}},
+      {"3x3 s2 p4 (padding past the kernel)", {2, 16, 10, 9}, {24, 16, 3, 3}, {.stride = {2}, .padding = {4}}},
+      {"per-dim strides 2, 1", {2, 20, 9, 8}, {16, 20, 3, 3}, {.stride = {2, 1}, .padding = {1}}},
+      {"per-dim strides 1, 3, 3x2 kernel", {2, 20, 7, 13}, {24, 20, 3, 2}, {.stride = {1, 3}, .padding = {1, 0}}},
+      {"7x7 s2 p3, 64 -> 12 channels", {2, 12, 23, 19}, {64, 12, 7, 7}, {.stride = {2}, .padding = {3}}},
+      {"NHWC 3x3 s2 p1, 36 -> 24 channels", {2, 13, 10, 24}, {36, 24, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 3x3 s2 p1, 16 -> 40 channels, N = 1", {1, 11, 9, 40}, {16, 40, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 s2 p1", {2, 12, 7, 6, 9}, {20, 12, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"3d anisotropic", {2, 16, 5, 9, 6}, {20, 16, 1, 3, 2},
+       {.stride = {1, 2, 3}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
+  };
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    for (Precision prec : kPrecisions)
+      for (const Variant& v : kVariants) {
+        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
+        Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+        poison(dx);
+        cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
+        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
+      }
+  }
+  // Left to the other kernels, which still give the right answer.
+  const ConvCase others[] = {
+      {"8 dy channels (most of each 32-channel slice wasted)", {2, 24, 9, 11}, {8, 24, 3, 3},
+       {.stride = {2}, .padding = {1}}},
+      {"NHWC, 18 dy channels (rows not 16-byte multiples)", {2, 9, 11, 12}, {18, 12, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"7x7 s2 p3 stem, 3 dx channels (the columns pass)", {2, 3, 23, 19}, {64, 3, 7, 7},
+       {.stride = {2}, .padding = {3}}},
+      {"3d padding 34 (a phase's window corner past the 5-d range)", {1, 16, 3, 3, 3}, {16, 16, 3, 3, 3},
+       {.stride = {2}, .padding = {34}}},
+  };
+  for (const ConvCase& c : others) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+    EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32)) << c.name;
+    Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+    poison(dx);
+    cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32);
+    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
+  }
+  // The policy's mma.sync and never-FP32-on-TMA choices keep the phases on the cp.async kernels.
+  const ConvShape s = make_conv_shape("test", {2, 24, 9, 11}, {32, 24, 3, 3}, {.stride = {2}, .padding = {1}});
+  Tensor dy = random(s.y_shape(), DType::f32, kGpu);
+  EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32, {.arch = 80}));
+  EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::FP32, {.fp32_tma = -1}));
+}
+
+// A split strided grad-input gives the same bits every run (the engine's fixed-order reduction
+// per phase), and the right answer.
+TEST(ConvTma, SplitStridedGradInputIsBitReproducible) {
+  TG_REQUIRE_TMA();
+  const ConvShape s = make_conv_shape("test", {2, 48, 16, 15}, {96, 48, 3, 3}, {.stride = {2}, .padding = {1}});
+  Tensor w = random(s.w_shape(), DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  Tensor dx_ref = Tensor::empty(s.x_shape(), {.dtype = DType::f64});
+  cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+  for (Precision prec : kPrecisions) {
+    ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, {.splits = 5})) << name_of(prec);
+    Tensor first = Tensor::empty(s.x_shape(), {.device = kGpu}), second = Tensor::empty(s.x_shape(), {.device = kGpu});
+    poison(first);
+    poison(second);
+    cuda::engine_conv_grad_input(first, dy, w, s, prec, {.splits = 5});
+    cuda::engine_conv_grad_input(second, dy, w, s, prec, {.splits = 5});
+    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << name_of(prec);
+    EXPECT_LE(rel_l2(first, dx_ref), tolerance(prec)) << name_of(prec);
   }
 }
 

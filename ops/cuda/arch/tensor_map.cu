@@ -67,18 +67,21 @@ CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t plane
 // The im2col corners and tap offsets are narrow fields whose width shrinks with the rank: for a
 // rank-4 map (2 spatial dims) corners lie in [-128, 127], for rank 5 in [-16, 15] (CUDA driver
 // API, cuTensorMapEncodeIm2col); the tap offsets are kept to the same magnitude. Traversal
-// strides are 1..8.
+// strides are 1..8. The box must not be empty (the driver asks for a non-zero area): at least
+// one window corner per dim. A negative pad (lower corner inside the input) is allowed.
 bool im2col_map_fits(const Im2colGeometry& g) {
   if (g.dims != 2 && g.dims != 3) return false;
   const int64_t lo = g.dims == 2 ? -128 : -16, hi = g.dims == 2 ? 127 : 15;
   for (int d = 3 - g.dims; d < 3; ++d) {
     const int64_t reach = g.dilation[d] * (g.kernel[d] - 1);
-    const int64_t lower = -g.pad[d], upper = g.pad[d] - reach;  // the corners
-    if (g.pad[d] < 0 || lower < lo || upper < lo || upper > hi) return false;
+    const int64_t lower = -g.pad[d], upper = g.pad_hi[d] - reach;  // the corners
+    if (lower < lo || lower > hi || upper < lo || upper > hi) return false;
     if (reach < 0 || reach > hi || g.stride[d] < 1 || g.stride[d] > 8) return false;
-    if (g.in[d] < 1 || g.in[d] >= (int64_t(1) << 31)) return false;
+    if (g.in[d] < 1 || g.in[d] >= (int64_t(1) << 31) || g.in[d] + upper - lower < 1) return false;
   }
-  if (g.dims == 2 && (g.in[0] != 1 || g.kernel[0] != 1)) return false;
+  // A rank-4 map has no D coordinate: the D dim must be the identity (one plane, one tap, no
+  // padding), or its window would read the plane where padding zeros belong.
+  if (g.dims == 2 && (g.in[0] != 1 || g.kernel[0] != 1 || g.pad[0] != 0 || g.pad_hi[0] != 0)) return false;
   return g.N >= 1 && g.N < (int64_t(1) << 31) && g.C >= 1 && g.C % 4 == 0 && g.C < (int64_t(1) << 31);
 }
 
@@ -104,7 +107,7 @@ CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colG
     stride_bytes *= cuuint64_t(g.in[d]);
     element_strides[1 + i] = cuuint32_t(g.stride[d]);
     lower[i] = int(-g.pad[d]);
-    upper[i] = int(g.pad[d] - g.dilation[d] * (g.kernel[d] - 1));
+    upper[i] = int(g.pad_hi[d] - g.dilation[d] * (g.kernel[d] - 1));
   }
   dims[rank - 1] = cuuint64_t(g.N);
   strides[rank - 2] = stride_bytes;

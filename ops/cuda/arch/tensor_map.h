@@ -34,14 +34,17 @@ CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t plane
 // request brings `pixels` consecutive output pixels' inputs at one kernel tap, `channels`
 // channels each (rows of channels * 4 bytes, 128-byte swizzled when channels is 32). The walk
 // over output pixels runs W, then H, [then D,] then N, each spatial coordinate starting at -pad
-// and stepping by the stride; what falls outside the input (padding, past the last image)
-// arrives as zeros. `dims` 2 or 3 spatial dimensions, each array in (D, H, W) order with only
-// the last `dims` entries used. Needs data 16-byte aligned and C % 4 == 0; the corners and tap
-// offsets within the hardware's ranges (im2col_map_fits).
+// and stepping by the stride up to in - 1 + pad_hi - dilation * (kernel - 1) (the box's lower
+// and upper corners); what falls outside the input (padding, past the last image) arrives as
+// zeros. A convolution has pad_hi = pad; a negative pad starts the walk inside the input (the
+// strided grad-input's phases). `dims` 2 or 3 spatial dimensions, each array in (D, H, W) order
+// with only the last `dims` entries used. Needs data 16-byte aligned and C % 4 == 0; the corners
+// and tap offsets within the hardware's ranges (im2col_map_fits).
 struct Im2colGeometry {
   int dims;  // 2: rank-4 map (N, H, W, C); 3: rank-5 map (N, D, H, W, C)
   int64_t N, C;
   int64_t in[3], kernel[3], stride[3], pad[3], dilation[3];
+  int64_t pad_hi[3];  // the upper side's padding: the upper corner is pad_hi - dilation * (kernel - 1)
 };
 bool im2col_map_fits(const Im2colGeometry& g);
 CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colGeometry& g, int channels,

@@ -12,73 +12,14 @@
 #include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/gemm/im2col_boxes.cuh"
 #include "ops/cuda/gemm/operands.cuh"
 #include "ops/cuda/gemm/planning.h"
 #include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
 
 namespace tg::cuda::engine {
 
-// The producer for tma_mainloop_sm90.cuh (outside the anonymous namespace: unused internal
-// members would warn in the device passes without sm_90a code).
-// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
-// packed weights' columns kt * 32.. . Spatial arrays are (D, H, W). The cursor holds the
-// block's window corner (fixed) and the k-tile's channel and tap (stepped).
-struct Im2colBoxes {
-  CUtensorMap x, w;
-  int32_t slices;  // 32-channel slices per tap
-  int32_t kernel_w, kernel_h;
-  int32_t out_w, out_h, out_volume;
-  int32_t stride[3], pad[3], dil[3];
-  bool three_d;
-  struct Cursor {
-    int32_t iw, ih, id, img;  // the tile's first output pixel's window corner: where the walk starts
-    int32_t c0, tx, ty, tz;   // the k-tile's first channel and its tap
-  };
-
-  __device__ __forceinline__ void prefetch() const {
-    tma::prefetch_map(&x);
-    tma::prefetch_map(&w);
-  }
-  __device__ __forceinline__ Cursor start(int32_t kt, int32_t m0) const {
-    Cursor at;
-    at.img = m0 / out_volume;
-    const int32_t pix = m0 - at.img * out_volume;
-    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
-    at.iw = ow * stride[2] - pad[2];
-    at.ih = oh * stride[1] - pad[1];
-    at.id = od * stride[0] - pad[0];
-    const int32_t tap = kt / slices;
-    at.c0 = (kt - tap * slices) * kBK;
-    at.tx = tap % kernel_w;
-    at.ty = (tap / kernel_w) % kernel_h;
-    at.tz = tap / (kernel_w * kernel_h);
-    return at;
-  }
-  __device__ __forceinline__ void advance(Cursor& at) const {
-    at.c0 += kBK;
-    if (at.c0 < slices * kBK) return;
-    at.c0 = 0;
-    if (++at.tx < kernel_w) return;
-    at.tx = 0;
-    if (++at.ty < kernel_h) return;
-    at.ty = 0;
-    ++at.tz;
-  }
-  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
-                                       int32_t kt, int32_t n0) const {
-    const uint16_t off_w = uint16_t(at.tx * dil[2]), off_h = uint16_t(at.ty * dil[1]), off_d = uint16_t(at.tz * dil[0]);
-    if (three_d) tma::load_im2col_5d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.id, at.img, off_w, off_h, off_d);
-    else tma::load_im2col_4d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.img, off_w, off_h);
-    tma::load_box(b_dst, &w, bar, kt * kBK, n0);
-  }
-};
-
 namespace {
-
-// Fewer input channels than this waste most of each 32-channel k-tile: the cp.async kernels
-// serve them.
-constexpr int64_t kTmaMinChannels = 16;
-
 
 // packed[k][t][c] = w[k][c][t] for c < C and k < K, 0 for the padding up to c_pad and k_rows.
 // Grad-input (`flipped`): the problem's w is the forward's transposed and flipped, read from
@@ -103,6 +44,7 @@ Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
     g.kernel[d] = s.kernel[d];
     g.stride[d] = s.stride[d];
     g.pad[d] = s.pad[d];
+    g.pad_hi[d] = s.pad[d];
     g.dilation[d] = s.dilation[d];
   }
   return g;
@@ -192,7 +134,11 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   }
   boxes.three_d = geometry_x.dims == 3;
   run_plan(plan, args, y.device(),
-           [&](const MainloopArgs& a, cudaStream_t stm) { launch_tma_wgmma(boxes, plan, a, stm); });
+           [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
+}
+
+void launch_im2col_tma(const Im2colBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
+  launch_tma_wgmma(boxes, plan, args, stream);
 }
 
 }  // namespace tg::cuda::engine

@@ -15,10 +15,12 @@ namespace tg::cuda {
 namespace {
 
 using engine::ConvGeometry;
+using engine::DimPhase;
 using engine::MainloopArgs;
 using engine::OutputMap;
 using engine::PhaseGeometry;
 using engine::Plan;
+using engine::dim_phase;
 using engine::fits;
 using engine::geometry;
 using engine::kCoordinateLimit;
@@ -46,31 +48,6 @@ Tensor pack_forward_weights(const Tensor& w, const ConvShape& s) {
       packed.data<float>(), w.data<float>(), s.K, s.C, kvol);
   TG_LAUNCH_CHECK();
   return packed;
-}
-
-// One dim of a grad-input stride phase: the input pixels first + stride * j (j < count) and the
-// taps tap0 + idx * tap_step (idx < taps) whose outputs (o = j + base - idx * out_step) reach them.
-struct DimPhase {
-  int32_t first = 0, count = 0, tap0 = 0, taps = 0, tap_step = 1, base = 0, out_step = 0;
-};
-
-DimPhase dim_phase(const ConvShape& s, int d, int32_t first) {
-  const int64_t in = s.in[d], k = s.kernel[d], stride = s.stride[d], pad = s.pad[d], dil = s.dilation[d];
-  DimPhase p;
-  p.first = first;
-  p.count = first < in ? int32_t((in - 1 - first) / stride + 1) : 0;
-  const int64_t gcd = std::gcd(stride, dil);
-  p.tap_step = int32_t(stride / gcd);
-  p.out_step = int32_t(dil / gcd);
-  // Taps t with (first + pad - t * dil) divisible by stride repeat every tap_step.
-  int64_t tap0 = -1;
-  for (int64_t t = 0; t < std::min<int64_t>(k, p.tap_step) && tap0 < 0; ++t)
-    if ((first + pad - t * dil) % stride == 0) tap0 = t;
-  if (tap0 < 0) return p;  // no tap reaches these pixels: their gradient is zero
-  p.tap0 = int32_t(tap0);
-  p.taps = int32_t((k - 1 - tap0) / p.tap_step + 1);
-  p.base = int32_t((first + pad - tap0 * dil) / stride);  // exact
-  return p;
 }
 
 PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
@@ -185,9 +162,11 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy) {
+  if (engine::columns_pay(s) || !engine_conv_can_implement(s, DType::f32)) return false;
   ConvShape forward;
-  return engine::grad_input_as_forward(s, forward) && !engine::columns_pay(s) &&
-         engine_conv_can_implement(s, DType::f32) && engine_conv_forward_uses_tma(forward, dy, precision, policy);
+  if (engine::grad_input_as_forward(s, forward)) return engine_conv_forward_uses_tma(forward, dy, precision, policy);
+  return tma_conv_allowed(precision, policy) && dy.dtype() == DType::f32 && dy.device().is_cuda() &&
+         engine::conv_dgrad_phases_tma_applies(s, dy.data<float>(), dy.device().index);
 }
 
 // The columns' output-channel thresholds were measured against the cp.async kernels at TF32;
@@ -238,6 +217,9 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   ConvShape forward;
   if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_uses_tma(forward, dy, precision, policy))
     return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, precision, policy, /*flipped=*/true);
+  // Strided: each stride phase as a stride-1 forward over dy on the TMA kernel.
+  if (tma_conv_allowed(precision, policy) && engine::conv_dgrad_phases_tma_applies(s, dy.data<float>(), dev))
+    return engine::conv_dgrad_phases_tma(dx, dy, w, s, precision, policy);
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
@@ -269,18 +251,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
         args.red = int32_t(red);
         args.out = output_map(dx.data<float>(), nullptr, rows, s.C);
         if (!unit_stride) {
-          args.out.mode = OutputMap::kPhase;
-          auto& po = args.out.phase;
-          po.div_count_volume = ph.div_count_volume;
-          po.div_count_w = ph.div_count_w;
-          po.div_count_h = ph.div_count_h;
-          for (int d = 0; d < 3; ++d) {
-            po.first[d] = ph.first[d];
-            po.stride[d] = g.stride[d];
-            po.in[d] = g.in[d];
-          }
-          po.in_volume = s.in_volume();
-          po.channels_last = s.channels_last();
+          args.out = engine::phase_output_map(dx.data<float>(), s, dims);  // kPhase
         } else if (!s.channels_last()) {
           args.out.mode = OutputMap::kChannelsFirst;
           args.out.div = FastDivmod(uint32_t(s.in_volume()));

@@ -42,7 +42,10 @@ bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy = {});
 // The same for engine_conv_grad_input, which runs stride-1 problems (padding at most the
-// dilated kernel's reach) as a forward of dy with the weights transposed and flipped.
+// dilated kernel's reach) as a forward of dy with the weights transposed and flipped, and
+// strided ones phase by phase, each phase a stride-1 forward over dy (16+ dy channels; NHWC dy
+// with K % 4 == 0; every phase's geometry within the im2col ranges). Where the columns pass
+// pays (up to 8 input channels: dgrad_columns.cu) it runs instead, not on the TMA kernel.
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy = {});
 // The same for engine_conv_grad_weight, which writes dy and the input's columns out with the

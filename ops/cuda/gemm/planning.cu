@@ -1,5 +1,5 @@
 // The engine's planning: tile shape and kernel per problem, the reduction split, the
-// fixed-order reduction of split partial sums, and the gathers' geometry.
+// fixed-order reduction of split partial sums, the gathers' geometry and the output maps.
 // Design note: docs/kernels/gemm.md.
 #include <algorithm>
 
@@ -222,6 +222,25 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
   out.N = int32_t(N);
   out.mode = OutputMap::kPlain;
   out.kvol = 1;
+  return out;
+}
+
+OutputMap phase_output_map(float* dx, const ConvShape& s, const DimPhase (&dims)[3]) {
+  const int64_t rows = s.N * int64_t(dims[0].count) * dims[1].count * dims[2].count;
+  OutputMap out = output_map(dx, nullptr, rows, s.C);
+  out.mode = OutputMap::kPhase;
+  auto& po = out.phase;
+  // Empty phases are skipped before use; their divisors only need to be valid.
+  po.div_count_volume = FastDivmod(uint32_t(std::max(1, dims[0].count * dims[1].count * dims[2].count)));
+  po.div_count_w = FastDivmod(uint32_t(std::max(1, dims[2].count)));
+  po.div_count_h = FastDivmod(uint32_t(std::max(1, dims[1].count)));
+  for (int d = 0; d < 3; ++d) {
+    po.first[d] = dims[d].first;
+    po.stride[d] = int32_t(s.stride[d]);
+    po.in[d] = int32_t(s.in[d]);
+  }
+  po.in_volume = s.in_volume();
+  po.channels_last = s.channels_last();
   return out;
 }
 

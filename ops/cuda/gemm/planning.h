@@ -12,6 +12,7 @@
 #include "../../../core/precision.h"
 #include "../../../core/tensor.h"
 #include "../../conv.h"
+#include "dgrad_phases.h"
 #include "engine.h"
 #include "kernels.h"
 
@@ -52,6 +53,9 @@ void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const L
 ConvGeometry geometry(const ConvShape& s);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
+// The grad-input's output for one stride phase (dgrad_phases.h): rows (img, j) of the phase's
+// pixels scattered into dx (s's layout), columns dx's channels.
+OutputMap phase_output_map(float* dx, const ConvShape& s, const DimPhase (&dims)[3]);
 
 // TF32 or FP32 (split TF32) forward on Hopper through the TMA unit's im2col mode
 // (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, geometry within
@@ -72,6 +76,14 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
 // The grad-input of s as the forward problem that computes it (stride 1, padding at most the
 // dilated kernel's reach in every dim); false where there is none.
 bool grad_input_as_forward(const ConvShape& s, ConvShape& forward);
+
+// Strided grad-input on Hopper's TMA kernel, TF32 or FP32 (split TF32), one stride-1 forward
+// over dy per stride phase (conv_dgrad_sm90_tma.cu): whether it serves this problem (a stride
+// above 1, 16+ dy channels, channels-last dy with K % 4 == 0 and 16-byte alignment, every
+// phase's geometry within the im2col map's ranges), and the pass.
+bool conv_dgrad_phases_tma_applies(const ConvShape& s, const float* dy, int dev);
+void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                           Precision precision, const EnginePolicy& policy);
 
 // Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
 bool columns_pay(const ConvShape& s);

@@ -1,0 +1,173 @@
+// The engine's strided convolution grad-input on Hopper's TMA kernel, TF32 or FP32 (split TF32).
+// dx splits into stride phases (dgrad_phases.h): the input pixels first + stride * j of each dim
+// receive from a fixed subset of the taps, through dy pixels that advance by one per j. With
+// those taps reversed, each phase is a stride-1 forward convolution over dy (K input channels,
+// dy's spatial size, `taps` taps at dilation out_step, a padding that may be negative) giving the
+// phase's pixels, C output channels: the forward's im2col producer (im2col_boxes.cuh) runs it
+// unchanged, and the output map's phase mode scatters its rows into dx.
+//
+// dy is read through the im2col map in place when channels-last with K % 4 == 0; NCDHW dy is
+// transposed once into a channels-last scratch (K padded to 4) that every phase reads. B per
+// phase is the weights packed per reversed tap with dy's channels padded to 32, rows (dx's
+// channels) padded with zeros to whole tiles, as the forward packs them. Phases no tap reaches
+// are zeroed up front. Design note: docs/kernels/gemm_tma.md.
+#include <algorithm>
+
+#include "core/cuda_context.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/gemm/im2col_boxes.cuh"
+#include "ops/cuda/gemm/operands.cuh"
+#include "ops/cuda/gemm/planning.h"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+
+namespace tg::cuda::engine {
+namespace {
+
+// Per dim: the phase's first tap, its step and count, and the kernel's size.
+struct PhaseTaps {
+  int32_t tap0[3], tap_step[3], taps[3], kernel[3];
+};
+
+// One phase's B: packed[c][t][k] = w[k][c][tap(t)] for c < C and k < K, zeros up to c_rows and
+// k_pad. t = (iz, iy, ix), x fastest, is the phase forward's tap in the order Im2colBoxes steps
+// through them; per dim it carries the weight of tap tap0 + (taps - 1 - i) * tap_step (the
+// reversed order, dgrad_phases.h).
+__global__ void pack_phase_slices_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
+                                         int64_t k_pad, int64_t C, int64_t c_rows, PhaseTaps pt) {
+  const int64_t taps = int64_t(pt.taps[0]) * pt.taps[1] * pt.taps[2];
+  const int64_t kvol = int64_t(pt.kernel[0]) * pt.kernel[1] * pt.kernel[2];
+  const int64_t total = c_rows * taps * k_pad;
+  TG_GRID_STRIDE(e, total) {
+    const int64_t k = e % k_pad, t = (e / k_pad) % taps, c = e / (k_pad * taps);
+    const int64_t ix = t % pt.taps[2], iy = (t / pt.taps[2]) % pt.taps[1];
+    const int64_t iz = t / (int64_t(pt.taps[2]) * pt.taps[1]);
+    const int64_t tz = pt.tap0[0] + (pt.taps[0] - 1 - iz) * pt.tap_step[0];
+    const int64_t ty = pt.tap0[1] + (pt.taps[1] - 1 - iy) * pt.tap_step[1];
+    const int64_t tx = pt.tap0[2] + (pt.taps[2] - 1 - ix) * pt.tap_step[2];
+    packed[e] = c < C && k < K ? w[(k * C + c) * kvol + (tz * pt.kernel[1] + ty) * pt.kernel[2] + tx] : 0.f;
+  }
+}
+
+// Every stride phase's per-dim geometry, D slowest (the cp.async path's order), leaving out
+// the phases that hold no pixel (first >= in: strides past the input).
+template <class Fn>
+void for_each_phase(const ConvShape& s, Fn&& fn) {
+  const int64_t phases[3] = {std::min(s.stride[0], s.in[0]), std::min(s.stride[1], s.in[1]),
+                             std::min(s.stride[2], s.in[2])};
+  for (int32_t fz = 0; fz < phases[0]; ++fz)
+    for (int32_t fy = 0; fy < phases[1]; ++fy)
+      for (int32_t fx = 0; fx < phases[2]; ++fx) {
+        const DimPhase dims[3] = {dim_phase(s, 0, fz), dim_phase(s, 1, fy), dim_phase(s, 2, fx)};
+        fn(dims);
+      }
+}
+
+int64_t pixel_volume(const DimPhase (&dims)[3]) { return int64_t(dims[0].count) * dims[1].count * dims[2].count; }
+int64_t tap_volume(const DimPhase (&dims)[3]) { return int64_t(dims[0].taps) * dims[1].taps * dims[2].taps; }
+
+// The channels of dy's map: K itself for channels-last dy, K padded to 4 for the scratch.
+int64_t map_channels(const ConvShape& s) { return s.channels_last() ? s.K : round_up(s.K, 4); }
+
+}  // namespace
+
+bool conv_dgrad_phases_tma_applies(const ConvShape& s, const float* dy, int dev) {
+  if (s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1) return false;
+  if (s.K < kTmaMinChannels || !device_runs_wgmma(dev)) return false;
+  if (s.channels_last() && (s.K % 4 != 0 || !aligned16(dy))) return false;
+  const int64_t channels = map_channels(s), k_pad = round_up(s.K, kBK);
+  bool fit = true;
+  for_each_phase(s, [&](const DimPhase (&dims)[3]) {
+    const int64_t pixels = pixel_volume(dims), taps = tap_volume(dims);
+    if (pixels == 0 || taps == 0) return;  // nothing to run
+    fit = fit && fits(s.N * pixels) && taps * k_pad <= kIndexLimit &&
+          im2col_map_fits(phase_im2col_geometry(s, dims, channels));
+  });
+  return fit;
+}
+
+void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                           Precision precision, const EnginePolicy& policy) {
+  const int dev = dx.device().index;
+  cudaStream_t st = stream(dev);
+  const TensorOptions f32{.dtype = DType::f32, .device = dx.device()};
+  const int64_t channels = map_channels(s), k_pad = round_up(s.K, kBK);
+  // FP32 (split TF32) runs on 128-wide tiles only; else as the forward picks for its K (here C).
+  const int cols = precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : s.C <= 64 ? 64 : 128;
+  // dx's channels are B's rows, padded with zero rows to whole tiles: a B box reaching past the
+  // operand's last row is filled far more slowly than one read from memory.
+  const int64_t c_rows = round_up(s.C, cols);
+
+  int64_t packed_floats = 0;
+  bool gradless = false;
+  for_each_phase(s, [&](const DimPhase (&dims)[3]) {
+    if (pixel_volume(dims) == 0) return;
+    if (tap_volume(dims) == 0) gradless = true;
+    else packed_floats += c_rows * tap_volume(dims) * k_pad;
+  });
+  // Every dx pixel belongs to exactly one phase: zeros first where some phase gets no gradient,
+  // and the phases with taps overwrite their own pixels.
+  if (gradless) TG_CUDA_CHECK(cudaMemsetAsync(dx.data<float>(), 0, dx.numel() * sizeof(float), st));
+  if (packed_floats == 0) return;
+
+  // Scratch freed at the end of this function is stream-ordered: safe once the launches are queued.
+  Tensor packed = Tensor::empty({packed_floats}, f32);
+  Tensor staged;
+  const float* dy_last = dy.data<float>();
+  if (!s.channels_last()) {
+    staged = Tensor::empty({s.N * s.out_volume() * channels}, f32);
+    transpose_into(staged.data<float>(), dy.data<float>(), s.N, s.K, s.out_volume(), channels, st);
+    dy_last = staged.data<float>();
+  }
+
+  int64_t packed_offset = 0;  // a multiple of 32 floats: every phase's B stays 16-byte aligned
+  for_each_phase(s, [&](const DimPhase (&dims)[3]) {
+    const int64_t pixels = pixel_volume(dims), taps = tap_volume(dims);
+    if (pixels == 0 || taps == 0) return;
+    const int64_t M = s.N * pixels, red = taps * k_pad;
+    float* phase_w = packed.data<float>() + packed_offset;
+    packed_offset += c_rows * red;
+    PhaseTaps pt{};
+    for (int d = 0; d < 3; ++d) {
+      pt.tap0[d] = dims[d].tap0;
+      pt.tap_step[d] = dims[d].tap_step;
+      pt.taps[d] = dims[d].taps;
+      pt.kernel[d] = int32_t(s.kernel[d]);
+    }
+    pack_phase_slices_kernel<<<grid_for(c_rows * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
+                                                                                     k_pad, s.C, c_rows, pt);
+    TG_LAUNCH_CHECK();
+
+    const Plan plan = make_tma_plan(M, s.C, red, cols, dev, policy, precision);
+    MainloopArgs args{};
+    args.M = int32_t(M);
+    args.N = int32_t(s.C);
+    args.red = int32_t(red);
+    // Permuted rows: the kernel stores element by element through the map (tile_store_for);
+    // split partial sums reach it in the reduction pass.
+    args.out = phase_output_map(dx.data<float>(), s, dims);
+
+    const Im2colGeometry geometry = phase_im2col_geometry(s, dims, channels);
+    Im2colBoxes boxes{};
+    boxes.x = f32_im2col_map("conv grad-input phase (dy)", dy_last, geometry, kBK, kTmaBM);
+    boxes.w = f32_matrix_map("conv grad-input phase (w)", phase_w, c_rows, red,
+                             {.rows = cols, .cols = kBK, .swizzle128 = true});
+    boxes.slices = int32_t(k_pad / kBK);
+    boxes.kernel_w = dims[2].taps;
+    boxes.kernel_h = dims[1].taps;
+    boxes.out_w = dims[2].count;
+    boxes.out_h = dims[1].count;
+    boxes.out_volume = int32_t(pixels);
+    for (int d = 0; d < 3; ++d) {
+      boxes.stride[d] = 1;
+      boxes.pad[d] = int32_t(geometry.pad[d]);
+      boxes.dil[d] = dims[d].out_step;
+    }
+    boxes.three_d = geometry.dims == 3;
+    run_plan(plan, args, dx.device(),
+             [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
+  });
+}
+
+}  // namespace tg::cuda::engine

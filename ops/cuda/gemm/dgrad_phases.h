@@ -1,0 +1,75 @@
+// The strided grad-input's phase decomposition, shared by its two paths: the cp.async kernels
+// (engine.cu: each phase a GEMM that gathers dy) and the TMA kernel (conv_dgrad_sm90_tma.cu:
+// each phase a stride-1 forward over dy). Host-only. Design note: docs/kernels/gemm.md.
+//
+// Per spatial dim, forward y[o] = sum_t x[o s - p + t d] w[t], so dx[i] = sum of dy[o] w[t] over
+// o s - p + t d = i. The input pixels of phase `first` are i = first + s j; tap t reaches them
+// where (first + p - t d) is a multiple of s, which repeats every s / gcd(s, d) taps, and then
+// o = j + (first + p - t d) / s.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+
+#include "../../conv.h"
+#include "../arch/tensor_map.h"
+
+namespace tg::cuda::engine {
+
+// One dim of a grad-input stride phase: the input pixels first + stride * j (j < count) and the
+// taps tap0 + idx * tap_step (idx < taps) whose outputs (o = j + base - idx * out_step) reach
+// them. taps = 0: no tap reaches these pixels, their gradient is zero.
+struct DimPhase {
+  int32_t first = 0, count = 0, tap0 = 0, taps = 0, tap_step = 1, base = 0, out_step = 0;
+};
+
+inline DimPhase dim_phase(const ConvShape& s, int d, int32_t first) {
+  const int64_t in = s.in[d], k = s.kernel[d], stride = s.stride[d], pad = s.pad[d], dil = s.dilation[d];
+  DimPhase p;
+  p.first = first;
+  p.count = first < in ? int32_t((in - 1 - first) / stride + 1) : 0;
+  const int64_t gcd = std::gcd(stride, dil);
+  p.tap_step = int32_t(stride / gcd);
+  p.out_step = int32_t(dil / gcd);
+  // Taps t with (first + pad - t * dil) divisible by stride repeat every tap_step.
+  int64_t tap0 = -1;
+  for (int64_t t = 0; t < std::min<int64_t>(k, p.tap_step) && tap0 < 0; ++t)
+    if ((first + pad - t * dil) % stride == 0) tap0 = t;
+  if (tap0 < 0) return p;  // no tap reaches these pixels: their gradient is zero
+  p.tap0 = int32_t(tap0);
+  p.taps = int32_t((k - 1 - tap0) / p.tap_step + 1);
+  p.base = int32_t((first + pad - tap0 * dil) / stride);  // exact
+  return p;
+}
+
+// The phase as a stride-1 forward over dy. With the taps reversed, idx' = taps - 1 - idx, the
+// output read is o = j + base - idx * out_step = j - pad + idx' * out_step, where
+// pad = (taps - 1) * out_step - base: a window of `taps` taps at dilation out_step whose corner
+// for phase pixel j is j - pad (pad < 0: the window starts inside dy), over dy's `out` pixels,
+// giving `count` pixels. Forward tap idx' carries the weight of tap tap0 + (taps - 1 - idx') *
+// tap_step; outputs o outside [0, out) are the map's zero fill.
+inline int64_t phase_pad(const DimPhase& p) { return int64_t(p.taps - 1) * p.out_step - p.base; }
+
+// The im2col map of that forward over channels-last dy (`channels` per pixel). The walk must
+// visit exactly `count` window corners per dim (stride 1): out + upper - lower = count with
+// lower = -pad, i.e. upper = count - out - pad = pad_hi - out_step (taps - 1) for
+// pad_hi = count - out + base. A 2-D problem's D dim is the identity (one dy plane, one tap, no
+// shift): a rank-4 map. Meaningful for phases with count > 0 and taps > 0 in every dim.
+inline Im2colGeometry phase_im2col_geometry(const ConvShape& s, const DimPhase (&dims)[3], int64_t channels) {
+  Im2colGeometry g{};
+  const DimPhase& z = dims[0];
+  g.dims = s.out[0] == 1 && z.count == 1 && z.taps == 1 && z.base == 0 ? 2 : 3;
+  g.N = s.N;
+  g.C = channels;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = s.out[d];
+    g.kernel[d] = dims[d].taps;
+    g.stride[d] = 1;
+    g.pad[d] = phase_pad(dims[d]);
+    g.pad_hi[d] = int64_t(dims[d].count) - s.out[d] + dims[d].base;
+    g.dilation[d] = dims[d].out_step;
+  }
+  return g;
+}
+
+}  // namespace tg::cuda::engine

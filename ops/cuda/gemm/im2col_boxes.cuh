@@ -1,0 +1,79 @@
+// The TMA kernel's producer (tma_mainloop_sm90.cuh) for convolutions whose A operand the TMA unit
+// reads in im2col mode from a channels-last activation: the forward (conv_fprop_sm90_tma.cu) and
+// the strided grad-input's phases, each a stride-1 forward over dy (conv_dgrad_sm90_tma.cu).
+// Both launch it through launch_im2col_tma, defined once beside the forward, so that the kernel
+// is instantiated in one translation unit. Design note: docs/kernels/gemm_tma.md.
+#pragma once
+#include <cuda.h>  // CUtensorMap
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../arch/tma.cuh"
+#include "kernels.h"
+
+namespace tg::cuda::engine {
+
+// Fewer input channels than this (dy's channels for the grad-input) waste most of each
+// 32-channel k-tile: the cp.async kernels serve them.
+constexpr int64_t kTmaMinChannels = 16;
+
+// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
+// packed weights' columns kt * 32.. . Spatial arrays are (D, H, W). The cursor holds the
+// block's window corner (fixed) and the k-tile's channel and tap (stepped). Window corner of
+// output pixel o: o * stride - pad (pad may be negative: the window starts inside the input);
+// tap t's offset from it: t * dil (never negative).
+struct Im2colBoxes {
+  CUtensorMap x, w;
+  int32_t slices;  // 32-channel slices per tap
+  int32_t kernel_w, kernel_h;
+  int32_t out_w, out_h, out_volume;
+  int32_t stride[3], pad[3], dil[3];
+  bool three_d;
+  struct Cursor {
+    int32_t iw, ih, id, img;  // the tile's first output pixel's window corner: where the walk starts
+    int32_t c0, tx, ty, tz;   // the k-tile's first channel and its tap
+  };
+
+  __device__ __forceinline__ void prefetch() const {
+    tma::prefetch_map(&x);
+    tma::prefetch_map(&w);
+  }
+  __device__ __forceinline__ Cursor start(int32_t kt, int32_t m0) const {
+    Cursor at;
+    at.img = m0 / out_volume;
+    const int32_t pix = m0 - at.img * out_volume;
+    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
+    at.iw = ow * stride[2] - pad[2];
+    at.ih = oh * stride[1] - pad[1];
+    at.id = od * stride[0] - pad[0];
+    const int32_t tap = kt / slices;
+    at.c0 = (kt - tap * slices) * kBK;
+    at.tx = tap % kernel_w;
+    at.ty = (tap / kernel_w) % kernel_h;
+    at.tz = tap / (kernel_w * kernel_h);
+    return at;
+  }
+  __device__ __forceinline__ void advance(Cursor& at) const {
+    at.c0 += kBK;
+    if (at.c0 < slices * kBK) return;
+    at.c0 = 0;
+    if (++at.tx < kernel_w) return;
+    at.tx = 0;
+    if (++at.ty < kernel_h) return;
+    at.ty = 0;
+    ++at.tz;
+  }
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
+                                       int32_t kt, int32_t n0) const {
+    const uint16_t off_w = uint16_t(at.tx * dil[2]), off_h = uint16_t(at.ty * dil[1]), off_d = uint16_t(at.tz * dil[0]);
+    if (three_d) tma::load_im2col_5d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.id, at.img, off_w, off_h, off_d);
+    else tma::load_im2col_4d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.img, off_w, off_h);
+    tma::load_box(b_dst, &w, bar, kt * kBK, n0);
+  }
+};
+
+// One launch of the TMA kernel with this producer over plan's tiles (conv_fprop_sm90_tma.cu).
+void launch_im2col_tma(const Im2colBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
+
+}  // namespace tg::cuda::engine
