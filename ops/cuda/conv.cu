@@ -36,14 +36,20 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
 // engine's speed: most of the engine's 128-wide tiles would be empty). From 96 on both sides the
 // engine's TMA kernel wins channels-last (TF32 0.13-0.68 of the 1x1 kernels' time, FP32 0.34-0.98);
 // channels-first its input is transposed first, and it wins at TF32 from 192 x 192 (C K >= 36864:
-// 0.26-0.87; 96 x 96 and 128 x 128 lose, 1.3-1.4) and at FP32 from 256 on both sides (0.51-0.82;
-// 192 x 192 and 96 <-> 384 level). Grad-weight stays on the 1x1 kernels (1.0-2.8x faster
-// everywhere in the grid but 8x8 images).
-constexpr int64_t kEngineMinChannels1x1 = 96, kEngineMinProductNchwTf32 = 36864, kEngineMinChannelsNchwFp32 = 256;
-bool engine_beats_pointwise(const ConvShape& s, Precision precision) {
+// 0.26-0.87; 96 x 96 and 128 x 128 lose, 1.3-1.4). At FP32 channels-first it wins where the
+// pass reduces over more than 128 channels (the 1x1 forward's launch per 128 of them) and writes
+// 96+ (256 x 256 0.82, 512 x 512 0.51; level, 0.99-1.04, at 192 x 192 and 384 -> 96 at 64K
+// pixels, where the zoo's 16K-pixel 384 -> 96 forward takes 0.81 of the 1x1 kernel's time) and
+// loses otherwise (96 -> 384 forward 1.12, 384 -> 96 grad-input 1.09). Grad-weight stays on the
+// 1x1 kernels (1.0-2.8x faster everywhere in the grid but 8x8 images).
+constexpr int64_t kEngineMinChannels1x1 = 96, kEngineMinProductNchwTf32 = 36864, kPointwiseMaxReductionNchwFp32 = 128;
+bool engine_beats_pointwise(const ConvShape& s, ConvPass pass, Precision precision) {
   const int64_t narrow = std::min(s.C, s.K);
   if (s.channels_last()) return narrow >= kEngineMinChannels1x1;
-  if (precision == Precision::FP32) return narrow >= kEngineMinChannelsNchwFp32;
+  if (precision == Precision::FP32) {
+    const int64_t reduced = pass == ConvPass::Forward ? s.C : s.K, written = pass == ConvPass::Forward ? s.K : s.C;
+    return reduced > kPointwiseMaxReductionNchwFp32 && written >= kEngineMinChannels1x1;
+  }
   return narrow >= kEngineMinChannels1x1 && s.C * s.K >= kEngineMinProductNchwTf32;
 }
 
@@ -100,7 +106,7 @@ bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
 bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return conv1x1_applies(p.shape, p.dtype); }
 bool pointwise_preferred(const ConvProblem& p, const ConvOperands& o) {
   if (!pointwise_claims(p.shape, p.dtype)) return false;
-  if (p.pass == ConvPass::GradWeight || !engine_beats_pointwise(p.shape, p.precision)) return true;
+  if (p.pass == ConvPass::GradWeight || !engine_beats_pointwise(p.shape, p.pass, p.precision)) return true;
   const EnginePolicy& engine = kernel_policy().engine;
   return p.pass == ConvPass::Forward ? !engine_conv_forward_uses_tma(p.shape, o.x, p.precision, engine)
                                      : !engine_conv_grad_input_uses_tma(p.shape, o.dy, p.precision, engine);

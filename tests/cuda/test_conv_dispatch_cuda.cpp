@@ -2,9 +2,9 @@
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules
 // (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
 // - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
-//   channels-last; channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 from 256
-//   on both sides; grad-weight and everything narrower on the 1x1 kernels; past 512 channels
-//   the engine.
+//   channels-last; channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 where the
+//   pass reduces over more than 128 channels and writes 96+; grad-weight and everything
+//   narrower on the 1x1 kernels; past 512 channels the engine.
 // - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
@@ -124,7 +124,14 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
       {"NCHW 192 -> 192", kTf32, Pass::GradInput, {2, 192, 9, 7}, {192, 192, 1, 1}, Layout::NCHW, Kernel::Engine},
       {"grad-weight stays", kTf32, Pass::GradWeight, {2, 384, 9, 7}, {96, 384, 1, 1}, Layout::NCHW, Kernel::Pointwise},
       {"NCHW FP32 256 -> 256", kFp32, Pass::Forward, {2, 256, 9, 7}, {256, 256, 1, 1}, Layout::NCHW, Kernel::Engine},
-      {"NCHW FP32 192 -> 192", kFp32, Pass::Forward, {2, 192, 9, 7}, {192, 192, 1, 1}, Layout::NCHW, Kernel::Pointwise},
+      {"NCHW FP32 384 -> 96: reduces over 384, writes 96", kFp32, Pass::Forward, {2, 384, 9, 7}, {96, 384, 1, 1},
+       Layout::NCHW, Kernel::Engine},
+      {"NCHW FP32 96 -> 384: reduces over 96", kFp32, Pass::Forward, {2, 96, 9, 7}, {384, 96, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
+      {"NCHW FP32 384 -> 96 grad-input: reduces over 96", kFp32, Pass::GradInput, {2, 384, 9, 7}, {96, 384, 1, 1},
+       Layout::NCHW, Kernel::Pointwise},
+      {"NCHW FP32 256 -> 64: writes 64", kFp32, Pass::Forward, {2, 256, 9, 7}, {64, 256, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
       {"NHWC 96 -> 96", kTf32, Pass::Forward, {2, 9, 7, 96}, {96, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC 64 -> 256: a narrow side", kTf32, Pass::Forward, {2, 9, 7, 64}, {256, 64, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
