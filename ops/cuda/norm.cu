@@ -11,7 +11,7 @@
 //               coefficients from (1), then dx.
 //           Where dx is wanted, the groups fill the GPU and a group's x and dy fit in shared
 //           memory (the usual case in a CNN), (1) and (3) are one kernel per (n, g): x and dy
-//           are read from memory once, not twice.
+//           are read from memory once, not twice, and every warp sums a range of a channel.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp).
 #include <algorithm>
 
@@ -243,14 +243,35 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
 }
 
 // (1) and (3) in one block per (n, g), the group's x and dy staged in shared memory (2 M
-// elements, then 2 D doubles): the per-channel sums by one warp per channel (written out for
-// (2)), the group's coefficients from them in channel order by every thread, then dx.
+// elements, then the sums in doubles): the per-channel sums (written out for (2)), the group's
+// coefficients from them in channel order by every thread, then dx. With fewer channels than
+// warps (a CNN's GroupNorm has 2-16 channels per group) each channel's pixels are cut into
+// `parts` ranges, one warp each, so that every warp sums; the ranges' sums are then added in
+// range order (deterministic).
 constexpr int64_t kFusedMaxElements = 8192;  // f32 x and dy of a group: 64 KB
-constexpr int kFusedThreads = 256;
+constexpr int64_t kFusedMaxBytes = 96 * 1024;  // x, dy and the sums: two blocks fit an SM
+constexpr int kFusedThreads = 256, kFusedWarps = kFusedThreads / 32;
+
+__host__ __device__ inline int64_t fused_parts(int64_t D) { return D < kFusedWarps ? kFusedWarps / D : 1; }
 
 template <class T>
 int64_t fused_smem_bytes(int64_t M, int64_t D) {
-  return 2 * M * int64_t(sizeof(T)) + 2 * D * int64_t(sizeof(double));
+  // x, dy; the channel sums (2 D); the ranges' sums (2 D parts).
+  return 2 * M * int64_t(sizeof(T)) + 2 * (D + D * fused_parts(D)) * int64_t(sizeof(double));
+}
+
+// dst[0, M) = src[0, M) by the block, in 16-byte pieces where both sides allow them (the group
+// starts on a 16-byte boundary and spans whole pieces).
+template <class T>
+__device__ void stage_group(T* __restrict__ dst, const T* __restrict__ src, int64_t M) {
+  const int64_t bytes = M * int64_t(sizeof(T));
+  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | uintptr_t(bytes)) % 16 == 0) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d4[i] = s4[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) dst[i] = src[i];
+  }
 }
 
 template <class T>
@@ -263,18 +284,19 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
   T* sx = reinterpret_cast<T*>(fused_smem);
   T* sdy = sx + M;
   double* sums = reinterpret_cast<double*>(sdy + M);  // 2 M sizeof(T) bytes: a multiple of 8
-  const T* xg = x + ng * M;
-  const T* dyg = dy + ng * M;
-  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-    sx[i] = xg[i];
-    sdy[i] = dyg[i];
-  }
+  const int64_t parts = fused_parts(D), tasks = D * parts;
+  double* part_sums = sums + 2 * D;  // (b, s) of task t = d parts + p at 2 t, 2 t + 1
+  stage_group(sx, x + ng * M, M);
+  stage_group(sdy, dy + ng * M, M);
   __syncthreads();
   const double mu = mean[ng], rs = rstd[ng];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t d = warp; d < D; d += warps) {
+  const int64_t part_len = (HW + parts - 1) / parts;
+  for (int64_t t = warp; t < tasks; t += warps) {
+    const int64_t d = t / parts, p = t % parts;
+    const int64_t lo = d * HW + p * part_len, hi = d * HW + min(HW, (p + 1) * part_len);
     double b = 0, s = 0;
-    for (int64_t i = d * HW + lane; i < (d + 1) * HW; i += 32) {
+    for (int64_t i = lo + lane; i < hi; i += 32) {
       const double gy = sdy[i];
       b += gy;
       s += gy * (double(sx[i]) - mu);
@@ -284,11 +306,21 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
       s += __shfl_down_sync(0xffffffffu, s, o);
     }
     if (lane == 0) {
-      sums[d] = b;
-      sums[D + d] = s;
-      db[n * C + g * D + d] = b;
-      ds[n * C + g * D + d] = s;
+      part_sums[2 * t] = b;
+      part_sums[2 * t + 1] = s;
     }
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    double b = 0, s = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      b += part_sums[2 * (d * parts + p)];
+      s += part_sums[2 * (d * parts + p) + 1];
+    }
+    sums[d] = b;
+    sums[D + d] = s;
+    db[n * C + g * D + d] = b;
+    ds[n * C + g * D + d] = s;
   }
   __syncthreads();
   double sum_g = 0, sum_gx = 0;
@@ -301,8 +333,9 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
   // As dx_kernel: the CPU formula term by term in T.
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
   T* dxg = dx + ng * M;
-  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-    const T gc = gamma ? gamma[g * D + i / HW] : T(1);
+  const int hw = static_cast<int>(HW);  // M <= kFusedMaxElements: 32-bit division
+  for (int i = threadIdx.x; i < static_cast<int>(M); i += blockDim.x) {
+    const T gc = gamma ? gamma[g * D + i / hw] : T(1);
     dxg[i] = rs_t * (mul_rn(gc, sdy[i]) - A_t - (sx[i] - mu_t) * rs_t * B_t);
   }
 }
@@ -377,7 +410,8 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
   dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const int64_t M = p.group_size();
-    const bool fused = dx.defined() && p.N > 0 && M <= kFusedMaxElements && slices_for(p.N * G, M, dev) == 1;
+    const bool fused = dx.defined() && p.N > 0 && M <= kFusedMaxElements &&
+                       fused_smem_bytes<T>(M, D) <= kFusedMaxBytes && slices_for(p.N * G, M, dev) == 1;
     if (fused) {
       const int64_t bytes = fused_smem_bytes<T>(M, D);
       allow_dynamic_smem(fused_backward_kernel<T>, static_cast<int>(bytes));

@@ -25,6 +25,12 @@ const std::vector<Case> kCases = {
     // Fewer groups than SMs: each group is cut into ranges (one block each), per channel or
     // flat (HW < 32), a few ranges or many.
     {{2, 16, 9, 17, 33}, 4, true}, {{1, 4096, 3}, 2, true},           {{1, 64, 130, 70}, 1, false},
+    // Groups enough to fill any GPU (300+), each group's x and dy within shared memory: the
+    // fused backward, with fewer channels per group than warps (each channel's pixels in
+    // ranges), more (12), tiny images (HW < 32), a group of exactly kFusedMaxElements (8192),
+    // and one past it (the unfused kernels, unsliced).
+    {{10, 64, 12, 10}, 32, true},  {{20, 20, 7}, 20, true},           {{40, 96, 5, 5}, 8, true},
+    {{25, 36, 7, 3}, 12, false},   {{300, 2, 64, 64}, 1, true},       {{300, 2, 70, 60}, 1, true},
 };
 
 GroupNormProblem problem_of(const Tensor& x, int64_t groups) {
@@ -98,4 +104,33 @@ TEST(GroupNormCuda, DoublePrecisionAndDeterminism) {
   auto first = group_norm(xf, Tensor(), Tensor(), 8).to_vector<float>();
   auto second = group_norm(xf, Tensor(), Tensor(), 8).to_vector<float>();
   EXPECT_EQ(first, second);
+}
+
+// The fused backward (300+ groups, each within shared memory) in f64, and its gradients the
+// same bits run to run (the ranges' sums are added in a fixed order).
+TEST(GroupNormCuda, FusedBackwardInDoubleAndDeterministic) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  Tensor x = random({20, 48, 6, 5}, f64, gpu).requires_grad_();
+  Tensor gamma = uniform({48}, 0.5, 1.5, {.dtype = f64, .device = gpu}).requires_grad_();
+  Tensor beta = random({48}, f64, gpu).requires_grad_();
+  expect_matches_f64_cpu([](const std::vector<Tensor>& in) { return group_norm(in[0], in[1], in[2], 16); },
+                         {x, gamma, beta}, random({20, 48, 6, 5}, f64, gpu), 1e-12);
+  Tensor xf = random({16, 64, 9, 7}, f32, gpu), dy = random({16, 64, 9, 7}, f32, gpu);
+  const GroupNormProblem p = problem_of(xf, 32);
+  const TensorOptions o{.dtype = f32, .device = gpu};
+  Tensor gf = uniform({64}, 0.5, 1.5, o);
+  Tensor y = Tensor::empty(xf.shape(), o), mean = Tensor::empty({p.N, p.groups}, o);
+  Tensor rstd = Tensor::empty({p.N, p.groups}, o);
+  cuda::group_norm_forward(y, mean, rstd, xf, gf, Tensor(), p);
+  std::vector<float> runs[2][3];
+  for (auto& run : runs) {
+    Tensor dx = Tensor::empty(xf.shape(), o), dgamma = Tensor::empty({64}, o), dbeta = Tensor::empty({64}, o);
+    poison(dx);
+    cuda::group_norm_backward(dx, dgamma, dbeta, dy, xf, gf, mean, rstd, p);
+    run[0] = dx.to_vector<float>();
+    run[1] = dgamma.to_vector<float>();
+    run[2] = dbeta.to_vector<float>();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "output " << i;
 }
