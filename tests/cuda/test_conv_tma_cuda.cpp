@@ -82,6 +82,37 @@ bool hopper() { return cuda::engine_conv_forward_uses_tma(make_conv_shape("probe
                                                           Tensor::empty({1, 16, 4, 4}, {.device = kGpu}),
                                                           Precision::TF32); }
 
+// Grad-input on the TMA kernel for every precision and policy variant, against the f64
+// reference.
+void expect_grad_input_on_tma(const ConvCase& c) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+  cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+  for (Precision prec : kPrecisions)
+    for (const Variant& v : kVariants) {
+      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+      ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
+      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+      poison(dx);
+      cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
+      EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
+    }
+}
+
+// Grad-input the TMA kernel leaves to the other kernels, which still give the right answer.
+void expect_grad_input_elsewhere(const ConvCase& c) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32)) << c.name;
+  Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+  poison(dx);
+  cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32);
+  Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+  cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+  EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
+}
+
 #define TG_REQUIRE_TMA()                                                            \
   TG_REQUIRE_GPU();                                                                 \
   if (!hopper()) GTEST_SKIP() << "the TMA convolution kernel needs an sm_90a GPU"
@@ -225,37 +256,13 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
       {"NHWC 3x3 p1", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
       {"3d 3x3x3 p1", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}},
   };
-  for (const ConvCase& c : cases) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
-        Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-        poison(dx);
-        cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
-        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c);
   // Strided grad-input: StridedGradInputMatchesF64Reference.
   const ConvCase others[] = {
       {"padding past the reach", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {3}}},
       {"NHWC, 18 output channels", {2, 8, 7, 12}, {18, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
   };
-  for (const ConvCase& c : others) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32)) << c.name;
-    Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-    poison(dx);
-    cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32);
-    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
-  }
+  for (const ConvCase& c : others) expect_grad_input_elsewhere(c);
 }
 
 // Strided grad-input: per stride phase a stride-1 forward over dy (taps reversed, a padding
@@ -290,21 +297,7 @@ TEST(ConvTma, StridedGradInputMatchesF64Reference) {
       {"3d anisotropic", {2, 16, 5, 9, 6}, {20, 16, 1, 3, 2},
        {.stride = {1, 2, 3}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
   };
-  for (const ConvCase& c : cases) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
-        Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-        poison(dx);
-        cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
-        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c);
   // Left to the other kernels, which still give the right answer.
   const ConvCase others[] = {
       {"8 dy channels (most of each 32-channel slice wasted)", {2, 24, 9, 11}, {8, 24, 3, 3},
@@ -316,17 +309,7 @@ TEST(ConvTma, StridedGradInputMatchesF64Reference) {
       {"3d padding 34 (a phase's window corner past the 5-d range)", {1, 16, 3, 3, 3}, {16, 16, 3, 3, 3},
        {.stride = {2}, .padding = {34}}},
   };
-  for (const ConvCase& c : others) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, Precision::TF32)) << c.name;
-    Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-    poison(dx);
-    cuda::engine_conv_grad_input(dx, dy, w, s, Precision::TF32);
-    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
-  }
+  for (const ConvCase& c : others) expect_grad_input_elsewhere(c);
   // The policy's mma.sync and never-FP32-on-TMA choices keep the phases on the cp.async kernels.
   const ConvShape s = make_conv_shape("test", {2, 24, 9, 11}, {32, 24, 3, 3}, {.stride = {2}, .padding = {1}});
   Tensor dy = random(s.y_shape(), DType::f32, kGpu);

@@ -25,11 +25,6 @@
 namespace tg::cuda::engine {
 namespace {
 
-// Per dim: the phase's first tap, its step and count, and the kernel's size.
-struct PhaseTaps {
-  int32_t tap0[3], tap_step[3], taps[3], kernel[3];
-};
-
 // One phase's B: packed[c][t][k] = w[k][c][tap(t)] for c < C and k < K, zeros up to c_rows and
 // k_pad. t = (iz, iy, ix), x fastest, is the phase forward's tap in the order Im2colBoxes steps
 // through them; per dim it carries the weight of tap tap0 + (taps - 1 - i) * tap_step (the
@@ -128,13 +123,7 @@ void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, 
     const int64_t M = s.N * pixels, red = taps * k_pad;
     float* phase_w = packed.data<float>() + packed_offset;
     packed_offset += c_rows * red;
-    PhaseTaps pt{};
-    for (int d = 0; d < 3; ++d) {
-      pt.tap0[d] = dims[d].tap0;
-      pt.tap_step[d] = dims[d].tap_step;
-      pt.taps[d] = dims[d].taps;
-      pt.kernel[d] = int32_t(s.kernel[d]);
-    }
+    const PhaseTaps pt = phase_taps(s, dims);
     pack_phase_slices_kernel<<<grid_for(c_rows * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
                                                                                      k_pad, s.C, c_rows, pt);
     TG_LAUNCH_CHECK();

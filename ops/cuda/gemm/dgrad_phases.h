@@ -42,6 +42,22 @@ inline DimPhase dim_phase(const ConvShape& s, int d, int32_t first) {
   return p;
 }
 
+// A phase's taps per dim, passed by value to the weight-packing kernels, with the kernel's size.
+struct PhaseTaps {
+  int32_t tap0[3], tap_step[3], taps[3], kernel[3];
+};
+
+inline PhaseTaps phase_taps(const ConvShape& s, const DimPhase (&dims)[3]) {
+  PhaseTaps pt{};
+  for (int d = 0; d < 3; ++d) {
+    pt.tap0[d] = dims[d].tap0;
+    pt.tap_step[d] = dims[d].tap_step;
+    pt.taps[d] = dims[d].taps;
+    pt.kernel[d] = int32_t(s.kernel[d]);
+  }
+  return pt;
+}
+
 // The phase as a stride-1 forward over dy. With the taps reversed, idx' = taps - 1 - idx, the
 // output read is o = j + base - idx * out_step = j - pad + idx' * out_step, where
 // pad = (taps - 1) * out_step - base: a window of `taps` taps at dilation out_step whose corner

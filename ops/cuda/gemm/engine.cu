@@ -19,6 +19,7 @@ using engine::DimPhase;
 using engine::MainloopArgs;
 using engine::OutputMap;
 using engine::PhaseGeometry;
+using engine::PhaseTaps;
 using engine::Plan;
 using engine::dim_phase;
 using engine::fits;
@@ -27,6 +28,7 @@ using engine::kCoordinateLimit;
 using engine::kThreads;
 using engine::make_plan;
 using engine::output_map;
+using engine::phase_taps;
 
 
 // packed[k][t * C + c] = w[k][c][t]: the forward's B, reduction in the order its gather uses.
@@ -68,10 +70,6 @@ PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
   ph.div_taps_h = FastDivmod(uint32_t(std::max(1, ph.taps[1])));
   return ph;
 }
-
-struct PhaseTaps {
-  int32_t tap0[3], tap_step[3], taps[3], kernel[3];
-};
 
 // packed[c][idx * K + k] = w[k][c][tap(idx)]: one phase's weights as its GEMM's B.
 __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
@@ -236,10 +234,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
         const int64_t red = int64_t(ph.tap_volume) * s.K;  // 0: these pixels get no gradient
         float* phase_w = packed.data<float>() + packed_offset;
         if (red > 0) {
-          const PhaseTaps pt{{dims[0].tap0, dims[1].tap0, dims[2].tap0},
-                             {dims[0].tap_step, dims[1].tap_step, dims[2].tap_step},
-                             {dims[0].taps, dims[1].taps, dims[2].taps},
-                             {g.kernel[0], g.kernel[1], g.kernel[2]}};
+          const PhaseTaps pt = phase_taps(s, dims);
           pack_phase_weights_kernel<<<grid_for(s.C * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
                                                                                          s.C, pt);
           TG_LAUNCH_CHECK();
