@@ -419,6 +419,11 @@ TEST(ConvTma, LeavesWhatItCannotServeToTheOtherKernels) {
       {"padding 130 (past the im2col corner range)", {1, 16, 4, 4}, {4, 16, 3, 3}, {.padding = {130}}},
       {"3d padding 17 (past the 5-d corner range)", {1, 16, 3, 3, 3}, {2, 16, 3, 3, 3}, {.padding = {17}}},
       {"stride 9 (past the traversal stride range)", {1, 16, 20, 20}, {4, 16, 2, 2}, {.stride = {9}}},
+      // One input plane, a 1-deep kernel and D padding with a D stride past it: the one output
+      // plane reads the padding (all zeros). A rank-4 map has no D coordinate and would read the
+      // input plane instead.
+      {"3d, one plane, D padding 1, D stride 3", {2, 16, 1, 5, 6}, {4, 16, 1, 3, 3},
+       {.stride = {3, 1, 1}, .padding = {1, 1, 1}}},
   };
   for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
