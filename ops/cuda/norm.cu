@@ -6,7 +6,7 @@
 //           fewer groups than SMs, each group is cut into ranges: the ranges' sums, then a
 //           block per range adds them (fixed order) and normalizes its range.
 // backward: (1) one block per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
-//           (2) one thread per channel: dgamma = sum_n rstd ds, dbeta = sum_n db
+//           (2) per channel: dgamma = sum_n rstd ds, dbeta = sum_n db (32 rows of threads over n)
 //           (3) one block per (n, g), or per range of it when groups are few: the group's two
 //               coefficients from (1), then dx.
 //           Where dx is wanted, the groups fill the GPU and a group's x and dy fit in shared
@@ -180,17 +180,35 @@ __global__ void channel_sums_kernel(double* __restrict__ db, double* __restrict_
   }
 }
 
-// (2) per channel, summing over n in index order.
+// (2) per channel, summing over n: a block takes 32 channels (threadIdx.x: coalesced reads of the
+// (N, C) sums) and 32 rows of threads (threadIdx.y), row r summing n = r, r + 32, ... in order;
+// then the rows' sums are added in row order (a fixed order: deterministic). One thread per
+// channel walking all N would wait out a load latency per image (N = 128: most of the pass).
+constexpr int kParamChannels = 32, kParamRows = 32;
 template <class T>
-__global__ void param_grads_kernel(T* __restrict__ dgamma, T* __restrict__ dbeta, const double* __restrict__ db,
-                                   const double* __restrict__ ds, const T* __restrict__ rstd,
-                                   int64_t N, int64_t C, int64_t G, int64_t D) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
+__global__ void __launch_bounds__(kParamChannels * kParamRows)
+    param_grads_kernel(T* __restrict__ dgamma, T* __restrict__ dbeta, const double* __restrict__ db,
+                       const double* __restrict__ ds, const T* __restrict__ rstd, int64_t N, int64_t C, int64_t G,
+                       int64_t D) {
+  __shared__ double row_g[kParamRows][kParamChannels], row_b[kParamRows][kParamChannels];
+  const int64_t c = blockIdx.x * int64_t(kParamChannels) + threadIdx.x;
   double gs = 0, bs = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    gs += double(rstd[n * G + c / D]) * ds[n * C + c];
-    bs += db[n * C + c];
+  if (c < C) {
+    const int64_t g = c / D;
+    for (int64_t n = threadIdx.y; n < N; n += kParamRows) {
+      gs += double(rstd[n * G + g]) * ds[n * C + c];
+      bs += db[n * C + c];
+    }
+  }
+  row_g[threadIdx.y][threadIdx.x] = gs;
+  row_b[threadIdx.y][threadIdx.x] = bs;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  gs = 0;
+  bs = 0;
+  for (int r = 0; r < kParamRows; ++r) {
+    gs += row_g[r][threadIdx.x];
+    bs += row_b[r][threadIdx.x];
   }
   if (dgamma) dgamma[c] = static_cast<T>(gs);
   if (dbeta) dbeta[c] = static_cast<T>(bs);
@@ -425,8 +443,8 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
       TG_LAUNCH_CHECK();
     }
     if (dgamma.defined() || dbeta.defined()) {
-      const int threads = 128;
-      param_grads_kernel<T><<<blocks_checked((p.C + threads - 1) / threads, "blocks"), threads, 0, s>>>(
+      const dim3 threads(kParamChannels, kParamRows);
+      param_grads_kernel<T><<<blocks_checked((p.C + kParamChannels - 1) / kParamChannels, "blocks"), threads, 0, s>>>(
           mutable_or_null<T>(dgamma), mutable_or_null<T>(dbeta), db, ds, rstd.data<T>(), p.N, p.C, G, D);
       TG_LAUNCH_CHECK();
     }
