@@ -172,7 +172,8 @@ GroupNorm::GroupNorm(GroupNormOptions o, TensorOptions t) : options_(o) {
 Tensor GroupNorm::forward(const Tensor& x) {
   TG_CHECK(x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
            options_.num_channels, ", *) of rank >= 3, got ", describe(x));
-  return group_norm(x, weight, bias, options_.num_groups, options_.eps);
+  return options_.relu ? group_norm_relu(x, weight, bias, options_.num_groups, options_.eps)
+                       : group_norm(x, weight, bias, options_.num_groups, options_.eps);
 }
 
 // ---- shape-only layers ------------------------------------------------------------------

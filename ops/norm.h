@@ -11,12 +11,17 @@ namespace tg {
 
 // gamma, beta (C), or undefined tensors for no scale / no shift.
 Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps = 1e-5);
+// relu(group_norm(x, ...)) in the same passes over x: the ReLU's own read and write of the
+// activation, forward and backward, are not made. The same values and gradients as the two ops.
+Tensor group_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups,
+                       double eps = 1e-5);
 
 // The flattened problem, shared by the CPU reference and the CUDA kernels.
 struct GroupNormProblem {
   int64_t N = 0, C = 0, HW = 0;  // x viewed as (N, C, HW)
   int64_t groups = 1;
   double eps = 1e-5;
+  bool relu = false;  // y = max(0, the normalized, scaled and shifted x)
 
   int64_t channels_per_group() const { return C / groups; }
   int64_t group_size() const { return C / groups * HW; }  // elements normalized together
@@ -32,7 +37,8 @@ void check_group_norm_forward_buffers(const Tensor& y, const Tensor& mean, const
                                       const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
 void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                        const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p);
+                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p,
+                                       const Tensor& y = Tensor());
 
 }  // namespace tg
 
@@ -43,8 +49,9 @@ namespace tg::cpu {
 // y like x; mean, rstd (N, groups) are saved for backward; gamma, beta (C) or undefined.
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                         const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
-// dx like x, dgamma and dbeta (C): each may be undefined, and is then not computed.
+// dx like x, dgamma and dbeta (C): each may be undefined, and is then not computed. With
+// p.relu, y is the forward's output: dy counts only where y > 0 (the ReLU's gradient).
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                         const GroupNormProblem& p);
+                         const GroupNormProblem& p, const Tensor& y = Tensor());
 }  // namespace tg::cpu

@@ -9,5 +9,5 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
                         const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                         const GroupNormProblem& p);
+                         const GroupNormProblem& p, const Tensor& y = Tensor());
 }  // namespace tg::cuda
