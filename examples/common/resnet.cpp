@@ -41,8 +41,9 @@ BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride, int64_t groups, 
 }
 
 tg::Tensor BasicBlock::forward(const tg::Tensor& x) {
-  tg::Tensor y = (*gn2_)((*conv2_)((*gn1_)((*conv1_)(x))));  // gn1 applies the ReLU
-  return tg::relu(tg::add(y, downsample_ ? (*downsample_)(x) : x));
+  // gn1 applies the ReLU; gn2 adds the shortcut and applies the ReLU.
+  const tg::Tensor h = (*conv2_)((*gn1_)((*conv1_)(x)));
+  return gn2_->forward_add_relu(h, downsample_ ? (*downsample_)(x) : x);
 }
 
 ResNet18GN::ResNet18GN(const ResNetOptions& o, tg::TensorOptions t) {

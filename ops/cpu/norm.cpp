@@ -21,8 +21,9 @@
 namespace tg::cpu {
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                        const Tensor& residual) {
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p, residual);
   dispatch_floating("group_norm", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();  // (N, C, HW)
@@ -31,6 +32,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     T* pr = rstd.data<T>();     // (N, G)
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
     const T* pb = beta.defined() ? beta.data<T>() : nullptr;    // (C)
+    const T* pres = residual.defined() ? residual.data<T>() : nullptr;  // (N, C, HW)
     const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
     parallel_for(p.N * G, 3 * M, [&](int64_t ng) {
       const T* xg = px + ng * M;  // a group is contiguous: D channels of HW
@@ -46,8 +48,10 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
         const int64_t c = g * D + d;
         const double scale = rs * (pg ? double(pg[c]) : 1.0), shift = (pb ? double(pb[c]) : 0.0);
         for (int64_t i = d * HW; i < (d + 1) * HW; ++i) {
-          const double v = (xg[i] - mu) * scale + shift;
-          py[ng * M + i] = static_cast<T>(p.relu && !(v > 0) ? 0.0 : v);
+          // Rounded to T before the residual's add and the ReLU, as the separate ops would.
+          T v = static_cast<T>((xg[i] - mu) * scale + shift);
+          if (pres) v = v + pres[ng * M + i];
+          py[ng * M + i] = p.relu && !(v > T(0)) ? T(0) : v;
         }
       }
     });

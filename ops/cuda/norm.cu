@@ -76,11 +76,12 @@ __device__ __forceinline__ T masked_grad(const T* __restrict__ y, const T* __res
 }
 
 // y over elements [lo, hi) of group ng (D channels of HW, contiguous): x normalized with
-// (mu, rs), then gamma and beta per channel, then the ReLU where `relu`.
+// (mu, rs), then gamma and beta per channel, then the group's residual rg (or null) added, then
+// the ReLU where `relu`.
 template <class T>
 __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, const T* __restrict__ gamma,
-                                const T* __restrict__ beta, int64_t g, int64_t D, int64_t HW, int64_t lo, int64_t hi,
-                                double mu, double rs, bool relu) {
+                                const T* __restrict__ beta, const T* __restrict__ rg, int64_t g, int64_t D,
+                                int64_t HW, int64_t lo, int64_t hi, double mu, double rs, bool relu) {
   const T mu_t = static_cast<T>(mu);
   if (HW >= 32) {  // per channel: no division per element
     for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
@@ -88,14 +89,19 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
       const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
       const T shift = beta ? beta[c] : T(0);
       const int64_t end = min((d + 1) * HW, hi);
-      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x)
-        yg[i] = relu_if(relu, (xg[i] - mu_t) * scale + shift);
+      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x) {
+        T v = (xg[i] - mu_t) * scale + shift;
+        if (rg) v = v + rg[i];  // rounded first, as the separate add would get it
+        yg[i] = relu_if(relu, v);
+      }
     }
   } else {  // tiny spatial extent: walk the range flat
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const int64_t c = g * D + i / HW;
       const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
-      yg[i] = relu_if(relu, (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0)));
+      T v = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+      if (rg) v = v + rg[i];
+      yg[i] = relu_if(relu, v);
     }
   }
 }
@@ -112,7 +118,8 @@ __device__ __forceinline__ void group_stats(double s, double ss, int64_t M, doub
 template <class T>
 __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
                                const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                               int64_t G, int64_t D, int64_t HW, double eps, bool relu) {
+                               const T* __restrict__ residual, int64_t G, int64_t D, int64_t HW, double eps,
+                               bool relu) {
   const int64_t ng = blockIdx.x, M = D * HW;
   const T* xg = x + ng * M;
   double s = 0, ss = 0;
@@ -128,7 +135,8 @@ __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __res
     mean[ng] = static_cast<T>(mu);
     rstd[ng] = static_cast<T>(rs);
   }
-  normalize_range(y + ng * M, xg, gamma, beta, ng % G, D, HW, 0, M, mu, rs, relu);
+  normalize_range(y + ng * M, xg, gamma, beta, residual ? residual + ng * M : nullptr, ng % G, D, HW, 0, M, mu, rs,
+                  relu);
 }
 
 // Few groups (fewer than the SMs): each group is cut into `slices` ranges, one block each.
@@ -154,8 +162,9 @@ __global__ void slice_sums_kernel(double2* __restrict__ partial, const T* __rest
 template <class T>
 __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
                                        const T* __restrict__ x, const T* __restrict__ gamma,
-                                       const T* __restrict__ beta, const double2* __restrict__ partial,
-                                       int64_t G, int64_t D, int64_t HW, int64_t slice_len, double eps, bool relu) {
+                                       const T* __restrict__ beta, const T* __restrict__ residual,
+                                       const double2* __restrict__ partial, int64_t G, int64_t D, int64_t HW,
+                                       int64_t slice_len, double eps, bool relu) {
   const int64_t ng = blockIdx.x, slice = blockIdx.y, M = D * HW;
   double s = 0, ss = 0;
   for (unsigned k = 0; k < gridDim.y; ++k) {
@@ -169,7 +178,8 @@ __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, 
     rstd[ng] = static_cast<T>(rs);
   }
   const int64_t lo = slice * slice_len, hi = min(M, lo + slice_len);
-  normalize_range(y + ng * M, x + ng * M, gamma, beta, ng % G, D, HW, lo, hi, mu, rs, relu);
+  normalize_range(y + ng * M, x + ng * M, gamma, beta, residual ? residual + ng * M : nullptr, ng % G, D, HW, lo,
+                  hi, mu, rs, relu);
 }
 
 // (1) per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
@@ -387,8 +397,9 @@ unsigned blocks_checked(int64_t n, const char* what) {
 }  // namespace
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                        const Tensor& residual) {
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p, residual);
   if (p.N == 0) return;
   const int dev = x.device().index;
   set_device(dev);
@@ -401,7 +412,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     if (slices == 1) {
       forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(M), 0, s>>>(
           y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
-          G, D, p.HW, p.eps, p.relu);
+          data_or_null<T>(residual), G, D, p.HW, p.eps, p.relu);
       TG_LAUNCH_CHECK();
       return;
     }
@@ -412,7 +423,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     TG_LAUNCH_CHECK();
     slice_normalize_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(
         y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
-        part, G, D, p.HW, slice_len, p.eps, p.relu);
+        data_or_null<T>(residual), part, G, D, p.HW, slice_len, p.eps, p.relu);
     TG_LAUNCH_CHECK();
   });
 }

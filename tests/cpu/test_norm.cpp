@@ -188,3 +188,45 @@ TEST(GroupNorm, ModuleReluOptionIsReluOfTheNorm) {
   EXPECT_EQ(y, relu(plain(x)).to_vector<float>());
   EXPECT_GT(std::count(y.begin(), y.end(), 0.0f), 0) << "the ReLU clamped nothing";
 }
+
+// group_norm_add_relu is relu(group_norm(...) + residual): the same values and gradients (x,
+// gamma, beta and the residual's) bit for bit as the three ops, in f64 and f32, at ranks 3-5.
+TEST(GroupNorm, GroupNormAddReluIsReluOfGroupNormPlusResidual) {
+  for (DType dt : {f64, f32})
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(testing::Message() << s << " " << dtype_name(dt));
+      Tensor x = random(s, dt).requires_grad_(), r = random(s, dt).requires_grad_();
+      Tensor gamma = random({6}, dt).requires_grad_(), beta = random({6}, dt).requires_grad_();
+      Tensor dy = random(s, dt);
+      std::vector<float> got[5], want[5];
+      for (int fused = 0; fused < 2; ++fused) {
+        for (Tensor* t : {&x, &r, &gamma, &beta}) t->zero_grad();
+        Tape tape;
+        Tensor y = fused ? group_norm_add_relu(x, gamma, beta, 3, r) : relu(add(group_norm(x, gamma, beta, 3), r));
+        tape.backward(y, dy);
+        auto& out = fused ? got : want;
+        out[0] = y.to_vector<float>();
+        out[1] = x.grad().to_vector<float>();
+        out[2] = r.grad().to_vector<float>();
+        out[3] = gamma.grad().to_vector<float>();
+        out[4] = beta.grad().to_vector<float>();
+      }
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+      EXPECT_GT(std::count(got[0].begin(), got[0].end(), 0.0f), 0) << "the ReLU clamped nothing";
+    }
+}
+
+TEST(GroupNorm, GroupNormAddReluGradAndErrors) {
+  Tensor x = param({2, 6, 3, 4}), gamma = param({6}), beta = param({6}), r = param({2, 6, 3, 4});
+  TG_EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) { return group_norm_add_relu(in[0], in[1], in[2], 3, in[3]); },
+      std::vector<Tensor>({x, gamma, beta, r}));
+  Tensor xc = random({2, 6, 5});
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, random({2, 6, 4})),
+                  "group_norm_add_relu: residual [2, 6, 4] does not match input [2, 6, 5]");
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, random({2, 6, 5}, f32)), "group_norm_add_relu",
+                  "dtypes differ");
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, Tensor()), "group_norm_add_relu: the residual");
+  nn::GroupNorm with_relu(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6, .relu = true});
+  TG_EXPECT_ERROR(with_relu.forward_add_relu(random({2, 6, 5}, f32), random({2, 6, 5}, f32)), "forward_add_relu");
+}
