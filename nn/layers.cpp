@@ -172,7 +172,16 @@ GroupNorm::GroupNorm(GroupNormOptions o, TensorOptions t) : options_(o) {
 Tensor GroupNorm::forward(const Tensor& x) {
   TG_CHECK(x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
            options_.num_channels, ", *) of rank >= 3, got ", describe(x));
-  return group_norm(x, weight, bias, options_.num_groups, options_.eps);
+  return options_.relu ? group_norm_relu(x, weight, bias, options_.num_groups, options_.eps)
+                       : group_norm(x, weight, bias, options_.num_groups, options_.eps);
+}
+
+Tensor GroupNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  TG_CHECK(x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
+           options_.num_channels, ", *) of rank >= 3, got ", describe(x));
+  TG_CHECK(!options_.relu, "GroupNorm::forward_add_relu: the norm's own relu option would apply the ReLU before "
+                           "the residual; build it without");
+  return group_norm_add_relu(x, weight, bias, options_.num_groups, residual, options_.eps);
 }
 
 // ---- shape-only layers ------------------------------------------------------------------

@@ -92,6 +92,8 @@ class GroupNorm : public Module {
  public:
   explicit GroupNorm(GroupNormOptions options, TensorOptions tensor_options = {});
   Tensor forward(const Tensor& x) override;
+  // relu(this norm of x + residual) in one op (group_norm_add_relu): a residual block's tail.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   const GroupNormOptions& options() const { return options_; }
 
   Tensor weight;

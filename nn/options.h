@@ -116,6 +116,9 @@ struct GroupNormOptions {
   int64_t num_channels = 0;
   double eps = 1e-5;
   bool affine = true;
+  // The ReLU that usually follows, in the same op (group_norm_relu): relu(GroupNorm(x)) with
+  // the ReLU's own passes over the activation saved. No parameter of its own.
+  bool relu = false;
 
   struct Builder;
   static Builder make(int64_t num_groups, int64_t num_channels);
@@ -126,6 +129,7 @@ struct GroupNormOptions::Builder : GroupNormOptions {
   TG_OPTIONS_SETTER(GroupNormOptions, int64_t, num_channels)
   TG_OPTIONS_SETTER(GroupNormOptions, double, eps)
   TG_OPTIONS_SETTER(GroupNormOptions, bool, affine)
+  TG_OPTIONS_SETTER(GroupNormOptions, bool, relu)
 };
 
 inline GroupNormOptions::Builder GroupNormOptions::make(int64_t num_groups, int64_t num_channels) {

@@ -30,15 +30,20 @@ void check_group_norm_buffers(const char* op, const Tensor& x, const Tensor& mea
 }
 
 void check_group_norm_forward_buffers(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                                      const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
+                                      const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                                      const Tensor& residual) {
   check_group_norm_buffers("group_norm_forward", x, mean, rstd, gamma, beta, p);
   TG_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(),
            "group_norm_forward: output ", describe(y), " does not match input ", describe(x));
+  TG_CHECK(!residual.defined() ||
+               (residual.numel() == x.numel() && residual.dtype() == x.dtype() && residual.device() == x.device()),
+           "group_norm_forward: residual ", describe(residual), " does not match input ", describe(x));
 }
 
 void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                        const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p) {
+                                       const Tensor& mean, const Tensor& rstd, const GroupNormProblem& p,
+                                       const Tensor& y) {
   check_group_norm_buffers("group_norm_backward", x, mean, rstd, gamma, Tensor(), p);
   TG_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && dy.device() == x.device(),
            "group_norm_backward: gradient ", describe(dy), " does not match input ", describe(x));
@@ -47,6 +52,8 @@ void check_group_norm_backward_buffers(const Tensor& dx, const Tensor& dgamma, c
   for (const Tensor* t : {&dgamma, &dbeta})
     TG_CHECK(!t->defined() || (t->numel() == p.C && t->dtype() == x.dtype() && t->device() == x.device()),
              "group_norm_backward: parameter gradient ", describe(*t), " does not match C=", p.C);
+  TG_CHECK(!p.relu || (y.defined() && y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device()),
+           "group_norm_backward: with the ReLU, the forward's output ", describe(y), " must match input ", describe(x));
 }
 
 // Profiler costs (core/profiler.h). Forward: 7 FLOPs per element (sum and sum of squares: 3;
@@ -57,56 +64,114 @@ static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const 
   return {std::vector<const Tensor*>(in), per * static_cast<double>(x.numel()), profile::bytes_of(in) + written};
 }
 
-Tensor group_norm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
+namespace {
+
+// group_norm, group_norm_relu and group_norm_add_relu: `op` names the op in errors, the tape
+// and the profiler; `residual` (undefined but for group_norm_add_relu) is added before the ReLU.
+Tensor group_norm_op(const char* op, const Tensor& x_in, const Tensor& gamma, const Tensor& beta, int64_t groups,
+                     double eps, bool relu, const Tensor& residual_in = Tensor()) {
   const Tensor x = autocast_f32(x_in);  // f32 inside an Autocast scope (core/autocast.h)
-  check_floating("group_norm", x);
-  TG_CHECK_AS(ShapeError, x.dim() >= 3, "group_norm: input must be (N, C, *) with at least 3 dims, got ", describe(x));
+  check_floating(op, x);
+  TG_CHECK_AS(ShapeError, x.dim() >= 3, op, ": input must be (N, C, *) with at least 3 dims, got ", describe(x));
   const int64_t N = x.size(0), C = x.size(1);
-  TG_CHECK(groups > 0, "group_norm: groups must be positive, got ", groups);
-  TG_CHECK_AS(ShapeError, C > 0 && C % groups == 0, "group_norm: ", C, " channels are not divisible into ", groups, " groups");
-  TG_CHECK(eps >= 0, "group_norm: eps must be non-negative, got ", eps);
+  TG_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
+  TG_CHECK_AS(ShapeError, C > 0 && C % groups == 0, op, ": ", C, " channels are not divisible into ", groups,
+              " groups");
+  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const char* names[2] = {"gamma", "beta"};
   const Tensor* params[2] = {&gamma, &beta};
   for (int i = 0; i < 2; ++i) {
     if (!params[i]->defined()) continue;
-    check_same_device_dtype("group_norm", x, *params[i]);
-    TG_CHECK_AS(ShapeError, params[i]->shape() == Shape({C}), "group_norm: ", names[i], " ", params[i]->shape(),
+    check_same_device_dtype(op, x, *params[i]);
+    TG_CHECK_AS(ShapeError, params[i]->shape() == Shape({C}), op, ": ", names[i], " ", params[i]->shape(),
                 " does not match the ", C, " channels of input ", x.shape(), " (expected [", C, "])");
   }
   int64_t HW = 1;
   for (int64_t d = 2; d < x.dim(); ++d) HW *= x.size(d);
-  TG_CHECK_AS(ShapeError, HW > 0, "group_norm: input ", x.shape(), " has an empty spatial extent");
+  TG_CHECK_AS(ShapeError, HW > 0, op, ": input ", x.shape(), " has an empty spatial extent");
+  const Tensor residual = residual_in.defined() ? autocast_f32(residual_in) : Tensor();
+  if (residual.defined()) {
+    check_same_device_dtype(op, x, residual);
+    TG_CHECK_AS(ShapeError, residual.shape() == x.shape(), op, ": residual ", residual.shape(),
+                " does not match input ", x.shape());
+  }
 
-  const GroupNormProblem p{.N = N, .C = C, .HW = HW, .groups = groups, .eps = eps};
-  profile::OpScope scope("group_norm", [&] {
-    return norm_info({&x, &gamma, &beta}, x, 7, static_cast<double>((x.numel() + 2 * N * groups) * dtype_size(x.dtype())));
+  const GroupNormProblem p{.N = N, .C = C, .HW = HW, .groups = groups, .eps = eps, .relu = relu};
+  profile::OpScope scope(op, [&] {
+    const double written = static_cast<double>((x.numel() + 2 * N * groups) * dtype_size(x.dtype()));
+    return norm_info({&x, &gamma, &beta, &residual}, x, 7, written);
   });
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   Tensor y = Tensor::empty(x.shape(), opts);
   Tensor mean = Tensor::empty({N, groups}, opts), rstd = Tensor::empty({N, groups}, opts);
-  TG_DISPATCH(x.device(), group_norm_forward(y, mean, rstd, x, gamma, beta, p));
+  TG_DISPATCH(x.device(), group_norm_forward(y, mean, rstd, x, gamma, beta, p, residual));
+  if (residual.defined()) {
+    // The backward as the three ops': the ReLU's mask (which is also the residual's gradient),
+    // then group_norm's kernels on the masked gradient.
+    if (should_record({x, gamma, beta, residual})) {
+      GroupNormProblem plain = p;
+      plain.relu = false;
+      record(op, {x, gamma, beta, residual}, {y}, {x, gamma, mean, rstd, y}, [plain](const BackwardArgs& args) {
+        const Tensor &xs = args.saved[0], &g = args.saved[1], &m = args.saved[2], &r = args.saved[3];
+        const Tensor masked = relu_backward(args.grad_outputs[0], args.saved[4]);
+        profile::OpScope scope("group_norm_add_relu (backward)", [&] {
+          return norm_info({&masked, &xs, &g, &m, &r}, xs, 8, static_cast<double>(xs.nbytes()));
+        });
+        const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
+        Tensor dx, dgamma, dbeta;
+        if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
+        if (args.needs_grad[1]) dgamma = Tensor::empty({plain.C}, o);
+        if (args.needs_grad[2]) dbeta = Tensor::empty({plain.C}, o);
+        if (dx.defined() || dgamma.defined() || dbeta.defined())
+          TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, masked, xs, g, m, r, plain));
+        return std::vector<Tensor>{dx, dgamma, dbeta, args.needs_grad[3] ? masked : Tensor()};
+      });
+    }
+    return y;
+  }
 
   if (should_record({x, gamma, beta})) {
-    // Saves the statistics, not the normalized tensor: backward recomputes x-hat from x.
-    record("group_norm", {x, gamma, beta}, {y}, {x, gamma, mean, rstd}, [p](const BackwardArgs& args) {
+    // Saves the statistics, not the normalized tensor: backward recomputes x-hat from x. With
+    // the ReLU, also the output, whose zeros mask the gradient (as the relu op saves its own).
+    std::vector<Tensor> saved{x, gamma, mean, rstd};
+    if (relu) saved.push_back(y);
+    record(op, {x, gamma, beta}, {y}, saved, [p](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
       const Tensor &xs = args.saved[0], &g = args.saved[1], &m = args.saved[2], &r = args.saved[3];
-      profile::OpScope scope("group_norm (backward)", [&] {
+      const Tensor ys = p.relu ? args.saved[4] : Tensor();
+      // The profiler keeps the name's pointer: a literal.
+      profile::OpScope scope(p.relu ? "group_norm_relu (backward)" : "group_norm (backward)", [&] {
         const double e = static_cast<double>(dtype_size(xs.dtype()));
         const double written = (args.needs_grad[0] ? static_cast<double>(xs.numel()) * e : 0) +
                                (args.needs_grad[1] ? p.C * e : 0) + (args.needs_grad[2] ? p.C * e : 0);
-        return norm_info({&dy, &xs, &g, &m, &r}, xs, 8, written);
+        return norm_info({&dy, &xs, &g, &m, &r, &ys}, xs, 8, written);
       });
       const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
       Tensor dx, dgamma, dbeta;
       if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
       if (args.needs_grad[1]) dgamma = Tensor::empty({p.C}, o);
       if (args.needs_grad[2]) dbeta = Tensor::empty({p.C}, o);
-      TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, dy, xs, g, m, r, p));
+      TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, dy, xs, g, m, r, p, ys));
       return std::vector<Tensor>{dx, dgamma, dbeta};
     });
   }
   return y;
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
+  return group_norm_op("group_norm", x, gamma, beta, groups, eps, /*relu=*/false);
+}
+
+Tensor group_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups, double eps) {
+  return group_norm_op("group_norm_relu", x, gamma, beta, groups, eps, /*relu=*/true);
+}
+
+Tensor group_norm_add_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups,
+                           const Tensor& residual, double eps) {
+  TG_CHECK(residual.defined(), "group_norm_add_relu: the residual is an undefined tensor");
+  return group_norm_op("group_norm_add_relu", x, gamma, beta, groups, eps, /*relu=*/true, residual);
 }
 
 }  // namespace tg

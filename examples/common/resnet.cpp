@@ -15,16 +15,17 @@ std::shared_ptr<tg::nn::Conv2d> conv(int64_t in, int64_t out, int64_t k, int64_t
                                           t);
 }
 
-std::shared_ptr<tg::nn::GroupNorm> norm(int64_t channels, int64_t groups, tg::TensorOptions t) {
-  return std::make_shared<tg::nn::GroupNorm>(tg::nn::GroupNormOptions{.num_groups = groups, .num_channels = channels},
-                                             t);
+// relu: the ReLU that follows the norm, run inside it (nn::GroupNormOptions::relu).
+std::shared_ptr<tg::nn::GroupNorm> norm(int64_t channels, int64_t groups, tg::TensorOptions t, bool relu = false) {
+  return std::make_shared<tg::nn::GroupNorm>(
+      tg::nn::GroupNormOptions{.num_groups = groups, .num_channels = channels, .relu = relu}, t);
 }
 
 }  // namespace
 
 BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride, int64_t groups, tg::TensorOptions t) {
   conv1_ = conv(in, out, 3, stride, t);
-  gn1_ = norm(out, groups, t);
+  gn1_ = norm(out, groups, t, /*relu=*/true);
   conv2_ = conv(out, out, 3, 1, t);
   gn2_ = norm(out, groups, t);
   register_module("conv1", conv1_);
@@ -40,15 +41,16 @@ BasicBlock::BasicBlock(int64_t in, int64_t out, int64_t stride, int64_t groups, 
 }
 
 tg::Tensor BasicBlock::forward(const tg::Tensor& x) {
-  tg::Tensor y = (*gn2_)((*conv2_)(tg::relu((*gn1_)((*conv1_)(x)))));
-  return tg::relu(tg::add(y, downsample_ ? (*downsample_)(x) : x));
+  // gn1 applies the ReLU; gn2 adds the shortcut and applies the ReLU.
+  const tg::Tensor h = (*conv2_)((*gn1_)((*conv1_)(x)));
+  return gn2_->forward_add_relu(h, downsample_ ? (*downsample_)(x) : x);
 }
 
 ResNet18GN::ResNet18GN(const ResNetOptions& o, tg::TensorOptions t) {
   TG_CHECK(o.width >= 1 && o.groups >= 1 && o.width % o.groups == 0, "ResNet18GN: width ", o.width,
            " must be a positive multiple of groups ", o.groups);
   conv1_ = conv(o.in_channels, o.width, 3, 1, t);
-  gn1_ = norm(o.width, o.groups, t);
+  gn1_ = norm(o.width, o.groups, t, /*relu=*/true);
   register_module("conv1", conv1_);
   register_module("gn1", gn1_);
   int64_t in = o.width;
@@ -65,7 +67,7 @@ ResNet18GN::ResNet18GN(const ResNetOptions& o, tg::TensorOptions t) {
 }
 
 tg::Tensor ResNet18GN::forward(const tg::Tensor& x) {
-  tg::Tensor h = tg::relu((*gn1_)((*conv1_)(x)));
+  tg::Tensor h = (*gn1_)((*conv1_)(x));  // gn1 applies the ReLU
   for (auto& layer : layers_) h = (*layer)(h);
   return (*fc_)(tg::nn::MeanPool()(h));
 }

@@ -8,7 +8,10 @@
 // w = 64 is ResNet-18's width. Parameter names follow PyTorch's torchvision naming
 // (conv1.weight, layer2.0.downsample.0.weight, fc.bias, ...), so tg::save's file loads into
 // the mirror module of bench/compare_zoo.py strictly. Used by examples/resnet.cpp and by the
-// zoo benchmark's model row.
+// zoo benchmark's model row. A norm followed directly by a ReLU (gn1 of the stem and of each
+// block) runs it inside (nn::GroupNormOptions::relu, group_norm_relu), and each block's gn2
+// adds the shortcut and applies the ReLU in its forward pass (GroupNorm::forward_add_relu): the
+// same function, without the add's and the ReLU's own passes over the activation.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,5 +1,8 @@
 // CPU reference of group_norm: plain loops with double accumulation.
 //
+// With the ReLU (p.relu) the forward clamps y at 0 and the backward masks dy by y > 0 first
+// (the relu op's gradient), then runs the same formulas.
+//
 // Backward, per (n, g) with M = group_size, xhat = (x - mean) * rstd and g_c = gamma_c:
 //   dx = rstd * (g_c dy - A - xhat B),  A = sum(g_c dy) / M,  B = sum(g_c dy xhat) / M
 // Both sums follow from per-(n, c) sums db = sum_hw dy and ds = sum_hw dy (x - mean), which
@@ -18,8 +21,9 @@
 namespace tg::cpu {
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                        const Tensor& residual) {
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p, residual);
   dispatch_floating("group_norm", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();  // (N, C, HW)
@@ -28,6 +32,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     T* pr = rstd.data<T>();     // (N, G)
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
     const T* pb = beta.defined() ? beta.data<T>() : nullptr;    // (C)
+    const T* pres = residual.defined() ? residual.data<T>() : nullptr;  // (N, C, HW)
     const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
     parallel_for(p.N * G, 3 * M, [&](int64_t ng) {
       const T* xg = px + ng * M;  // a group is contiguous: D channels of HW
@@ -42,8 +47,12 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
       for (int64_t d = 0; d < D; ++d) {
         const int64_t c = g * D + d;
         const double scale = rs * (pg ? double(pg[c]) : 1.0), shift = (pb ? double(pb[c]) : 0.0);
-        for (int64_t i = d * HW; i < (d + 1) * HW; ++i)
-          py[ng * M + i] = static_cast<T>((xg[i] - mu) * scale + shift);
+        for (int64_t i = d * HW; i < (d + 1) * HW; ++i) {
+          // Rounded to T before the residual's add and the ReLU, as the separate ops would.
+          T v = static_cast<T>((xg[i] - mu) * scale + shift);
+          if (pres) v = v + pres[ng * M + i];
+          py[ng * M + i] = p.relu && !(v > T(0)) ? T(0) : v;
+        }
       }
     });
   });
@@ -51,8 +60,8 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
 
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                         const GroupNormProblem& p) {
-  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p);
+                         const GroupNormProblem& p, const Tensor& y) {
+  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p, y);
   dispatch_floating("group_norm_backward", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();    // (N, C, HW)
@@ -60,6 +69,7 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
     const T* pm = mean.data<T>();  // (N, G)
     const T* pr = rstd.data<T>();  // (N, G)
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
+    const T* py = p.relu ? y.data<T>() : nullptr;              // (N, C, HW): dy counts where y > 0
     const int64_t G = p.groups, D = p.channels_per_group(), HW = p.HW, M = p.group_size();
     // Per-(n, c) terms of dgamma (rstd * ds) and dbeta (db), summed over n at the end.
     std::vector<double> gterm(static_cast<size_t>(p.N * p.C)), bterm(static_cast<size_t>(p.N * p.C));
@@ -69,7 +79,14 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
       const int64_t g = ng % G;
       const double mu = pm[ng], rs = pr[ng];
       const T* xg = px + ng * M;
+      // The gradient reaching the normalization: dy, or with the ReLU dy where y > 0.
+      std::vector<T> masked;
       const T* dyg = pdy + ng * M;
+      if (py) {
+        masked.resize(static_cast<size_t>(M));
+        for (int64_t i = 0; i < M; ++i) masked[static_cast<size_t>(i)] = py[ng * M + i] > T(0) ? dyg[i] : T(0);
+        dyg = masked.data();
+      }
       double sum_g = 0, sum_gx = 0;  // sum(g_c dy), sum(g_c dy (x - mean))
       for (int64_t d = 0; d < D; ++d) {
         const int64_t c = g * D + d;

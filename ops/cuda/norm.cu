@@ -12,6 +12,8 @@
 //           Where dx is wanted, the groups fill the GPU and a group's x and dy fit in shared
 //           memory (the usual case in a CNN), (1) and (3) are one kernel per (n, g): x and dy
 //           are read from memory once, not twice, and every warp sums a range of a channel.
+// With the ReLU (p.relu) the forward clamps y at 0 as the relu op does, and the backward reads
+// dy only where y > 0 (masked_grad): one op, the ReLU's own passes over the activation gone.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp).
 #include <algorithm>
 
@@ -62,12 +64,24 @@ __device__ void block_sum2(double& a, double& b) {
   __syncthreads();  // the next call may overwrite sa/sb
 }
 
+// max(0, v) as the relu op computes it (NaN gives 0), where `relu`; else v.
+template <class T>
+__device__ __forceinline__ T relu_if(bool relu, T v) { return relu && !(v > T(0)) ? T(0) : v; }
+
+// The gradient reaching the normalization: dy, or with the ReLU (y the forward's output, else
+// null) dy where y > 0, as the relu op's backward gives it.
+template <class T>
+__device__ __forceinline__ T masked_grad(const T* __restrict__ y, const T* __restrict__ dy, int64_t i) {
+  return y && !(y[i] > T(0)) ? T(0) : dy[i];
+}
+
 // y over elements [lo, hi) of group ng (D channels of HW, contiguous): x normalized with
-// (mu, rs), then gamma and beta per channel.
+// (mu, rs), then gamma and beta per channel, then the group's residual rg (or null) added, then
+// the ReLU where `relu`.
 template <class T>
 __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, const T* __restrict__ gamma,
-                                const T* __restrict__ beta, int64_t g, int64_t D, int64_t HW, int64_t lo, int64_t hi,
-                                double mu, double rs) {
+                                const T* __restrict__ beta, const T* __restrict__ rg, int64_t g, int64_t D,
+                                int64_t HW, int64_t lo, int64_t hi, double mu, double rs, bool relu) {
   const T mu_t = static_cast<T>(mu);
   if (HW >= 32) {  // per channel: no division per element
     for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
@@ -75,13 +89,19 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
       const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
       const T shift = beta ? beta[c] : T(0);
       const int64_t end = min((d + 1) * HW, hi);
-      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x) yg[i] = (xg[i] - mu_t) * scale + shift;
+      for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x) {
+        T v = (xg[i] - mu_t) * scale + shift;
+        if (rg) v = v + rg[i];  // rounded first, as the separate add would get it
+        yg[i] = relu_if(relu, v);
+      }
     }
   } else {  // tiny spatial extent: walk the range flat
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const int64_t c = g * D + i / HW;
       const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
-      yg[i] = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+      T v = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+      if (rg) v = v + rg[i];
+      yg[i] = relu_if(relu, v);
     }
   }
 }
@@ -98,7 +118,8 @@ __device__ __forceinline__ void group_stats(double s, double ss, int64_t M, doub
 template <class T>
 __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
                                const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                               int64_t G, int64_t D, int64_t HW, double eps) {
+                               const T* __restrict__ residual, int64_t G, int64_t D, int64_t HW, double eps,
+                               bool relu) {
   const int64_t ng = blockIdx.x, M = D * HW;
   const T* xg = x + ng * M;
   double s = 0, ss = 0;
@@ -114,7 +135,8 @@ __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __res
     mean[ng] = static_cast<T>(mu);
     rstd[ng] = static_cast<T>(rs);
   }
-  normalize_range(y + ng * M, xg, gamma, beta, ng % G, D, HW, 0, M, mu, rs);
+  normalize_range(y + ng * M, xg, gamma, beta, residual ? residual + ng * M : nullptr, ng % G, D, HW, 0, M, mu, rs,
+                  relu);
 }
 
 // Few groups (fewer than the SMs): each group is cut into `slices` ranges, one block each.
@@ -140,8 +162,9 @@ __global__ void slice_sums_kernel(double2* __restrict__ partial, const T* __rest
 template <class T>
 __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
                                        const T* __restrict__ x, const T* __restrict__ gamma,
-                                       const T* __restrict__ beta, const double2* __restrict__ partial,
-                                       int64_t G, int64_t D, int64_t HW, int64_t slice_len, double eps) {
+                                       const T* __restrict__ beta, const T* __restrict__ residual,
+                                       const double2* __restrict__ partial, int64_t G, int64_t D, int64_t HW,
+                                       int64_t slice_len, double eps, bool relu) {
   const int64_t ng = blockIdx.x, slice = blockIdx.y, M = D * HW;
   double s = 0, ss = 0;
   for (unsigned k = 0; k < gridDim.y; ++k) {
@@ -155,21 +178,23 @@ __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, 
     rstd[ng] = static_cast<T>(rs);
   }
   const int64_t lo = slice * slice_len, hi = min(M, lo + slice_len);
-  normalize_range(y + ng * M, x + ng * M, gamma, beta, ng % G, D, HW, lo, hi, mu, rs);
+  normalize_range(y + ng * M, x + ng * M, gamma, beta, residual ? residual + ng * M : nullptr, ng % G, D, HW, lo,
+                  hi, mu, rs, relu);
 }
 
 // (1) per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
 template <class T>
 __global__ void channel_sums_kernel(double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
-                                    const T* __restrict__ x, const T* __restrict__ mean,
+                                    const T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ mean,
                                     int64_t C, int64_t G, int64_t D, int64_t HW) {
   const int64_t nc = blockIdx.x, n = nc / C, c = nc % C;
   const double mu = mean[n * G + c / D];
   const T* xc = x + nc * HW;
   const T* dyc = dy + nc * HW;
+  const T* yc = y ? y + nc * HW : nullptr;
   double b = 0, s = 0;
   for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) {
-    const double g = dyc[i];
+    const double g = masked_grad(yc, dyc, i);
     b += g;
     s += g * (double(xc[i]) - mu);
   }
@@ -223,7 +248,8 @@ __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(
 // Block (ng, slice) writes elements [slice * slice_len, ...) of the group (every block of a
 // group computes A and B alike).
 template <class T>
-__global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+__global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ y,
+                          const T* __restrict__ x,
                           const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
                           const double* __restrict__ db, const double* __restrict__ ds,
                           int64_t C, int64_t G, int64_t D, int64_t HW, int64_t slice_len) {
@@ -244,18 +270,19 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
   const T* xg = x + ng * M;  // (D, HW)
   const T* dyg = dy + ng * M;
+  const T* yg = y ? y + ng * M : nullptr;
   T* dxg = dx + ng * M;
   if (HW >= 32) {
     for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
       const T gc = gamma ? gamma[g * D + d] : T(1);
       const int64_t end = min((d + 1) * HW, hi);
       for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x)
-        dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+        dxg[i] = rs_t * (mul_rn(gc, masked_grad(yg, dyg, i)) - A_t - (xg[i] - mu_t) * rs_t * B_t);
     }
   } else {
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const T gc = gamma ? gamma[g * D + i / HW] : T(1);
-      dxg[i] = rs_t * (mul_rn(gc, dyg[i]) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+      dxg[i] = rs_t * (mul_rn(gc, masked_grad(yg, dyg, i)) - A_t - (xg[i] - mu_t) * rs_t * B_t);
     }
   }
 }
@@ -295,8 +322,8 @@ __device__ void stage_group(T* __restrict__ dst, const T* __restrict__ src, int6
 template <class T>
 __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
     T* __restrict__ dx, double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
-    const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
-    int64_t C, int64_t G, int64_t D, int64_t HW) {
+    const T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ mean,
+    const T* __restrict__ rstd, int64_t C, int64_t G, int64_t D, int64_t HW) {
   extern __shared__ double fused_smem[];  // double: aligned for every part
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, M = D * HW;
   T* sx = reinterpret_cast<T*>(fused_smem);
@@ -307,6 +334,12 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
   stage_group(sx, x + ng * M, M);
   stage_group(sdy, dy + ng * M, M);
   __syncthreads();
+  if (y) {  // the ReLU's gradient: dy only where the forward's output is positive
+    const T* yg = y + ng * M;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x)
+      if (!(yg[i] > T(0))) sdy[i] = T(0);
+    __syncthreads();
+  }
   const double mu = mean[ng], rs = rstd[ng];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int64_t part_len = (HW + parts - 1) / parts;
@@ -382,8 +415,9 @@ unsigned blocks_checked(int64_t n, const char* what) {
 }  // namespace
 
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
-  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p);
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                        const Tensor& residual) {
+  check_group_norm_forward_buffers(y, mean, rstd, x, gamma, beta, p, residual);
   if (p.N == 0) return;
   const int dev = x.device().index;
   set_device(dev);
@@ -396,7 +430,7 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     if (slices == 1) {
       forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(M), 0, s>>>(
           y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
-          G, D, p.HW, p.eps);
+          data_or_null<T>(residual), G, D, p.HW, p.eps, p.relu);
       TG_LAUNCH_CHECK();
       return;
     }
@@ -407,15 +441,15 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     TG_LAUNCH_CHECK();
     slice_normalize_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(
         y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
-        part, G, D, p.HW, slice_len, p.eps);
+        data_or_null<T>(residual), part, G, D, p.HW, slice_len, p.eps, p.relu);
     TG_LAUNCH_CHECK();
   });
 }
 
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                         const GroupNormProblem& p) {
-  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p);
+                         const GroupNormProblem& p, const Tensor& y) {
+  check_group_norm_backward_buffers(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, p, y);
   if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
   const int dev = x.device().index;
   set_device(dev);
@@ -428,18 +462,19 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
   dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const int64_t M = p.group_size();
+    const T* masked_by = p.relu ? y.data<T>() : nullptr;  // the ReLU's output, or none
     const bool fused = dx.defined() && p.N > 0 && M <= kFusedMaxElements &&
                        fused_smem_bytes<T>(M, D) <= kFusedMaxBytes && slices_for(p.N * G, M, dev) == 1;
     if (fused) {
       const int64_t bytes = fused_smem_bytes<T>(M, D);
       allow_dynamic_smem(fused_backward_kernel<T>, static_cast<int>(bytes));
       fused_backward_kernel<T><<<blocks_checked(p.N * G, "groups"), kFusedThreads, static_cast<size_t>(bytes), s>>>(
-          dx.data<T>(), db, ds, dy.data<T>(), x.data<T>(), data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(), p.C,
-          G, D, p.HW);
+          dx.data<T>(), db, ds, dy.data<T>(), masked_by, x.data<T>(), data_or_null<T>(gamma), mean.data<T>(),
+          rstd.data<T>(), p.C, G, D, p.HW);
       TG_LAUNCH_CHECK();
     } else if (p.N > 0) {
       channel_sums_kernel<T><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
-          db, ds, dy.data<T>(), x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);
+          db, ds, dy.data<T>(), masked_by, x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);
       TG_LAUNCH_CHECK();
     }
     if (dgamma.defined() || dbeta.defined()) {
@@ -452,7 +487,7 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
       const int64_t slices = slices_for(p.N * G, M, dev);
       const int64_t slice_len = (M + slices - 1) / slices;
       const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
-      dx_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(dx.data<T>(), dy.data<T>(), x.data<T>(),
+      dx_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(dx.data<T>(), dy.data<T>(), masked_by, x.data<T>(),
                                                            data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(),
                                                            db, ds, p.C, G, D, p.HW, slice_len);
       TG_LAUNCH_CHECK();

@@ -6,8 +6,9 @@
 
 namespace tg::cuda {
 void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p);
+                        const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p,
+                        const Tensor& residual = Tensor());
 void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
                          const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                         const GroupNormProblem& p);
+                         const GroupNormProblem& p, const Tensor& y = Tensor());
 }  // namespace tg::cuda

@@ -1,5 +1,6 @@
 // group_norm on the CPU: values against a direct-loop definition, gradients of x, gamma and
 // beta against central differences at ranks 3, 4 and 5, and the error paths.
+#include <algorithm>
 #include <cmath>
 
 #include "common/test_util.h"
@@ -124,4 +125,108 @@ TEST(GroupNorm, BadArgumentsAreRejected) {
   TG_EXPECT_ERROR(group_norm(x, random({6}, f32), Tensor(), 3), "group_norm", "dtypes differ", "f32[6]");
   TG_EXPECT_ERROR(group_norm(random({2, 6, 0}), Tensor(), Tensor(), 3), "group_norm", "empty spatial extent");
   TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 3, -1.0), "group_norm: eps must be non-negative");
+}
+
+// group_norm_relu is relu(group_norm(...)) in one op: the same values and, with the ReLU's
+// mask applied to dy first, the same gradients, bit for bit (same formulas in the same order),
+// in f64 and f32, with and without gamma / beta, at ranks 3 to 5. Beta shifts half the
+// outputs below zero so that the mask matters.
+TEST(GroupNorm, GroupNormReluIsReluOfGroupNorm) {
+  for (DType dt : {f64, f32})
+    for (const Shape& s : kShapes)
+      for (bool affine : {true, false}) {
+        SCOPED_TRACE(testing::Message() << s << " " << dtype_name(dt) << (affine ? " affine" : ""));
+        Tensor x = random(s, dt).requires_grad_();
+        Tensor gamma = affine ? random({6}, dt).requires_grad_() : Tensor();
+        Tensor beta = affine ? random({6}, dt).requires_grad_() : Tensor();
+        Tensor dy = random(s, dt);
+        std::vector<float> got[4], want[4];
+        for (int fused = 0; fused < 2; ++fused) {
+          Tape tape;
+          Tensor y = fused ? group_norm_relu(x, gamma, beta, 3) : relu(group_norm(x, gamma, beta, 3));
+          tape.backward(y, dy);
+          auto& out = fused ? got : want;
+          out[0] = y.to_vector<float>();
+          out[1] = x.grad().to_vector<float>();
+          out[2] = affine ? gamma.grad().to_vector<float>() : std::vector<float>();
+          out[3] = affine ? beta.grad().to_vector<float>() : std::vector<float>();
+          x.zero_grad();
+          if (affine) {
+            gamma.zero_grad();
+            beta.zero_grad();
+          }
+        }
+        for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+        int64_t zeros = 0;
+        for (float v : got[0]) zeros += v == 0.0f;
+        EXPECT_GT(zeros, 0) << "the ReLU clamped nothing: the test would not see the mask";
+      }
+}
+
+TEST(GroupNorm, GroupNormReluGrad) {
+  Tensor x = param({2, 6, 3, 4}), gamma = param({6}), beta = param({6});
+  TG_EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return group_norm_relu(in[0], in[1], in[2], 3); },
+                      std::vector<Tensor>({x, gamma, beta}));
+}
+
+TEST(GroupNorm, GroupNormReluErrorsNameIt) {
+  Tensor x = random({2, 6, 5});
+  TG_EXPECT_ERROR(group_norm_relu(x, Tensor(), Tensor(), 4), "group_norm_relu: 6 channels are not divisible into 4");
+  TG_EXPECT_ERROR(group_norm_relu(x, random({5}), Tensor(), 3), "group_norm_relu: gamma [5] does not match");
+}
+
+// The module option runs the same op: nn::GroupNorm{.relu = true} is relu(nn::GroupNorm).
+TEST(GroupNorm, ModuleReluOptionIsReluOfTheNorm) {
+  nn::GroupNorm plain(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6});
+  nn::GroupNorm fused(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6, .relu = true});
+  fused.weight.copy_(random({6}, f32));
+  fused.bias.copy_(random({6}, f32));
+  plain.weight.copy_(fused.weight);
+  plain.bias.copy_(fused.bias);
+  Tensor x = random({2, 6, 7}, f32);
+  const std::vector<float> y = fused(x).to_vector<float>();
+  EXPECT_EQ(y, relu(plain(x)).to_vector<float>());
+  EXPECT_GT(std::count(y.begin(), y.end(), 0.0f), 0) << "the ReLU clamped nothing";
+}
+
+// group_norm_add_relu is relu(group_norm(...) + residual): the same values and gradients (x,
+// gamma, beta and the residual's) bit for bit as the three ops, in f64 and f32, at ranks 3-5.
+TEST(GroupNorm, GroupNormAddReluIsReluOfGroupNormPlusResidual) {
+  for (DType dt : {f64, f32})
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(testing::Message() << s << " " << dtype_name(dt));
+      Tensor x = random(s, dt).requires_grad_(), r = random(s, dt).requires_grad_();
+      Tensor gamma = random({6}, dt).requires_grad_(), beta = random({6}, dt).requires_grad_();
+      Tensor dy = random(s, dt);
+      std::vector<float> got[5], want[5];
+      for (int fused = 0; fused < 2; ++fused) {
+        for (Tensor* t : {&x, &r, &gamma, &beta}) t->zero_grad();
+        Tape tape;
+        Tensor y = fused ? group_norm_add_relu(x, gamma, beta, 3, r) : relu(add(group_norm(x, gamma, beta, 3), r));
+        tape.backward(y, dy);
+        auto& out = fused ? got : want;
+        out[0] = y.to_vector<float>();
+        out[1] = x.grad().to_vector<float>();
+        out[2] = r.grad().to_vector<float>();
+        out[3] = gamma.grad().to_vector<float>();
+        out[4] = beta.grad().to_vector<float>();
+      }
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+      EXPECT_GT(std::count(got[0].begin(), got[0].end(), 0.0f), 0) << "the ReLU clamped nothing";
+    }
+}
+
+TEST(GroupNorm, GroupNormAddReluGradAndErrors) {
+  Tensor x = param({2, 6, 3, 4}), gamma = param({6}), beta = param({6}), r = param({2, 6, 3, 4});
+  TG_EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) { return group_norm_add_relu(in[0], in[1], in[2], 3, in[3]); },
+      std::vector<Tensor>({x, gamma, beta, r}));
+  Tensor xc = random({2, 6, 5});
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, random({2, 6, 4})),
+                  "group_norm_add_relu: residual [2, 6, 4] does not match input [2, 6, 5]");
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, random({2, 6, 5}, f32)), "group_norm_add_relu",
+                  "dtypes differ");
+  TG_EXPECT_ERROR(group_norm_add_relu(xc, Tensor(), Tensor(), 3, Tensor()), "group_norm_add_relu: the residual");
+  nn::GroupNorm with_relu(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6, .relu = true});
+  TG_EXPECT_ERROR(with_relu.forward_add_relu(random({2, 6, 5}, f32), random({2, 6, 5}, f32)), "forward_add_relu");
 }

@@ -134,3 +134,69 @@ TEST(GroupNormCuda, FusedBackwardInDoubleAndDeterministic) {
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "output " << i;
 }
+
+// group_norm_relu on the GPU: against the f64 CPU reference on every case (the fused backward,
+// the unfused one and the sliced forward among them), and bit for bit against relu(group_norm)
+// on the GPU (the mask applied to dy is the relu op's own).
+TEST(GroupNormCuda, GroupNormReluMatchesCpuAndTheTwoOps) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
+    const int64_t C = k.shape[1];
+    Tensor x = random(k.shape, f32, gpu).requires_grad_();
+    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
+    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
+    Tensor dy = random(k.shape, f32, gpu);
+    const int64_t groups = k.groups;
+    expect_matches_f64_cpu(
+        [groups](const std::vector<Tensor>& in) { return group_norm_relu(in[0], in[1], in[2], groups); },
+        {x, gamma, beta}, dy, kTol);
+    std::vector<float> got[3], want[3];
+    for (int fused = 0; fused < 2; ++fused) {
+      x.zero_grad();
+      if (k.affine) gamma.zero_grad();
+      Tape tape;
+      Tensor y = fused ? group_norm_relu(x, gamma, beta, groups) : relu(group_norm(x, gamma, beta, groups));
+      tape.backward(y, dy);
+      auto& out = fused ? got : want;
+      out[0] = y.to_vector<float>();
+      out[1] = x.grad().to_vector<float>();
+      out[2] = k.affine ? gamma.grad().to_vector<float>() : std::vector<float>();
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  }
+}
+
+// group_norm_add_relu on the GPU: against the f64 CPU reference (the forward's sliced and
+// unsliced kernels), and bit for bit against relu(group_norm + residual) on the GPU.
+TEST(GroupNormCuda, GroupNormAddReluMatchesCpuAndTheThreeOps) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
+    const int64_t C = k.shape[1];
+    Tensor x = random(k.shape, f32, gpu).requires_grad_(), r = random(k.shape, f32, gpu).requires_grad_();
+    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
+    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
+    Tensor dy = random(k.shape, f32, gpu);
+    const int64_t groups = k.groups;
+    expect_matches_f64_cpu(
+        [groups](const std::vector<Tensor>& in) { return group_norm_add_relu(in[0], in[1], in[2], groups, in[3]); },
+        {x, gamma, beta, r}, dy, kTol);
+    std::vector<float> got[3], want[3];
+    for (int fused = 0; fused < 2; ++fused) {
+      x.zero_grad();
+      r.zero_grad();
+      Tape tape;
+      Tensor y = fused ? group_norm_add_relu(x, gamma, beta, groups, r)
+                       : relu(add(group_norm(x, gamma, beta, groups), r));
+      tape.backward(y, dy);
+      auto& out = fused ? got : want;
+      out[0] = y.to_vector<float>();
+      out[1] = x.grad().to_vector<float>();
+      out[2] = r.grad().to_vector<float>();
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  }
+}
