@@ -10,6 +10,9 @@
 //   RS      A^T (K x M, M-major) in four 32 k x 32 m swizzled boxes per stage; each lane loads
 //           its fragments (a[0..3] = A[16 w + g][t], [g + 8][t], [g][t + 4], [g + 8][t + 4] per
 //           8-deep step) with 32-bit shared loads, rounds them to TF32, and runs mma_rs_tf32;
+//   TS      the same A^T boxes; each warpgroup first copies its 64 rows into a K-major swizzled
+//           buffer of its own (double-buffered: 16 loads and 4 16-byte stores per thread per
+//           k-tile, no bank conflicts), then runs the SS products on that copy;
 //   loads   the boxes alone, no products.
 // First a correctness check of RS (and SS) against a double-precision product on the host
 // (relative L2 of a 1024 x 128 result, TF32 tolerance), then us per k-tile per wave.
@@ -26,6 +29,7 @@
 
 #include <cuda.h>
 
+#include "ops/cuda/arch/named_barrier.cuh"
 #include "ops/cuda/arch/shared_memory.cuh"
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/arch/tf32.cuh"
@@ -39,8 +43,14 @@ namespace probe {
 
 constexpr int kM = 1024, kN = 128, kK = 2048, kKTiles = kK / 32, kStages = 4;
 constexpr int kABytes = 128 * 32 * 4, kBBytes = kN * 32 * 4, kStageBytes = kABytes + kBBytes;
-constexpr int kSmem = kStages * kStageBytes + 2 * kStages * 8 + 1024;
-enum Mode { kSS, kRS, kLoads };
+// TS: per warpgroup two 64 x 32 K-major buffers of 8 KB after the stages, then the barriers.
+constexpr int kCopyBytes = 64 * 32 * 4, kCopyRegion = 2 * 2 * kCopyBytes;
+constexpr int kSmem = kStages * kStageBytes + kCopyRegion + 2 * kStages * 8 + 1024;
+enum Mode { kSS, kRS, kTS, kLoads };
+
+__device__ __forceinline__ void st_shared_v4_at(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 
 // Byte offset of A element (m, k) (m < 128 of the tile, k < 32 of the k-tile) in an RS stage:
 // box m / 32 of 32 k rows x 128 bytes, 128-byte swizzle.
@@ -54,7 +64,7 @@ __global__ void __launch_bounds__(288, 1) kernel(const __grid_constant__ CUtenso
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes + kCopyRegion);
   uint64_t* empty = full + kStages;
   if (threadIdx.x == 0) tma::init_stage_ring(full, empty, kStages, 1, 8);
   __syncthreads();
@@ -108,6 +118,25 @@ __global__ void __launch_bounds__(288, 1) kernel(const __grid_constant__ CUtenso
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma::mma_rs_tf32<kN>(acc, ai[ks], wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
+    } else if (kMode == kTS) {
+      // Thread (m, half) of the warpgroup: row m, k = 16 half .. 16 half + 15, as 4 chunks of 4.
+      const int tid = threadIdx.x & 127, m = tid & 63, half = tid >> 6;
+      const uint32_t copy = stages + kStages * kStageBytes + uint32_t(2 * wg + (i & 1)) * kCopyBytes;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int k0 = 16 * half + 4 * c;
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = __uint_as_float(ld_shared(stage + rs_offset(64 * wg + m, k0 + e)));
+        st_shared_v4_at(copy + m * 128 + ((((k0 >> 2) ^ (m & 7))) << 4), v[0], v[1], v[2], v[3]);
+      }
+      wgmma::fence_proxy_async();  // generic-proxy writes, read next by wgmma (async proxy)
+      named_barrier_sync(1 + wg, 128);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma::mma_ss_tf32<kN>(acc, wgmma::sw128_kmajor_desc(copy + ks * 32),
+                               wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
     } else {
       wgmma::fence();
       const uint32_t a_addr = stage + uint32_t(wg) * 64 * 128;
@@ -118,12 +147,9 @@ __global__ void __launch_bounds__(288, 1) kernel(const __grid_constant__ CUtenso
     }
     wgmma::commit();
     wgmma::wait<1>();
-    // RS: the loads of stage s happened before this tile's wgmma; SS: its reads retire with it.
-    if (kMode == kRS) {
-      if (lane == 0) tma::mbar_arrive(&empty[s]);
-    } else if (i > 0 && lane == 0) {
-      tma::mbar_arrive(&empty[(i - 1) % kStages]);
-    }
+    // Every mode's wgmma reads B from the stage until it retires: the previous tile's stage is
+    // free once wait<1> returned. (Its A copy too: TS writes the other of its two buffers next.)
+    if (i > 0 && lane == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
   }
   wgmma::wait<0>();
 #pragma unroll
@@ -185,22 +211,25 @@ int main() {
   const CUtensorMap b_map = f32_matrix_map("probe B", db, kN, kK, {.rows = kN, .cols = 32, .swizzle128 = true});
 
   std::vector<float> got(want.size());
-  for (Mode mode : {kSS, kRS}) {
+  const char* const names[] = {"SS", "RS", "TS"};
+  for (Mode mode : {kSS, kRS, kTS}) {
     cudaMemset(dd, 0xff, want.size() * 4);  // NaN: a tile the kernel skips shows
     if (mode == kSS) run<kSS>(a_map, b_map, dd, kM / 128);
-    else run<kRS>(at_map, b_map, dd, kM / 128);
+    else if (mode == kRS) run<kRS>(at_map, b_map, dd, kM / 128);
+    else run<kTS>(at_map, b_map, dd, kM / 128);
     cudaMemcpy(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost);
     const double err = rel_l2(got, want);
-    std::printf("%s: relative L2 against the f64 product %.2e (%s at the TF32 limit 2e-3)\n",
-                mode == kSS ? "SS" : "RS", err, err < 2e-3 ? "within" : "PAST");
+    std::printf("%s: relative L2 against the f64 product %.2e (%s the TF32 limit 2e-3)\n", names[mode], err,
+                err < 2e-3 ? "within" : "PAST");
   }
   for (int blocks : {132, 264}) {
     const double waves = blocks / 132.0;
     const float loads = run<kLoads>(at_map, b_map, dd, blocks), ss = run<kSS>(a_map, b_map, dd, blocks);
-    const float rs = run<kRS>(at_map, b_map, dd, blocks);
+    const float rs = run<kRS>(at_map, b_map, dd, blocks), ts = run<kTS>(at_map, b_map, dd, blocks);
     auto per_tile = [&](float ms) { return ms * 1e3 / (kKTiles * waves); };
-    std::printf("%3d blocks, us per 128x128x32 k-tile per wave: loads only %.3f, SS %.3f, RS %.3f (RS/SS %.2f)\n",
-                blocks, per_tile(loads), per_tile(ss), per_tile(rs), rs / ss);
+    std::printf("%3d blocks, us per 128x128x32 k-tile per wave: loads only %.3f, SS %.3f, RS %.3f (RS/SS %.2f), "
+                "TS %.3f (TS/SS %.2f)\n",
+                blocks, per_tile(loads), per_tile(ss), per_tile(rs), rs / ss, per_tile(ts), ts / ss);
   }
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("probe done: %s\n", e == cudaSuccess ? "no error" : cudaGetErrorString(e));
