@@ -14,8 +14,8 @@
 //   tape.backward(loss);                   // outside the scope, as in PyTorch
 //
 // Thread-local, nestable (the innermost scope wins; Autocast(dtype, false) switches it off
-// inside another). CPU tensors only for now: half-precision tensors cannot live on a GPU yet
-// (issue 29), so the matrix ops refuse CUDA operands inside the scope with an UnsupportedError.
+// inside another). CPU and CUDA tensors alike; on the GPU the half products run on the f32
+// kernels (operands rounded to the half type, result rounded once) until BF16 kernels exist.
 #pragma once
 #include "dtype.h"
 

@@ -1,10 +1,10 @@
 // Element types. f32 is the working type; f64 serves references and gradcheck;
 // i64 holds class indices (cross_entropy targets) and is not differentiable.
-// bf16 (bfloat16) and f16 (IEEE binary16) are storage types for now: tensors of them can be
-// created on the CPU, printed, converted with Tensor::to and read from / written to
-// safetensors files, but no op computes in them and autograd does not take them (the ops
-// throw a DTypeError; see docs/dtypes.md). Their elements are uint16_t bit patterns
-// (core/half.h converts them).
+// bf16 (bfloat16) and f16 (IEEE binary16) are storage types: tensors of them can be created
+// on any device, printed, converted with Tensor::to and read from / written to safetensors
+// files; the ops that take them compute in f32 (ops/half_compute.h), the others throw a
+// DTypeError, and a half leaf takes no gradient (docs/dtypes.md). Their elements are uint16_t
+// bit patterns (core/half.h converts them).
 #pragma once
 #include <cstddef>
 #include <cstdint>

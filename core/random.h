@@ -24,7 +24,18 @@ TG_HOST_DEVICE double uniform_at(uint64_t seed, uint64_t index) {
   return static_cast<double>(mix64(mix64(seed) ^ index) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-// Standard normal by Box-Muller on two independent uniforms of this element.
+// shift + scale * u rounded as written, twice: the CUDA compiler would otherwise fuse it into
+// one fma, rounded once, and a draw could differ from the CPU's in its last bit.
+TG_HOST_DEVICE double scaled_draw(double shift, double scale, double u) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(shift, __dmul_rn(scale, u));
+#else
+  return shift + scale * u;
+#endif
+}
+
+// Standard normal by Box-Muller on two independent uniforms of this element. The GPU uses its
+// own log and cospi: the same numbers as the CPU to a few ulps, not always the same bits.
 TG_HOST_DEVICE double normal_at(uint64_t seed, uint64_t index) {
   double u1 = uniform_at(seed, 2 * index);
   double u2 = uniform_at(seed, 2 * index + 1);

@@ -72,12 +72,6 @@ RandomDraw next_random_draw(uint64_t n) {
 
 // ---- construction -----------------------------------------------------------------------
 
-void check_half_device(const char* op, DType dtype, Device device) {
-  TG_CHECK_AS(UnsupportedError, !(is_half(dtype) && device.is_cuda()), op, ": ", dtype_name(dtype),
-              " tensors on ", device.str(), ": half-precision CUDA tensors are not supported yet (their kernels ",
-              "are to come, issue 29); keep them on the CPU, or use f32 on the GPU");
-}
-
 int64_t checked_tensor_bytes(const char* op, const Shape& shape, DType dtype) {
   TG_CHECK(shape.rank() <= kMaxDims, op, ": shape ", shape, " has more than ", kMaxDims, " dims");
   const int64_t extent = checked_extent(shape.dims(), op);
@@ -92,7 +86,6 @@ namespace {
 // Tensor::empty with errors naming the public function that was called.
 Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
   const int64_t bytes = checked_tensor_bytes(op, shape, opts.dtype);
-  check_half_device(op, opts.dtype, opts.device);  // unsupported on any CUDA device, present or not
   check_device(op, opts.device);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
@@ -105,7 +98,7 @@ Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
 Tensor Tensor::empty(const Shape& shape, TensorOptions opts) { return empty_for("Tensor::empty", shape, opts); }
 
 Tensor& Tensor::fill_(double value) {
-  if (is_half(dtype())) {  // CPU only (empty_for refuses half-precision CUDA tensors)
+  if (device().is_cpu() && is_half(dtype())) {
     uint16_t* p = static_cast<uint16_t*>(raw_data());
     const uint16_t v = encode_half(dtype(), value);
     for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = v;
@@ -144,7 +137,9 @@ void fill_uniform_(Tensor& t, double low, double high) {
               describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
-    fill_elementwise_cpu(t, [&](int64_t i) { return low + (high - low) * uniform_at(draw.seed, draw.offset + i); });
+    fill_elementwise_cpu(t, [&](int64_t i) {
+      return scaled_draw(low, high - low, uniform_at(draw.seed, draw.offset + i));
+    });
   } else {
 #if TG_CUDA
     cuda::fill_uniform(t, draw, low, high);
@@ -160,7 +155,9 @@ void fill_normal_(Tensor& t, double mean, double stddev) {
               describe(t));
   RandomDraw draw = next_random_draw(static_cast<uint64_t>(t.numel()));
   if (t.device().is_cpu()) {
-    fill_elementwise_cpu(t, [&](int64_t i) { return mean + stddev * normal_at(draw.seed, draw.offset + i); });
+    fill_elementwise_cpu(t, [&](int64_t i) {
+      return scaled_draw(mean, stddev, normal_at(draw.seed, draw.offset + i));
+    });
   } else {
 #if TG_CUDA
     cuda::fill_normal(t, draw, mean, stddev);
@@ -199,10 +196,9 @@ Tensor randn(const Shape& shape, TensorOptions opts) {
 
 Tensor arange(int64_t n, TensorOptions opts) {
   TG_CHECK(n >= 0, "arange: negative length ", n);
-  check_half_device("arange", opts.dtype, opts.device);
   check_device("arange", opts.device);  // before the host buffer is filled
   // Every integer up to 2^53 is exact in f64; the half types round once from there.
-  if (is_half(opts.dtype)) return arange(n, {.dtype = DType::f64}).to(opts.dtype);
+  if (is_half(opts.dtype)) return arange(n, {.dtype = DType::f64}).to(opts.dtype).to(opts.device);
   Tensor host = empty_for("arange", Shape{n}, {.dtype = opts.dtype});
   dispatch_any(opts.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -216,7 +212,6 @@ namespace {
 template <class T>
 Tensor from_values(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
   checked_tensor_bytes("from_vector", shape, opts.dtype);
-  check_half_device("from_vector", opts.dtype, opts.device);
   check_device("from_vector", opts.device);
   TG_CHECK(static_cast<int64_t>(values.size()) == checked_numel(shape.dims(), "from_vector"), "from_vector: ",
            values.size(), " values do not fill shape ", shape);
@@ -292,7 +287,11 @@ double Tensor::item() const {
   TG_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, not one");
   cuda::fail_if_capturing("item", device(), "it copies to the host and waits for the GPU");
   if (dtype() == DType::i64) return static_cast<double>(to_vector<int64_t>()[0]);
-  if (is_half(dtype())) return decode_half(dtype(), *static_cast<const uint16_t*>(raw_data()));  // CPU only
+  if (is_half(dtype())) {
+    uint16_t bits = 0;
+    copy_bytes(&bits, Device::cpu(), raw_data(), device(), sizeof bits);
+    return decode_half(dtype(), bits);
+  }
   return to_vector<double>()[0];
 }
 

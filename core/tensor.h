@@ -123,9 +123,6 @@ class Tensor {
 // allocated: at most kMaxDims dims, none negative, and the element and byte counts of the
 // non-zero dims within int64 (see checked.h). Errors name `op` and the shape.
 int64_t checked_tensor_bytes(const char* op, const Shape& shape, DType dtype);
-// Throws UnsupportedError (naming `op`) for a bf16 / f16 tensor on a CUDA device: they can
-// only live on the CPU until their kernels exist. Called before anything is allocated.
-void check_half_device(const char* op, DType dtype, Device device);
 
 // Shape, dtype, device and up to a few values (those of bf16 / f16 tensors as their f32 values).
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

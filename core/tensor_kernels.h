@@ -1,5 +1,5 @@
 // GPU fills, casts, copies and the same-shape sum that the core itself needs (factories, to(),
-// to_vector, gradient accumulation).
+// to_vector, gradient accumulation), for every dtype, the half types included.
 // Declared for every build; defined in tensor_kernels.cu when TG_CUDA is on.
 #pragma once
 #include <cstddef>

@@ -4,7 +4,8 @@
 // rounding of each result). The elementwise ops, the reductions and the matrix ops (conv2d,
 // conv3d, conv_transpose2d/3d, linear, matmul) call it; the others refuse half tensors (core/dtype_dispatch.h)
 // unless an Autocast scope casts them to f32 first (autocast_f32). The casts are recorded ops,
-// so gradients flow through half results like any other. CPU only for now.
+// so gradients flow through half results like any other. Device-agnostic: on the GPU the casts
+// and the f32 op are GPU kernels.
 // docs/dtypes.md has the lists and the precision contract.
 #pragma once
 #include <functional>

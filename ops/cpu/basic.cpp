@@ -5,6 +5,7 @@
 
 #include "ops/broadcast.h"
 #include "core/dtype_dispatch.h"
+#include "core/half.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/kernels.h"
 #include "ops/reduce_index.h"
@@ -133,7 +134,7 @@ void cast(const Tensor& out, const Tensor& x) {
       using D = TG_ELEMENT_TYPE(dtag);
       D* pd = static_cast<D*>(out.raw_data());
       parallel_ranges(x.numel(), 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) pd[i] = static_cast<D>(ps[i]);
+        for (int64_t i = i0; i < i1; ++i) pd[i] = convert_value<D>(ps[i]);  // as the GPU's (core/half.h)
       });
     });
   });

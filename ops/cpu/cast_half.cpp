@@ -4,6 +4,7 @@
 //   from a half type: to f32 / f64 exactly; to i64 truncated toward zero, as f32 -> i64 is,
 //                     and a NaN, an infinity or a value past i64's range is a DTypeError
 //   bf16 <-> f16:     through f32 (exact), so rounded once
+// The CUDA casts (core/tensor_kernels.cu) call the same element functions.
 #include <cmath>
 
 #include "core/dtype_dispatch.h"
@@ -13,13 +14,6 @@
 
 namespace tg::cpu {
 namespace {
-
-template <class S>
-uint16_t to_half(DType t, S v) {
-  if constexpr (std::is_same_v<S, int64_t>) return encode_half_from_int(t == DType::bf16, v);
-  else if constexpr (std::is_same_v<S, float>) return t == DType::bf16 ? encode_bf16(v) : encode_f16(v);
-  else return encode_half(t, v);
-}
 
 void half_to_i64(const Tensor& out, const Tensor& x) {
   const uint16_t* ps = static_cast<const uint16_t*>(x.raw_data());
@@ -38,11 +32,12 @@ void half_to_i64(const Tensor& out, const Tensor& x) {
 
 void cast_half(const Tensor& out, const Tensor& x) {
   const int64_t n = x.numel();
+  const bool in_bf16 = x.dtype() == DType::bf16, out_bf16 = out.dtype() == DType::bf16;
   if (is_half(x.dtype()) && is_half(out.dtype())) {
     const uint16_t* ps = static_cast<const uint16_t*>(x.raw_data());
     uint16_t* pd = static_cast<uint16_t*>(out.raw_data());
     parallel_ranges(n, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) pd[i] = to_half(out.dtype(), decode_half(x.dtype(), ps[i]));
+      for (int64_t i = i0; i < i1; ++i) pd[i] = to_half(out_bf16, from_half<float>(in_bf16, ps[i]));
     });
   } else if (is_half(out.dtype())) {
     uint16_t* pd = static_cast<uint16_t*>(out.raw_data());
@@ -50,7 +45,7 @@ void cast_half(const Tensor& out, const Tensor& x) {
       using S = TG_ELEMENT_TYPE(tag);
       const S* ps = static_cast<const S*>(x.raw_data());
       parallel_ranges(n, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) pd[i] = to_half(out.dtype(), ps[i]);
+        for (int64_t i = i0; i < i1; ++i) pd[i] = to_half(out_bf16, ps[i]);
       });
     });
   } else if (out.dtype() == DType::i64) {
@@ -61,7 +56,7 @@ void cast_half(const Tensor& out, const Tensor& x) {
       using D = TG_ELEMENT_TYPE(tag);
       D* pd = static_cast<D*>(out.raw_data());
       parallel_ranges(n, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) pd[i] = static_cast<D>(decode_half(x.dtype(), ps[i]));
+        for (int64_t i = i0; i < i1; ++i) pd[i] = from_half<D>(in_bf16, ps[i]);
       });
     });
   }

@@ -225,7 +225,11 @@ void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dim
   }
   set_device(x.device().index);
   cudaStream_t st = stream(x.device().index);
-  if (dtype_size(x.dtype()) == 4) {
+  // Moves elements as words of their size: the half types (2 bytes) are moved like any other.
+  if (dtype_size(x.dtype()) == 2) {
+    permute_kernel<uint16_t><<<grid_for(n, kThreads), kThreads, 0, st>>>(
+        static_cast<uint16_t*>(out.raw_data()), static_cast<const uint16_t*>(x.raw_data()), n, ix);
+  } else if (dtype_size(x.dtype()) == 4) {
     permute_kernel<uint32_t><<<grid_for(n, kThreads), kThreads, 0, st>>>(
         static_cast<uint32_t*>(out.raw_data()), static_cast<const uint32_t*>(x.raw_data()), n, ix);
   } else {

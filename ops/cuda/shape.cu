@@ -39,7 +39,12 @@ void launch(const char* op, const Tensor& big, const Tensor& small, const SliceP
   const int dev = big.device().index;
   set_device(dev);
   cudaStream_t st = stream(dev);
-  dispatch_any(big.dtype(), [&](auto* tag) {
+  // Copies only: the half types move as their 2-byte bit patterns, as on the CPU.
+  auto moved = [&](auto&& f) {
+    if (is_half(big.dtype())) f(static_cast<uint16_t*>(nullptr));
+    else dispatch_any(big.dtype(), f);
+  };
+  moved([&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     T* b = static_cast<T*>(big.raw_data());
     T* s = static_cast<T*>(small.raw_data());

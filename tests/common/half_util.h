@@ -10,9 +10,11 @@ namespace tg::test {
 
 constexpr DType kHalves[] = {DType::bf16, DType::f16};
 
+// A half tensor's bit patterns, from any device.
 inline std::vector<uint16_t> half_bits(const Tensor& t) {
-  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
-  std::memcpy(out.data(), t.raw_data(), out.size() * 2);
+  const Tensor host = t.device().is_cpu() ? t : t.detach().cpu();
+  std::vector<uint16_t> out(static_cast<size_t>(host.numel()));
+  std::memcpy(out.data(), host.raw_data(), out.size() * 2);
   return out;
 }
 

@@ -1,9 +1,9 @@
 // bf16 and f16 outside the ops that compute in them (elementwise, reductions, conv, linear,
 // matmul: test_half_ops.cpp, test_autocast.cpp): every other op refuses them with a DTypeError
-// that names the op and the dtype and says how to convert; half leaves take no gradient; CUDA
-// tensors of them are refused before anything is allocated; the shape family moves their bits
-// on the CPU; and safetensors files keep them bit for bit (NaN payloads, infinities,
-// subnormals, -0). Conversions: test_half_dtypes.cpp.
+// that names the op and the dtype and says how to convert; half leaves take no gradient; a
+// missing GPU is a clear error for them as for f32; the shape family moves their bits on the
+// CPU (on the GPU: tests/cuda/test_half_cuda.cpp); and safetensors files keep them bit for
+// bit (NaN payloads, infinities, subnormals, -0). Conversions: test_half_dtypes.cpp.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -115,19 +115,23 @@ TEST(HalfStorage, LayersRefuseThemAndHalfLeavesTakeNoGradient) {
   }
 }
 
-TEST(HalfStorage, CudaHalfTensorsAreRefusedBeforeAnyAllocation) {
-  // Whether or not this machine has a GPU: the request itself is unsupported, so the error
-  // comes before the device is looked at (tests/cuda/test_half_cuda.cpp covers to()).
+TEST(HalfStorage, AMissingGpuFailsClearlyBeforeAnyAllocation) {
+  // Half tensors live on GPUs like the others (tests/cuda/test_half_cuda.cpp); asking for one
+  // on a GPU this machine lacks (any GPU, in a build without CUDA) fails naming the op and the
+  // device, before anything is allocated, whether or not a GPU is present.
+  if (cuda_device_count() >= kMaxCudaDevices) GTEST_SKIP() << "every GPU ordinal exists here";
+  const Device missing = Device::cuda(kMaxCudaDevices - 1);
+  const std::string name = missing.str();
+  const char* why = TG_CUDA ? "no such device" : "built without CUDA";
   for (DType t : kHalves) {
-    TG_EXPECT_ERROR(Tensor::empty({4}, {.dtype = t, .device = Device::cuda(0)}), "Tensor::empty", dtype_name(t),
-                    "half-precision CUDA tensors are not supported yet");
-    EXPECT_THROW(zeros({4}, {.dtype = t, .device = Device::cuda(0)}), UnsupportedError);
-    EXPECT_THROW(full({4}, 1.0, {.dtype = t, .device = Device::cuda(0)}), UnsupportedError);
-    TG_EXPECT_ERROR(from_vector(std::vector<float>{1, 2}, {2}, {.dtype = t, .device = Device::cuda(0)}), "from_vector",
-                    "not supported yet");
-    TG_EXPECT_ERROR(arange(3, {.dtype = t, .device = Device::cuda(0)}), "arange", "not supported yet");
-    TG_EXPECT_ERROR(ones({2}, {.dtype = t}).to(Device::cuda(0)), "Tensor::to(device)", dtype_name(t),
-                    "not supported yet");
+    const TensorOptions there{.dtype = t, .device = missing};
+    TG_EXPECT_ERROR(Tensor::empty({4}, there), "Tensor::empty", name.c_str(), why);
+    TG_EXPECT_ERROR(zeros({4}, there), "zeros", name.c_str(), why);
+    TG_EXPECT_ERROR(full({4}, 1.0, there), "full", name.c_str(), why);
+    TG_EXPECT_ERROR(randn({4}, there), "randn", name.c_str(), why);
+    TG_EXPECT_ERROR(from_vector(std::vector<float>{1, 2}, {2}, there), "from_vector", name.c_str(), why);
+    TG_EXPECT_ERROR(arange(3, there), "arange", name.c_str(), why);
+    TG_EXPECT_ERROR(ones({2}, {.dtype = t}).to(missing), "Tensor::to(device)", name.c_str(), why);
   }
 }
 
