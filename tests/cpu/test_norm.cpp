@@ -140,16 +140,16 @@ TEST(GroupNorm, GroupNormReluIsReluOfGroupNorm) {
         Tensor gamma = affine ? random({6}, dt).requires_grad_() : Tensor();
         Tensor beta = affine ? random({6}, dt).requires_grad_() : Tensor();
         Tensor dy = random(s, dt);
-        std::vector<float> got[4], want[4];
+        std::vector<double> got[4], want[4];
         for (int fused = 0; fused < 2; ++fused) {
           Tape tape;
           Tensor y = fused ? group_norm_relu(x, gamma, beta, 3) : relu(group_norm(x, gamma, beta, 3));
           tape.backward(y, dy);
           auto& out = fused ? got : want;
-          out[0] = y.to_vector<float>();
-          out[1] = x.grad().to_vector<float>();
-          out[2] = affine ? gamma.grad().to_vector<float>() : std::vector<float>();
-          out[3] = affine ? beta.grad().to_vector<float>() : std::vector<float>();
+          out[0] = y.to_vector<double>();
+          out[1] = x.grad().to_vector<double>();
+          out[2] = affine ? gamma.grad().to_vector<double>() : std::vector<double>();
+          out[3] = affine ? beta.grad().to_vector<double>() : std::vector<double>();
           x.zero_grad();
           if (affine) {
             gamma.zero_grad();
@@ -158,7 +158,7 @@ TEST(GroupNorm, GroupNormReluIsReluOfGroupNorm) {
         }
         for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
         int64_t zeros = 0;
-        for (float v : got[0]) zeros += v == 0.0f;
+        for (double v : got[0]) zeros += v == 0.0;
         EXPECT_GT(zeros, 0) << "the ReLU clamped nothing: the test would not see the mask";
       }
 }
@@ -198,21 +198,21 @@ TEST(GroupNorm, GroupNormAddReluIsReluOfGroupNormPlusResidual) {
       Tensor x = random(s, dt).requires_grad_(), r = random(s, dt).requires_grad_();
       Tensor gamma = random({6}, dt).requires_grad_(), beta = random({6}, dt).requires_grad_();
       Tensor dy = random(s, dt);
-      std::vector<float> got[5], want[5];
+      std::vector<double> got[5], want[5];
       for (int fused = 0; fused < 2; ++fused) {
         for (Tensor* t : {&x, &r, &gamma, &beta}) t->zero_grad();
         Tape tape;
         Tensor y = fused ? group_norm_add_relu(x, gamma, beta, 3, r) : relu(add(group_norm(x, gamma, beta, 3), r));
         tape.backward(y, dy);
         auto& out = fused ? got : want;
-        out[0] = y.to_vector<float>();
-        out[1] = x.grad().to_vector<float>();
-        out[2] = r.grad().to_vector<float>();
-        out[3] = gamma.grad().to_vector<float>();
-        out[4] = beta.grad().to_vector<float>();
+        out[0] = y.to_vector<double>();
+        out[1] = x.grad().to_vector<double>();
+        out[2] = r.grad().to_vector<double>();
+        out[3] = gamma.grad().to_vector<double>();
+        out[4] = beta.grad().to_vector<double>();
       }
       for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
-      EXPECT_GT(std::count(got[0].begin(), got[0].end(), 0.0f), 0) << "the ReLU clamped nothing";
+      EXPECT_GT(std::count(got[0].begin(), got[0].end(), 0.0), 0) << "the ReLU clamped nothing";
     }
 }
 
