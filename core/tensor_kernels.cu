@@ -53,7 +53,7 @@ __global__ void add_kernel(T* __restrict__ out, const T* __restrict__ a, const T
 }
 
 // The sum of two half tensors as the CPU's gradient accumulation: the f32 sum of the exact
-// values, rounded once.
+// values, rounded once. (A NaN sum is the GPU's canonical NaN; the CPU keeps an operand's payload.)
 __global__ void add_half_kernel(uint16_t* __restrict__ out, const uint16_t* __restrict__ a,
                                 const uint16_t* __restrict__ b, int64_t n, bool bf16) {
   TG_GRID_STRIDE(i, n)

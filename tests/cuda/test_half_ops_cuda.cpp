@@ -68,7 +68,10 @@ void expect_product_close(const Tensor& gpu, const Tensor& cpu, const Tensor& ma
     const double bound = ulp * std::exp2(std::floor(std::log2(std::max(big, 1e-30)))) + 4.0 * K * std::ldexp(m[i], -24);
     ASSERT_LE(std::fabs(static_cast<double>(g[i]) - c[i]), bound) << what << ": element " << i;
   }
-  EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(g.size())) << what;
+  // At most 1% of the elements (and at least one) may differ in their last bit: summation order
+  // differs between the GPU's products and the CPU's, and a small result has few elements.
+  const size_t allowed = std::max<size_t>(1, static_cast<size_t>(std::ceil(0.01 * static_cast<double>(g.size()))));
+  EXPECT_GE(same + allowed, g.size()) << what;
 }
 
 Tensor on_gpu(const Tensor& t) { return t.to(kGpu); }
