@@ -244,6 +244,13 @@ __global__ void __launch_bounds__(kParamChannels * kParamRows)
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
+// One element of dx: the CPU formula term by term in T (x - mu first keeps f32 accurate, and a
+// degenerate group of one element, var 0, gives exactly 0 like the reference).
+template <class T>
+__device__ __forceinline__ T dx_value(T rs, T A, T B, T mu, T gc, T dy, T x) {
+  return rs * (mul_rn(gc, dy) - A - (x - mu) * rs * B);
+}
+
 // (3) per (n, g): dx = rstd (g_c dy - A - xhat B), A = sum(g_c dy)/M, B = sum(g_c dy xhat)/M.
 // Block (ng, slice) writes elements [slice * slice_len, ...) of the group (every block of a
 // group computes A and B alike).
@@ -265,8 +272,7 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   }
   block_sum2(sum_g, sum_gx);
   const double A = sum_g / double(M), B = rs * sum_gx / double(M);
-  // The CPU formula term by term, in T: x - mu first keeps f32 accurate, and a degenerate
-  // group (one element, var 0) gives exactly 0 like the reference.
+  // dx_value's operands, rounded to T once.
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
   const T* xg = x + ng * M;  // (D, HW)
   const T* dyg = dy + ng * M;
@@ -277,12 +283,12 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
       const T gc = gamma ? gamma[g * D + d] : T(1);
       const int64_t end = min((d + 1) * HW, hi);
       for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x)
-        dxg[i] = rs_t * (mul_rn(gc, masked_grad(yg, dyg, i)) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+        dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), xg[i]);
     }
   } else {
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const T gc = gamma ? gamma[g * D + i / HW] : T(1);
-      dxg[i] = rs_t * (mul_rn(gc, masked_grad(yg, dyg, i)) - A_t - (xg[i] - mu_t) * rs_t * B_t);
+      dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), xg[i]);
     }
   }
 }
@@ -381,13 +387,12 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
     sum_gx += gc * sums[D + d];
   }
   const double A = sum_g / double(M), B = rs * sum_gx / double(M);
-  // As dx_kernel: the CPU formula term by term in T.
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
   T* dxg = dx + ng * M;
   const int hw = static_cast<int>(HW);  // M <= kFusedMaxElements: 32-bit division
   for (int i = threadIdx.x; i < static_cast<int>(M); i += blockDim.x) {
     const T gc = gamma ? gamma[g * D + i / hw] : T(1);
-    dxg[i] = rs_t * (mul_rn(gc, sdy[i]) - A_t - (sx[i] - mu_t) * rs_t * B_t);
+    dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, sdy[i], sx[i]);
   }
 }
 

@@ -36,27 +36,8 @@ __global__ void pack_phase_slices_kernel(float* __restrict__ packed, const float
   const int64_t total = c_rows * taps * k_pad;
   TG_GRID_STRIDE(e, total) {
     const int64_t k = e % k_pad, t = (e / k_pad) % taps, c = e / (k_pad * taps);
-    const int64_t ix = t % pt.taps[2], iy = (t / pt.taps[2]) % pt.taps[1];
-    const int64_t iz = t / (int64_t(pt.taps[2]) * pt.taps[1]);
-    const int64_t tz = pt.tap0[0] + (pt.taps[0] - 1 - iz) * pt.tap_step[0];
-    const int64_t ty = pt.tap0[1] + (pt.taps[1] - 1 - iy) * pt.tap_step[1];
-    const int64_t tx = pt.tap0[2] + (pt.taps[2] - 1 - ix) * pt.tap_step[2];
-    packed[e] = c < C && k < K ? w[(k * C + c) * kvol + (tz * pt.kernel[1] + ty) * pt.kernel[2] + tx] : 0.f;
+    packed[e] = c < C && k < K ? w[(k * C + c) * kvol + pt.kernel_tap</*kReversed=*/true>(t)] : 0.f;
   }
-}
-
-// Every stride phase's per-dim geometry, D slowest (the cp.async path's order), leaving out
-// the phases that hold no pixel (first >= in: strides past the input).
-template <class Fn>
-void for_each_phase(const ConvShape& s, Fn&& fn) {
-  const int64_t phases[3] = {std::min(s.stride[0], s.in[0]), std::min(s.stride[1], s.in[1]),
-                             std::min(s.stride[2], s.in[2])};
-  for (int32_t fz = 0; fz < phases[0]; ++fz)
-    for (int32_t fy = 0; fy < phases[1]; ++fy)
-      for (int32_t fx = 0; fx < phases[2]; ++fx) {
-        const DimPhase dims[3] = {dim_phase(s, 0, fz), dim_phase(s, 1, fy), dim_phase(s, 2, fx)};
-        fn(dims);
-      }
 }
 
 int64_t pixel_volume(const DimPhase (&dims)[3]) { return int64_t(dims[0].count) * dims[1].count * dims[2].count; }
@@ -135,7 +116,7 @@ void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, 
     args.red = int32_t(red);
     // Permuted rows: the kernel stores element by element through the map (tile_store_for);
     // split partial sums reach it in the reduction pass.
-    args.out = phase_output_map(dx.data<float>(), s, dims);
+    args.out = phase_output_map(dx.data<float>(), s, phase_geometry(dims));
 
     const Im2colGeometry geometry = phase_im2col_geometry(s, dims, channels);
     Im2colBoxes boxes{};

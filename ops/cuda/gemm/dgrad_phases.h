@@ -1,6 +1,7 @@
 // The strided grad-input's phase decomposition, shared by its two paths: the cp.async kernels
 // (engine.cu: each phase a GEMM that gathers dy) and the TMA kernel (conv_dgrad_sm90_tma.cu:
-// each phase a stride-1 forward over dy). Host-only. Design note: docs/kernels/gemm.md.
+// each phase a stride-1 forward over dy). Host code but for PhaseTaps::kernel_tap, which the
+// weight-packing kernels of both paths call. Design note: docs/kernels/gemm.md.
 //
 // Per spatial dim, forward y[o] = sum_t x[o s - p + t d] w[t], so dx[i] = sum of dy[o] w[t] over
 // o s - p + t d = i. The input pixels of phase `first` are i = first + s j; tap t reaches them
@@ -45,7 +46,31 @@ inline DimPhase dim_phase(const ConvShape& s, int d, int32_t first) {
 // A phase's taps per dim, passed by value to the weight-packing kernels, with the kernel's size.
 struct PhaseTaps {
   int32_t tap0[3], tap_step[3], taps[3], kernel[3];
+
+  // The flat kernel tap (w's last index) of the phase's tap idx, x fastest; kReversed counts
+  // each dim's taps from the last (the TMA path's stride-1 forward, below).
+  template <bool kReversed>
+  __host__ __device__ __forceinline__ int64_t kernel_tap(int64_t idx) const {
+    const int64_t i[3] = {idx / (int64_t(taps[2]) * taps[1]), (idx / taps[2]) % taps[1], idx % taps[2]};
+    int64_t t[3];
+    for (int d = 0; d < 3; ++d) t[d] = tap0[d] + (kReversed ? taps[d] - 1 - i[d] : i[d]) * tap_step[d];
+    return (t[0] * kernel[1] + t[1]) * kernel[2] + t[2];
+  }
 };
+
+// Every stride phase's per-dim geometry, D slowest, leaving out the phases that hold no pixel
+// (first >= in: strides past the input).
+template <class Fn>
+void for_each_phase(const ConvShape& s, Fn&& fn) {
+  const int64_t phases[3] = {std::min(s.stride[0], s.in[0]), std::min(s.stride[1], s.in[1]),
+                             std::min(s.stride[2], s.in[2])};
+  for (int32_t fz = 0; fz < phases[0]; ++fz)
+    for (int32_t fy = 0; fy < phases[1]; ++fy)
+      for (int32_t fx = 0; fx < phases[2]; ++fx) {
+        const DimPhase dims[3] = {dim_phase(s, 0, fz), dim_phase(s, 1, fy), dim_phase(s, 2, fx)};
+        fn(dims);
+      }
+}
 
 inline PhaseTaps phase_taps(const ConvShape& s, const DimPhase (&dims)[3]) {
   PhaseTaps pt{};

@@ -21,13 +21,14 @@ using engine::OutputMap;
 using engine::PhaseGeometry;
 using engine::PhaseTaps;
 using engine::Plan;
-using engine::dim_phase;
+using engine::for_each_phase;
 using engine::fits;
 using engine::geometry;
 using engine::kCoordinateLimit;
 using engine::kThreads;
 using engine::make_plan;
 using engine::output_map;
+using engine::phase_geometry;
 using engine::phase_taps;
 
 
@@ -52,24 +53,6 @@ Tensor pack_forward_weights(const Tensor& w, const ConvShape& s) {
   return packed;
 }
 
-PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
-  PhaseGeometry ph{};
-  for (int d = 0; d < 3; ++d) {
-    ph.first[d] = dims[d].first;
-    ph.count[d] = dims[d].count;
-    ph.taps[d] = dims[d].taps;
-    ph.base[d] = dims[d].base;
-    ph.out_step[d] = dims[d].out_step;
-  }
-  ph.tap_volume = ph.taps[0] * ph.taps[1] * ph.taps[2];
-  // Empty phases are skipped before use; their divisors only need to be valid.
-  ph.div_count_w = FastDivmod(uint32_t(std::max(1, ph.count[2])));
-  ph.div_count_h = FastDivmod(uint32_t(std::max(1, ph.count[1])));
-  ph.div_count_volume = FastDivmod(uint32_t(std::max(1, ph.count[0] * ph.count[1] * ph.count[2])));
-  ph.div_taps_w = FastDivmod(uint32_t(std::max(1, ph.taps[2])));
-  ph.div_taps_h = FastDivmod(uint32_t(std::max(1, ph.taps[1])));
-  return ph;
-}
 
 // packed[c][idx * K + k] = w[k][c][tap(idx)]: one phase's weights as its GEMM's B.
 __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const float* __restrict__ w, int64_t K,
@@ -79,12 +62,7 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
   const int64_t total = C * tap_volume * K;
   TG_GRID_STRIDE(e, total) {
     const int64_t k = e % K, idx = (e / K) % tap_volume, c = e / (K * tap_volume);
-    const int64_t ix = idx % pt.taps[2], iy = (idx / pt.taps[2]) % pt.taps[1];
-    const int64_t iz = idx / (int64_t(pt.taps[2]) * pt.taps[1]);
-    const int64_t t = ((pt.tap0[0] + iz * pt.tap_step[0]) * pt.kernel[1] + (pt.tap0[1] + iy * pt.tap_step[1])) *
-                          pt.kernel[2] +
-                      (pt.tap0[2] + ix * pt.tap_step[2]);
-    packed[e] = w[(k * C + c) * kvol + t];
+    packed[e] = w[(k * C + c) * kvol + pt.kernel_tap</*kReversed=*/false>(idx)];
   }
 }
 
@@ -92,9 +70,9 @@ __global__ void pack_phase_weights_kernel(float* __restrict__ packed, const floa
 // are tiles for two blocks per SM (the policy's arch 80 / 90 aside); `blocks_per_sm` is how many
 // of its 128-wide blocks would share an SM.
 constexpr int64_t kTmaMinReduction = 2048;
-// The precisions whose products the TMA matrix kernel runs: TF32, and FP32 (split TF32) unless
-// policy.fp32_tma says never.
-bool tma_matmul_mode(Precision precision, const EnginePolicy& policy) {
+// The precisions whose products the TMA kernel runs (matrix and convolution producers alike):
+// TF32, and FP32 (split TF32) unless policy.fp32_tma says never.
+bool tma_precision(Precision precision, const EnginePolicy& policy) {
   return precision == Precision::TF32 || (precision == Precision::FP32 && policy.fp32_tma >= 0);
 }
 
@@ -113,8 +91,7 @@ TmaMatmulChoice tma_matmul_choice(const GemmProblem& p, int dev, const EnginePol
 // lacks (64, 16).
 bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
   const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
-  const bool mode = precision == Precision::TF32 || (precision == Precision::FP32 && policy.fp32_tma >= 0);
-  return mode && policy.arch != 80 && tile;
+  return tma_precision(precision, policy) && policy.arch != 80 && tile;
 }
 
 // Whether engine_gemm transposes the operands stored with the reduction strided, so that the
@@ -124,7 +101,7 @@ bool tma_conv_allowed(Precision precision, const EnginePolicy& policy) {
 // ~0.7 ms of product). Policy arch 90 asks for them wherever they are possible.
 bool transposes_pay(const GemmProblem& p, bool a_k, bool b_k, Precision precision, const EnginePolicy& policy,
                     int dev) {
-  if (!tma_matmul_mode(precision, policy) || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
+  if (!tma_precision(precision, policy) || (a_k && b_k) || policy.arch == 80 || !device_runs_wgmma(dev)) return false;
   if (p.K < 4 || p.K % 4 != 0 || (p.K + 31) / 32 > 65535) return false;
   if (policy.arch == 90) return true;
   const double moved = 8.0 * double((a_k ? 0 : p.M * p.K) + (b_k ? 0 : p.N * p.K));
@@ -171,10 +148,8 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
 // FP32 keeps them (its three products per step weigh the columns' copy less).
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy) {
-  return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 &&
-         dw.device().is_cuda() &&
-         engine_conv_can_implement(s, DType::f32) &&
-         engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
+  return tma_conv_allowed(precision, policy) && dw.dtype() == DType::f32 && dw.device().is_cuda() &&
+         engine_conv_can_implement(s, DType::f32) && engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
 }
 
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
@@ -211,52 +186,51 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
   const int dev = dx.device().index;
   set_device(dev);
   if (engine::columns_pay(s)) return engine::grad_input_by_columns(dx, dy, w, s, precision, policy);
-  // engine_conv_grad_input_uses_tma, with the columns and limits already settled above.
-  ConvShape forward;
-  if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_uses_tma(forward, dy, precision, policy))
-    return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, precision, policy, /*flipped=*/true);
-  // Strided: each stride phase as a stride-1 forward over dy on the TMA kernel.
-  if (tma_conv_allowed(precision, policy) && engine::conv_dgrad_phases_tma_applies(s, dy.data<float>(), dev))
+  // On the TMA kernel: stride 1 as one forward of dy (weights transposed and flipped), strided
+  // phase by phase, each phase a stride-1 forward over dy.
+  if (engine_conv_grad_input_uses_tma(s, dy, precision, policy)) {
+    ConvShape forward;
+    if (engine::grad_input_as_forward(s, forward))
+      return engine::conv_fprop_tma(dx, dy, w, Tensor(), forward, precision, policy, /*flipped=*/true);
     return engine::conv_dgrad_phases_tma(dx, dy, w, s, precision, policy);
+  }
   cudaStream_t st = stream(dev);
   const ConvGeometry g = geometry(s);
   const bool unit_stride = s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1;
   // Every tap belongs to exactly one phase per dim: the phases' packed weights fill w's size.
   const Tensor packed = Tensor::empty({w.numel()}, {.dtype = DType::f32, .device = w.device()});
   int64_t packed_offset = 0;
-  for (int32_t fz = 0; fz < s.stride[0]; ++fz)
-    for (int32_t fy = 0; fy < s.stride[1]; ++fy)
-      for (int32_t fx = 0; fx < s.stride[2]; ++fx) {
-        const DimPhase dims[3] = {dim_phase(s, 0, fz), dim_phase(s, 1, fy), dim_phase(s, 2, fx)};
-        const PhaseGeometry ph = phase_geometry(dims);
-        const int64_t rows = s.N * int64_t(ph.count[0]) * ph.count[1] * ph.count[2];
-        if (rows == 0) continue;
-        const int64_t red = int64_t(ph.tap_volume) * s.K;  // 0: these pixels get no gradient
-        float* phase_w = packed.data<float>() + packed_offset;
-        if (red > 0) {
-          const PhaseTaps pt = phase_taps(s, dims);
-          pack_phase_weights_kernel<<<grid_for(s.C * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
-                                                                                         s.C, pt);
-          TG_LAUNCH_CHECK();
-          packed_offset += s.C * red;
-        }
-        MainloopArgs args{};
-        args.M = int32_t(rows);
-        args.N = int32_t(s.C);
-        args.red = int32_t(red);
-        args.out = output_map(dx.data<float>(), nullptr, rows, s.C);
-        if (!unit_stride) {
-          args.out = engine::phase_output_map(dx.data<float>(), s, dims);  // kPhase
-        } else if (!s.channels_last()) {
-          args.out.mode = OutputMap::kChannelsFirst;
-          args.out.div = FastDivmod(uint32_t(s.in_volume()));
-        }
-        const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true, precision, /*gather=*/true);
-        engine::run_plan(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
-          engine::launch_conv_dgrad(g, ph, s.channels_last(), dy.data<float>(), phase_w, plan, a,
-                                    precision == Precision::FP32, stm);
-        });
+  for_each_phase(s, [&](const DimPhase (&dims)[3]) {
+    const PhaseGeometry ph = phase_geometry(dims);
+    const int64_t rows = s.N * int64_t(ph.count[0]) * ph.count[1] * ph.count[2];
+    if (rows == 0) return;
+    const int64_t red = int64_t(ph.tap_volume) * s.K;  // 0: these pixels get no gradient
+    float* phase_w = packed.data<float>() + packed_offset;
+    if (red > 0) {
+      pack_phase_weights_kernel<<<grid_for(s.C * red, kThreads), kThreads, 0, st>>>(phase_w, w.data<float>(), s.K,
+                                                                                     s.C, phase_taps(s, dims));
+      TG_LAUNCH_CHECK();
+      packed_offset += s.C * red;
+    }
+    MainloopArgs args{};
+    args.M = int32_t(rows);
+    args.N = int32_t(s.C);
+    args.red = int32_t(red);
+    if (!unit_stride) {
+      args.out = engine::phase_output_map(dx.data<float>(), s, ph);  // kPhase
+    } else {
+      args.out = output_map(dx.data<float>(), nullptr, rows, s.C);
+      if (!s.channels_last()) {
+        args.out.mode = OutputMap::kChannelsFirst;
+        args.out.div = FastDivmod(uint32_t(s.in_volume()));
       }
+    }
+    const Plan plan = make_plan(rows, s.C, red, dev, policy, /*narrow_ok=*/true, precision, /*gather=*/true);
+    engine::run_plan(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t stm) {
+      engine::launch_conv_dgrad(g, ph, s.channels_last(), dy.data<float>(), phase_w, plan, a,
+                                precision == Precision::FP32, stm);
+    });
+  });
 }
 
 void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
@@ -265,7 +239,8 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
            s.w_shape(), " (", dtype_name(dw.dtype()), ") is outside the engine's limits");
   const int dev = dw.device().index;
   set_device(dev);
-  if (engine_conv_grad_weight_uses_tma(s, dw, precision, policy)) return engine::conv_wgrad_tma(dw, dy, x, s, precision, policy);
+  if (engine_conv_grad_weight_uses_tma(s, dw, precision, policy))
+    return engine::conv_wgrad_tma(dw, dy, x, s, precision, policy);
   const ConvGeometry g = geometry(s);
   const int64_t M = s.K, N = s.C * s.kernel_volume(), red = s.N * s.out_volume();
   MainloopArgs args{};
@@ -330,7 +305,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // epilogue a third of the weight it has at TF32; 128-wide tiles, one block per SM.
   const TmaMatmulChoice choice = tma_matmul_choice(p, dev, policy);
   const bool split = precision == Precision::FP32;
-  const bool tma = tma_matmul_mode(precision, policy) && a_k && b_k && plan.shape == engine::TileShape::Big &&
+  const bool tma = tma_precision(precision, policy) && a_k && b_k && plan.shape == engine::TileShape::Big &&
                    (policy.arch == 90 || (policy.arch == 0 && (split || choice.pays))) &&
                    engine::matmul_tma_applies(a_data, b_data, p.K, dev);
   if (tma) {

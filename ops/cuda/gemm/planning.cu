@@ -225,17 +225,35 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
   return out;
 }
 
-OutputMap phase_output_map(float* dx, const ConvShape& s, const DimPhase (&dims)[3]) {
-  const int64_t rows = s.N * int64_t(dims[0].count) * dims[1].count * dims[2].count;
+PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
+  PhaseGeometry ph{};
+  for (int d = 0; d < 3; ++d) {
+    ph.first[d] = dims[d].first;
+    ph.count[d] = dims[d].count;
+    ph.taps[d] = dims[d].taps;
+    ph.base[d] = dims[d].base;
+    ph.out_step[d] = dims[d].out_step;
+  }
+  ph.tap_volume = ph.taps[0] * ph.taps[1] * ph.taps[2];
+  // Empty phases are skipped before use; their divisors only need to be valid.
+  ph.div_count_w = FastDivmod(uint32_t(std::max(1, ph.count[2])));
+  ph.div_count_h = FastDivmod(uint32_t(std::max(1, ph.count[1])));
+  ph.div_count_volume = FastDivmod(uint32_t(std::max(1, ph.count[0] * ph.count[1] * ph.count[2])));
+  ph.div_taps_w = FastDivmod(uint32_t(std::max(1, ph.taps[2])));
+  ph.div_taps_h = FastDivmod(uint32_t(std::max(1, ph.taps[1])));
+  return ph;
+}
+
+OutputMap phase_output_map(float* dx, const ConvShape& s, const PhaseGeometry& ph) {
+  const int64_t rows = s.N * int64_t(ph.count[0]) * ph.count[1] * ph.count[2];
   OutputMap out = output_map(dx, nullptr, rows, s.C);
   out.mode = OutputMap::kPhase;
   auto& po = out.phase;
-  // Empty phases are skipped before use; their divisors only need to be valid.
-  po.div_count_volume = FastDivmod(uint32_t(std::max(1, dims[0].count * dims[1].count * dims[2].count)));
-  po.div_count_w = FastDivmod(uint32_t(std::max(1, dims[2].count)));
-  po.div_count_h = FastDivmod(uint32_t(std::max(1, dims[1].count)));
+  po.div_count_volume = ph.div_count_volume;
+  po.div_count_w = ph.div_count_w;
+  po.div_count_h = ph.div_count_h;
   for (int d = 0; d < 3; ++d) {
-    po.first[d] = dims[d].first;
+    po.first[d] = ph.first[d];
     po.stride[d] = int32_t(s.stride[d]);
     po.in[d] = int32_t(s.in[d]);
   }

@@ -53,9 +53,11 @@ void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const L
 ConvGeometry geometry(const ConvShape& s);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
-// The grad-input's output for one stride phase (dgrad_phases.h): rows (img, j) of the phase's
-// pixels scattered into dx (s's layout), columns dx's channels.
-OutputMap phase_output_map(float* dx, const ConvShape& s, const DimPhase (&dims)[3]);
+// One stride phase of the grad-input (dgrad_phases.h) as the kernels see it: its pixels, taps
+// and their divisors; and its output, rows (img, j) of the phase's pixels scattered into dx
+// (s's layout), columns dx's channels.
+PhaseGeometry phase_geometry(const DimPhase (&dims)[3]);
+OutputMap phase_output_map(float* dx, const ConvShape& s, const PhaseGeometry& ph);
 
 // TF32 or FP32 (split TF32) forward on Hopper through the TMA unit's im2col mode
 // (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, geometry within
