@@ -186,13 +186,14 @@ int main(int argc, char** argv) {
     kernels.engine.wgrad_columns = static_cast<int>(args.get_int("engine-wgrad-columns", 0));  // 0, 1 or -1
     kernels.engine.tma_store = static_cast<int>(args.get_int("engine-tma-store", 0));  // 0 or -1
     kernels.engine.fp32_tma = static_cast<int>(args.get_int("engine-fp32-tma", 0));    // 0 or -1
+    kernels.engine.tma_quads = static_cast<int>(args.get_int("engine-tma-quads", 0));  // 0, 1 or -1
     tg::cuda::set_kernel_policy(kernels);
     args.finish("[--rows REGEX] [--precision fp32,tf32] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
                 "[--list] [--back-to-back N] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
                 "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90] "
                 "[--engine-blocks-per-sm 0|1|2] [--engine-wgrad-columns 0|1|-1] [--engine-tma-store 0|-1] "
-                "[--engine-fp32-tma 0|-1]");
+                "[--engine-fp32-tma 0|-1] [--engine-tma-quads 0|1|-1]");
     for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
     const std::string model_name = "resnet18gn_64x64_b" + std::to_string(model_batch);
 

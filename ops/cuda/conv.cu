@@ -71,12 +71,18 @@ constexpr int64_t kConv3x3MinPixelsTf32 = 512;  // without the TMA kernel
 constexpr int64_t kConv3x3MinPixelsTf32Tma = 128 * 128 + 1;  // 128x128 itself: the engine
 constexpr int64_t kConv3x3MinPixelsTf32TmaFew = 8192;
 constexpr int64_t kConv3x3MinPixelsFp32Tma = 8192, kConv3x3MinPixelsFp32TmaFew = 2048;
+// Passes that reduce over fewer than 16 channels were measured only without the TMA kernel,
+// whose channel-quad mode (conv_fprop_sm90_tma.cu) now takes some of them: they keep the rules
+// of "without the TMA kernel" (the 3x3 kernels from 512 pixels at TF32, always at FP32).
 // `engine_tma()` is asked only for the images whose routing depends on it.
+constexpr int64_t kConv3x3MeasuredMinChannels = 16;
 template <class EngineTma>
 bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2];
   const int64_t written = p.pass == ConvPass::Forward ? p.shape.K : p.shape.C;
+  const int64_t reduced = p.pass == ConvPass::Forward ? p.shape.C : p.shape.K;
+  if (reduced < kConv3x3MeasuredMinChannels) return p.precision == Precision::FP32 || pixels >= kConv3x3MinPixelsTf32;
   const bool few = written <= kConv3x3FewChannels;
   if (p.precision == Precision::FP32) {
     if (pixels >= (few ? kConv3x3MinPixelsFp32TmaFew : kConv3x3MinPixelsFp32Tma)) return true;

@@ -132,7 +132,7 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
                                   const EnginePolicy& policy) {
   return tma_conv_allowed(precision, policy) && x.dtype() == DType::f32 && x.device().is_cuda() &&
          engine_conv_can_implement(s, DType::f32) &&
-         engine::conv_fprop_tma_applies(s, x.data<float>(), x.device().index);
+         engine::conv_fprop_tma_applies(s, x.data<float>(), x.device().index, policy, precision);
 }
 
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,

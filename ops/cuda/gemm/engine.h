@@ -25,6 +25,9 @@ struct EnginePolicy {
                           // channels; 1 wherever the columns fit; -1 never
   int fp32_tma = 0;       // FP32 products on the TMA kernel (split TF32, docs/kernels/gemm_tma.md):
                           // 0 wherever the TF32 ones would run there; -1 never
+  int tma_quads = 0;      // the TMA convolution kernels' k-tiles as (tap, 4-channel quad) pairs:
+                          // 0 where it pays (few channels, conv_fprop_sm90_tma.cu); 1 wherever
+                          // fewer than 32; -1 never (then fewer than 16 channels: no TMA kernel)
   int tma_store = 0;      // the TMA kernels' epilogue: 0 TMA stores of the tile where the output
                           // allows (plain, channels-first, split partial sums: tile_store_for);
                           // -1 one store per element through the output map everywhere
@@ -36,9 +39,10 @@ bool engine_conv_can_implement(const ConvShape& s, DType dtype);
 bool engine_gemm_can_implement(const GemmProblem& p, DType dtype);
 
 // Whether engine_conv_forward runs the TMA-fed Hopper kernel for this problem: TF32, or FP32
-// unless policy.fp32_tma is -1, on an sm_90a device; 16+ input channels, a geometry within the
-// TMA unit's im2col ranges, channels-last inputs with C % 4 == 0 (NCHW inputs are transposed
-// first), and a policy that allows it (not arch 80, tile 0, 128 or 256).
+// unless policy.fp32_tma is -1, on an sm_90a device; a geometry within the TMA unit's im2col
+// ranges, channels-last inputs with C % 4 == 0 (NCHW inputs are transposed first), and a policy
+// that allows it (not arch 80, tile 0, 128 or 256); 16+ input channels, or fewer where the
+// channel-quad mode pays (or policy.tma_quads is 1).
 bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision precision,
                                   const EnginePolicy& policy = {});
 // The same for engine_conv_grad_input, which runs stride-1 problems (padding at most the

@@ -73,7 +73,88 @@ struct Im2colBoxes {
   }
 };
 
-// One launch of the TMA kernel with this producer over plan's tiles (conv_fprop_sm90_tma.cu).
+// Few channels (a forward's C, or a grad-input's dy channels, below kTmaMinChannels): a
+// 32-channel slice per tap would be mostly zeros. Instead k-tile kt holds the 8 (tap, channel
+// quad) pairs 8 kt .. 8 kt + 7 of the reduction, pair = tap * quads + quad: eight im2col requests
+// of 128 pixels x 4 channels (2 KB each, no swizzle), placed one after another, so that A's
+// stage is 8 K-major core-matrix columns: k 4j..4j+3 of the tile is pair j's box (the wgmma
+// descriptor's LBO steps from one box to the next, SBO = 128 bytes is 8 pixels). B is the
+// weights packed in the same pair order (packed[k][pair * 4 + c]). Pairs past the last
+// (kvol * quads) are requested at a channel past the map's last, which the TMA unit fills with
+// zeros: the products over them add exact zeros, whatever the stage held before.
+struct Im2colQuadBoxes {
+  static constexpr bool kChannelQuads = true;  // A's stage layout (tma_mainloop_sm90.cuh)
+  static constexpr int kPairsPerKTile = kBK / 4;
+  static constexpr int kBoxBytes = 128 * 4 * 4;  // 128 pixels x 4 channels
+  CUtensorMap x, w;
+  int32_t quads;         // channel quads per tap
+  int32_t pairs;         // kvol * quads
+  int32_t past_channel;  // a channel coordinate past the map's last
+  int32_t kernel_w, kernel_h;
+  int32_t out_w, out_h, out_volume;
+  int32_t stride[3], pad[3], dil[3];
+  bool three_d;
+  struct Cursor {
+    int32_t iw, ih, id, img;     // the tile's first output pixel's window corner
+    int32_t pair, q, tx, ty, tz;  // the next pair: its quad and tap
+  };
+
+  __device__ __forceinline__ void prefetch() const {
+    tma::prefetch_map(&x);
+    tma::prefetch_map(&w);
+  }
+  __device__ __forceinline__ Cursor start(int32_t kt, int32_t m0) const {
+    Cursor at;
+    at.img = m0 / out_volume;
+    const int32_t pix = m0 - at.img * out_volume;
+    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
+    at.iw = ow * stride[2] - pad[2];
+    at.ih = oh * stride[1] - pad[1];
+    at.id = od * stride[0] - pad[0];
+    at.pair = kt * kPairsPerKTile;
+    const int32_t tap = at.pair / quads;
+    at.q = at.pair - tap * quads;
+    at.tx = tap % kernel_w;
+    at.ty = (tap / kernel_w) % kernel_h;
+    at.tz = tap / (kernel_w * kernel_h);
+    return at;
+  }
+  __device__ __forceinline__ void step(Cursor& at) const {
+    ++at.pair;
+    if (++at.q < quads) return;
+    at.q = 0;
+    if (++at.tx < kernel_w) return;
+    at.tx = 0;
+    if (++at.ty < kernel_h) return;
+    at.ty = 0;
+    ++at.tz;
+  }
+  __device__ __forceinline__ void advance(Cursor& at) const {
+#pragma unroll
+    for (int j = 0; j < kPairsPerKTile; ++j) step(at);
+  }
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& from,
+                                       int32_t kt, int32_t n0) const {
+    Cursor at = from;
+#pragma unroll
+    for (int j = 0; j < kPairsPerKTile; ++j) {
+      // A pair past the last: tap offsets 0 (within the map's offset range), no channel inside.
+      const bool real = at.pair < pairs;
+      const int32_t c0 = real ? at.q * 4 : past_channel;
+      const uint16_t off_w = uint16_t(real ? at.tx * dil[2] : 0), off_h = uint16_t(real ? at.ty * dil[1] : 0);
+      unsigned char* dst = a_dst + j * kBoxBytes;
+      if (three_d)
+        tma::load_im2col_5d(dst, &x, bar, c0, at.iw, at.ih, at.id, at.img, off_w, off_h,
+                            uint16_t(real ? at.tz * dil[0] : 0));
+      else tma::load_im2col_4d(dst, &x, bar, c0, at.iw, at.ih, at.img, off_w, off_h);
+      step(at);
+    }
+    tma::load_box(b_dst, &w, bar, kt * kBK, n0);
+  }
+};
+
+// One launch of the TMA kernel with either producer over plan's tiles (conv_fprop_sm90_tma.cu).
 void launch_im2col_tma(const Im2colBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
+void launch_im2col_tma(const Im2colQuadBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
 
 }  // namespace tg::cuda::engine

@@ -60,12 +60,13 @@ PhaseGeometry phase_geometry(const DimPhase (&dims)[3]);
 OutputMap phase_output_map(float* dx, const ConvShape& s, const PhaseGeometry& ph);
 
 // TF32 or FP32 (split TF32) forward on Hopper through the TMA unit's im2col mode
-// (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, geometry within
-// the tensor map's ranges, channels-last inputs with C % 4 == 0 and 16-byte alignment), and the
-// pass.
+// (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, or fewer where
+// its channel-quad mode pays; geometry within the tensor map's ranges, channels-last
+// inputs with C % 4 == 0 and 16-byte alignment), and the pass.
 // `flipped`: s is a grad-input posed as a forward (grad_input_as_forward), x is dy, y is dx
 // and w the forward's weights, read transposed and flipped.
-bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev);
+bool conv_fprop_tma_applies(const ConvShape& s, const float* x, int dev, const EnginePolicy& policy,
+                            Precision precision);
 void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                     Precision precision, const EnginePolicy& policy, bool flipped = false);
 // Grad-weight on Hopper as a TMA product (TF32, or FP32 as split TF32) over written-out dy and

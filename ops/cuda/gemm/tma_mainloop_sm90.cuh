@@ -11,7 +11,9 @@
 // k-tile is on the pipeline's critical path: the cursor carries the coordinates from one k-tile
 // to the next with additions, where decoding each k-tile afresh would take several divisions.
 // Each box is 128 rows (A) or kBN rows (B) of 32 k in the 128-byte swizzle: chunk c of row r at
-// c ^ (r % 8), exactly the K-major layout the wgmma descriptors of wgmma.cuh describe.
+// c ^ (r % 8), exactly the K-major layout the wgmma descriptors of wgmma.cuh describe; or, for a
+// producer with kChannelQuads (few-channel convolutions), A is eight 128 x 4 boxes without
+// swizzle (a_desc below).
 //
 // Warp roles (288 threads): warp 8 is the producer; its lane 0 asks for each stage's boxes and
 // announces their bytes on the stage's `full` barrier. Warpgroups 0 and 1 each own 64 rows of
@@ -83,9 +85,27 @@ __device__ __forceinline__ void split_stage(unsigned char* stage, unsigned char*
   }
 }
 
+// A stage's A operand as the wgmma descriptors see it. Most producers land one 128 x 32 box in
+// the 128-byte swizzle: a warpgroup's 64 rows start 8 KB in, k8 step ks 32 bytes along the row.
+// Producers with kChannelQuads (Im2colQuadBoxes) land eight 128 x 4 boxes one after another:
+// a warpgroup's rows start 1 KB in, k8 step ks is boxes 2 ks and 2 ks + 1 (LBO: one box, 2 KB;
+// SBO: 8 rows of 16 bytes).
+template <class Producer>
+constexpr bool kChannelQuadA = requires { Producer::kChannelQuads; };
+template <bool kQuads>
+__device__ __forceinline__ uint32_t a_rows_offset(int warpgroup) {
+  return kQuads ? uint32_t(warpgroup) * 64 * 16 : uint32_t(warpgroup) * 64 * kBK * 4;
+}
+template <bool kQuads>
+__device__ __forceinline__ uint64_t a_desc(uint32_t addr, int ks) {
+  constexpr uint32_t kQuadBoxBytes = kTmaBM * 4 * 4;
+  if constexpr (kQuads) return wgmma::kmajor_desc(addr + ks * 2 * kQuadBoxBytes, kQuadBoxBytes, 128);
+  else return wgmma::sw128_kmajor_desc(addr + ks * 32);
+}
+
 // TF32 mode's consumer loop: per stage, wait for its boxes, run four m64nNk8 wgmmas, keep one
 // wgmma group in flight (wait<1>), and release the previous stage once its group retired.
-template <int kBN, int kStages, int kStageBytes>
+template <int kBN, int kStages, int kStageBytes, bool kQuads>
 __device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned char* smem, uint64_t* full,
                                              uint64_t* empty, int32_t count, uint32_t a_rows, int lane) {
   const uint32_t stages = shared_address(smem);
@@ -96,9 +116,7 @@ __device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned cha
     const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
 #pragma unroll
     for (int ks = 0; ks < kBK / 8; ++ks) {
-      const uint32_t k_bytes = ks * 32;
-      wgmma::mma_ss_tf32<kBN>(acc, wgmma::sw128_kmajor_desc(a_addr + k_bytes),
-                              wgmma::sw128_kmajor_desc(b_addr + k_bytes), true);
+      wgmma::mma_ss_tf32<kBN>(acc, a_desc<kQuads>(a_addr, ks), wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
     }
     wgmma::commit();
     wgmma::wait<1>();  // the previous stage's products retired: release its slot
@@ -114,7 +132,7 @@ __device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned cha
 // stage makes every split visible before any warpgroup's products read it. Low stage i % 2
 // is rewritten at i + 2, after both warpgroups passed stage i + 1's barrier, which each
 // crossed only after its stage-i products retired.
-template <int kBN, int kStages, int kStageBytes>
+template <int kBN, int kStages, int kStageBytes, bool kQuads>
 __device__ __forceinline__ void consume_split(float (&acc)[kBN / 2], unsigned char* smem, uint64_t* full,
                                               uint64_t* empty, int32_t count, uint32_t a_rows, int lane) {
   const int tid = threadIdx.x;
@@ -139,8 +157,8 @@ __device__ __forceinline__ void consume_split(float (&acc)[kBN / 2], unsigned ch
 #pragma unroll
     for (int ks = 0; ks < kBK / 8; ++ks) {
       const uint32_t k_bytes = ks * 32;
-      const uint64_t da = wgmma::sw128_kmajor_desc(a_addr + k_bytes), db = wgmma::sw128_kmajor_desc(b_addr + k_bytes);
-      wgmma::mma_ss_tf32<kBN>(part, wgmma::sw128_kmajor_desc(al_addr + k_bytes), db, ks > 0);
+      const uint64_t da = a_desc<kQuads>(a_addr, ks), db = wgmma::sw128_kmajor_desc(b_addr + k_bytes);
+      wgmma::mma_ss_tf32<kBN>(part, a_desc<kQuads>(al_addr, ks), db, ks > 0);
       wgmma::mma_ss_tf32<kBN>(part, da, wgmma::sw128_kmajor_desc(bl_addr + k_bytes), true);
       wgmma::mma_ss_tf32<kBN>(part, da, db, true);
     }
@@ -208,12 +226,12 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
   float acc[kBN / 2];
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) acc[q] = 0.f;
-  // Each warpgroup's 64 rows start 64 rows (8 KB) into the A box.
-  const uint32_t a_rows = uint32_t(warpgroup) * 64 * kBK * 4;
+  constexpr bool kQuads = kChannelQuadA<Producer>;
+  const uint32_t a_rows = a_rows_offset<kQuads>(warpgroup);
   if constexpr (kSplit)
-    consume_split<kBN, kStages, kStageBytes>(acc, smem, full, empty, count, a_rows, lane);
+    consume_split<kBN, kStages, kStageBytes, kQuads>(acc, smem, full, empty, count, a_rows, lane);
   else
-    consume_tf32<kBN, kStages, kStageBytes>(acc, smem, full, empty, count, a_rows, lane);
+    consume_tf32<kBN, kStages, kStageBytes, kQuads>(acc, smem, full, empty, count, a_rows, lane);
   wgmma::wait<0>();
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
