@@ -7,6 +7,7 @@
 #include "ops/elementwise.h"
 #include "ops/half_compute.h"
 #if TG_CUDA
+#include "core/tensor_kernels.h"
 #include "ops/cuda/linear.h"
 #endif
 
@@ -140,6 +141,58 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   return y;
 }
 
+#if TG_CUDA
+// Whether linear's bf16 operands (after Autocast's casts) take linear_bf16_impl: a batch of rows
+// on a GPU, shapes that fit (else the f32 path reports them), nothing empty.
+bool bf16_linear_on_gpu(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const auto bf16 = [&](const Tensor& t) { return t.dtype() == DType::bf16 && t.device() == x.device(); };
+  return x.device().is_cuda() && bf16(x) && bf16(w) && (!b.defined() || (bf16(b) && b.dim() == 1)) &&
+         x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && (!b.defined() || b.size(0) == w.size(0)) &&
+         x.numel() > 0 && w.numel() > 0;
+}
+
+// An f32 copy of t, not recorded.
+Tensor f32_copy(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t;
+  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
+  cuda::cast(out, t);
+  return out;
+}
+Tensor bf16_copy(const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::bf16, .device = t.device()});
+  cuda::cast(out, t);
+  return out;
+}
+
+// bf16 linear on a GPU (Autocast's): the forward's product on the engine's BF16 kernel
+// (cuda::linear_bf16: exact products, f32 accumulation, one rounding to bf16). The backward is
+// what the f32 path computes for a bf16 op (compute_in_f32): f32 copies of dy, x and w, the
+// products at the current precision, each gradient rounded once to bf16.
+Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
+  profile::OpScope scope("linear", [&] {
+    return profile::OpInfo{{&x, &w, &b}, gemm_flops(B, out, in) + (b.defined() ? static_cast<double>(B * out) : 0),
+                           profile::bytes_of({&x, &w, &b}) + static_cast<double>(B * out) * dtype_size(x.dtype()), true};
+  });
+  Tensor y = Tensor::empty({B, out}, {.dtype = DType::bf16, .device = x.device()});
+  cuda::linear_bf16(y, x, w, b);
+  if (should_record({x, w, b})) {
+    record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
+      profile::OpScope scope("linear (backward)", [&] { return gemm_backward_info(args, B, out, in, true); });
+      const Tensor dy = f32_copy(args.grad_outputs[0]);
+      Tensor dx, dw, db;
+      if (args.needs_grad[0]) dx = bf16_copy(run_gemm(dy, f32_copy(args.saved[1]), Tensor(), {.M = B, .N = in, .K = out}));
+      if (args.needs_grad[1])
+        dw = bf16_copy(run_gemm(dy, f32_copy(args.saved[0]), Tensor(), {.M = out, .N = in, .K = B, .transA = true}));
+      if (args.needs_grad[2]) db = bf16_copy(run_sum_rows(dy));
+      return std::vector<Tensor>{dx, dw, db};
+    });
+  }
+  return y;
+}
+#endif
+
 }  // namespace
 
 // Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).
@@ -150,7 +203,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (!needs_matrix_half_path(x, w, b)) return linear_impl(x, w, b);
+#if TG_CUDA
+  const std::vector<Tensor> lowered = autocast_lower({x, w, b});
+  if (bf16_linear_on_gpu(lowered[0], lowered[1], lowered[2])) return linear_bf16_impl(lowered[0], lowered[1], lowered[2]);
+  // Already lowered: matrix_op's own Autocast casts find no f32 operand left.
+  return matrix_op("linear", lowered, [](const std::vector<Tensor>& v) { return linear_impl(v[0], v[1], v[2]); });
+#else
   return matrix_op("linear", {x, w, b}, [](const std::vector<Tensor>& v) { return linear_impl(v[0], v[1], v[2]); });
+#endif
 }
 
 }  // namespace tg

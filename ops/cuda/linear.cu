@@ -8,7 +8,9 @@
 #include "core/dtype_dispatch.h"
 #include "core/error.h"
 #include "ops/checks.h"
+#include "core/tensor_kernels.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
+#include "ops/cuda/gemm/engine.h"
 #include "ops/cuda/gemm_variants.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/policy.h"
@@ -242,6 +244,21 @@ void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& 
   }
   gemm(dx, dy, w, Tensor(), for_dx);
   gemm(dw, dy, x, Tensor(), for_dw);
+}
+
+void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::bf16; };
+  TG_CHECK_AS(DTypeError, bf16(y) && bf16(x) && bf16(w) && bf16(b), "linear_bf16: wants bf16 x, w, b and y; got ",
+              describe(x), ", ", describe(w), b.defined() ? ", " + describe(b) : std::string(), " -> ", describe(y));
+  const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
+  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
+  Tensor bias, y32 = Tensor::empty({B, out}, f32);
+  if (b.defined()) {
+    bias = Tensor::empty({out}, f32);
+    cast(bias, b);  // exact
+  }
+  engine_gemm_bf16(y32, x, w, bias, {.M = B, .N = out, .K = in, .transB = true});
+  cast(y, y32);  // rounded once, to nearest even
 }
 
 void sum_rows(const Tensor& db, const Tensor& dy) {

@@ -10,8 +10,8 @@ namespace tg::cuda {
 // What one TMA request moves: a box of `rows` x `cols` elements, and its layout in shared memory.
 struct TmaBox {
   int rows, cols;
-  // false: dense, rows of cols * 4 bytes. true: the 128-byte swizzle (cols must be 32, 128 bytes
-  // per row): the 16-byte chunk c of box row r lands at chunk position c ^ (r % 8), so that 8
+  // false: dense, rows of cols elements. true: the 128-byte swizzle (rows of 128 bytes: cols 32
+  // floats or 64 bf16): the 16-byte chunk c of box row r lands at chunk position c ^ (r % 8), so that 8
   // rows' chunk c fall in 8 different bank groups (ldmatrix without conflicts); such boxes must
   // start 1024-byte aligned in shared memory.
   bool swizzle128;
@@ -23,6 +23,9 @@ struct TmaBox {
 // Needs data 16-byte aligned, cols % 4 == 0 (16-byte row stride), rows < 2^31, box sides 1..256
 // (cols * 4 a multiple of 16): a TG_CHECK naming op_name says so otherwise.
 CUtensorMap f32_matrix_map(const char* op_name, const float* data, int64_t rows, int64_t cols, TmaBox box);
+// The same over bf16 elements (bit patterns): rows of cols * 2 bytes, a multiple of 16; the
+// 128-byte swizzle needs box.cols 64.
+CUtensorMap bf16_matrix_map(const char* op_name, const uint16_t* data, int64_t rows, int64_t cols, TmaBox box);
 
 // The same over `planes` such matrices stored one after another (planes x rows x cols, e.g. an
 // NCHW tensor as N planes of C x HW), boxes of box.planes planes: rows past a plane's last are

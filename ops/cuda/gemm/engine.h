@@ -69,4 +69,13 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
 void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                  Precision precision, const EnginePolicy& policy = {});
 
+// BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = a b^T (+ bias, f32, per column) with
+// a (M, K) and b (N, K) bf16, row-major (p.transA false, p.transB true): products exact in f32,
+// accumulated in f32. On Hopper's TMA kernel where K % 8 == 0 (16-byte rows), the operands are
+// 16-byte aligned and the policy allows it (not arch 80, not tile 16): _uses_tma says whether;
+// elsewhere the TF32 engine on f32 copies of a and b, the same products.
+bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy = {});
+void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
+                      const EnginePolicy& policy = {});
+
 }  // namespace tg::cuda

@@ -124,9 +124,9 @@ int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& poli
 // (a 96-tile forward on 132 SMs stays unsplit), splits that fill idle SMs win.
 // FP32 (split TF32): 128-wide tiles, one block per SM, three products per step.
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
-                   Precision precision) {
+                   Precision precision, bool bf16) {
   constexpr double kSmFlopsPerSecond = 2.2e12, kBytesPerSecond = 3.0e12;
-  const bool split = precision == Precision::FP32;
+  const bool split = !bf16 && precision == Precision::FP32;
   TG_CHECK(!split || cols == 128, "implicit-GEMM engine: FP32 on the TMA kernel takes 128-wide tiles, not ", cols);
   const int sms = sm_count(dev);
   Plan plan;
@@ -141,13 +141,13 @@ Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const E
   plan.tma_split = split;
   plan.tma_blocks_per_sm = split ? 1 : tma_blocks_per_sm(cols, tiles, sms, policy);
   const int blocks_per_sm = plan.tma_blocks_per_sm;
-  const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, kBK));
+  const int32_t k_tiles = std::max<int32_t>(1, ceil_div32(red, bf16 ? 2 * kBK : kBK));
   int64_t splits = 1;
   if (policy.splits > 0) {
     splits = policy.splits;
   } else {
     const int64_t slots = int64_t(sms) * blocks_per_sm;
-    const double products = split ? 3.0 : 1.0;
+    const double products = split ? 3.0 : bf16 ? 0.5 : 1.0;
     const double block_seconds = products * 2.0 * 128 * cols * double(red) / (kSmFlopsPerSecond / blocks_per_sm);
     double best = 0;
     for (int64_t s = 1; s <= std::min<int64_t>(kMaxSplits, std::max(1, k_tiles / kMinKTilesPerSplit)); ++s) {

@@ -32,9 +32,10 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
                Precision precision, bool gather);
 
 // The TMA kernel's plan (tma_mainloop_sm90.cuh): 128 x cols tiles, and the reduction split that
-// a wave model says finishes first (policy.splits forces it).
+// a wave model says finishes first (policy.splits forces it). bf16: bf16 operands (64 k per
+// k-tile, twice the TF32 product rate; precision ignored).
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
-                   Precision precision = Precision::TF32);
+                   Precision precision = Precision::TF32, bool bf16 = false);
 // Blocks per SM of the TMA kernel for `tiles` tiles `cols` wide: two (half the stages each)
 // where there are tiles for two per SM, so that one's fill and epilogue hide behind the other.
 int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy);

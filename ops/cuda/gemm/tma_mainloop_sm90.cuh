@@ -30,6 +30,7 @@
 #include "../arch/cp_async.cuh"
 #include "../arch/tma.cuh"
 #include "../arch/wgmma.cuh"
+#include "../arch/wgmma_bf16.cuh"
 #include "../arch/tensor_map.h"
 #include "../arch/tf32.cuh"
 #include "epilogue_sm90.cuh"
@@ -92,6 +93,12 @@ __device__ __forceinline__ void split_stage(unsigned char* stage, unsigned char*
 // SBO: 8 rows of 16 bytes).
 template <class Producer>
 constexpr bool kChannelQuadA = requires { Producer::kChannelQuads; };
+// Producers with kBf16 land bf16 boxes: the same 128-byte rows hold 64 k, not 32, and each of
+// the four steps per stage is one k16 BF16 product instead of a k8 TF32 one.
+template <class Producer>
+constexpr bool kBf16Operands = requires { Producer::kBf16; };
+template <bool kBf16>
+constexpr int kTileK = kBf16 ? 2 * kBK : kBK;  // k per stage
 template <bool kQuads>
 __device__ __forceinline__ uint32_t a_rows_offset(int warpgroup) {
   return kQuads ? uint32_t(warpgroup) * 64 * 16 : uint32_t(warpgroup) * 64 * kBK * 4;
@@ -103,9 +110,10 @@ __device__ __forceinline__ uint64_t a_desc(uint32_t addr, int ks) {
   else return wgmma::sw128_kmajor_desc(addr + ks * 32);
 }
 
-// TF32 mode's consumer loop: per stage, wait for its boxes, run four m64nNk8 wgmmas, keep one
-// wgmma group in flight (wait<1>), and release the previous stage once its group retired.
-template <int kBN, int kStages, int kStageBytes, bool kQuads>
+// TF32 mode's consumer loop: per stage, wait for its boxes, run four m64nNk8 wgmmas (m64nNk16
+// for bf16 operands), keep one wgmma group in flight (wait<1>), and release the previous stage
+// once its group retired.
+template <int kBN, int kStages, int kStageBytes, bool kQuads, bool kBf16>
 __device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned char* smem, uint64_t* full,
                                              uint64_t* empty, int32_t count, uint32_t a_rows, int lane) {
   const uint32_t stages = shared_address(smem);
@@ -116,7 +124,10 @@ __device__ __forceinline__ void consume_tf32(float (&acc)[kBN / 2], unsigned cha
     const uint32_t a_addr = stages + s * kStageBytes + a_rows, b_addr = stages + s * kStageBytes + kTmaABytes;
 #pragma unroll
     for (int ks = 0; ks < kBK / 8; ++ks) {
-      wgmma::mma_ss_tf32<kBN>(acc, a_desc<kQuads>(a_addr, ks), wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
+      if constexpr (kBf16)
+        wgmma::mma_ss_bf16<kBN>(acc, a_desc<kQuads>(a_addr, ks), wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
+      else
+        wgmma::mma_ss_tf32<kBN>(acc, a_desc<kQuads>(a_addr, ks), wgmma::sw128_kmajor_desc(b_addr + ks * 32), true);
     }
     wgmma::commit();
     wgmma::wait<1>();  // the previous stage's products retired: release its slot
@@ -194,7 +205,9 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
 
   const int32_t tile_n = blockIdx.x % args.tiles_n, tile_m = blockIdx.x / args.tiles_n;
   const int32_t m0 = tile_m * kTmaBM, n0 = tile_n * kBN;
-  const int32_t k_tiles = (args.red + kBK - 1) / kBK;
+  constexpr bool kQuads = kChannelQuadA<Producer>, kBf16 = kBf16Operands<Producer>;
+  static_assert(!(kBf16 && (kSplit || kQuads)), "bf16 operands: plain boxes, one product per step");
+  const int32_t k_tiles = (args.red + kTileK<kBf16> - 1) / kTileK<kBf16>;
   const int32_t kt_begin = blockIdx.y * args.k_tiles_per_split;
   const int32_t kt_end = min(k_tiles, kt_begin + args.k_tiles_per_split);
   const int32_t count = kt_end - kt_begin;
@@ -226,12 +239,11 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
   float acc[kBN / 2];
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) acc[q] = 0.f;
-  constexpr bool kQuads = kChannelQuadA<Producer>;
   const uint32_t a_rows = a_rows_offset<kQuads>(warpgroup);
   if constexpr (kSplit)
     consume_split<kBN, kStages, kStageBytes, kQuads>(acc, smem, full, empty, count, a_rows, lane);
   else
-    consume_tf32<kBN, kStages, kStageBytes, kQuads>(acc, smem, full, empty, count, a_rows, lane);
+    consume_tf32<kBN, kStages, kStageBytes, kQuads, kBf16>(acc, smem, full, empty, count, a_rows, lane);
   wgmma::wait<0>();
 #pragma unroll
   for (int q = 0; q < kBN / 2; ++q) wgmma::fence_operand(acc[q]);
@@ -288,7 +300,9 @@ void launch_tma_config(const Producer& producer, const Plan& plan, const Mainloo
 
 template <class Producer>
 void launch_tma_wgmma(const Producer& producer, const Plan& plan, const MainloopArgs& args, cudaStream_t stream) {
-  if (plan.tma_split) {
+  if constexpr (kBf16Operands<Producer>) {
+    TG_CHECK(!plan.tma_split, "engine TMA kernel: bf16 operands have no FP32 (split) mode");
+  } else if (plan.tma_split) {
     TG_CHECK(plan.tma_cols == 128 && plan.tma_blocks_per_sm == 1, "engine TMA kernel: FP32 mode runs 128-wide tiles, "
              "one block per SM; plan has ", plan.tma_cols, " columns, ", plan.tma_blocks_per_sm, " blocks per SM");
     return launch_tma_config<128, 1, Producer, true>(producer, plan, args, stream);

@@ -1,0 +1,107 @@
+// The engine's BF16 matrix product: c (f32) = a b^T + bias with a (M, K) and b (N, K) bf16,
+// row-major, the reduction contiguous (Linear's forward under Autocast). On Hopper it is the
+// TMA kernel of the TF32 products (tma_mainloop_sm90.cuh) with bf16 boxes: the same 128-byte
+// swizzled rows hold 64 k instead of 32, and each k16 step is one m64nNk16 BF16 wgmma at twice
+// the TF32 rate. Products of bf16 values are exact in f32 and the tensor cores accumulate in
+// f32, so elsewhere the TF32 engine on f32 copies computes the same products (bf16 values are
+// exact in TF32). Design note: docs/kernels/gemm_tma.md.
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "core/tensor_kernels.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/gemm/engine.h"
+#include "ops/cuda/gemm/operands.cuh"
+#include "ops/cuda/gemm/planning.h"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+
+namespace tg::cuda {
+namespace engine {
+
+// The producer (outside the anonymous namespace, as MatrixBoxes): k-tile kt is k 64 kt ..
+// 64 kt + 63 of both matrices, rows m0.. of a and n0.. of b.
+struct MatrixBoxesBf16 {
+  static constexpr bool kBf16 = true;  // tma_mainloop_sm90.cuh: bf16 boxes, BF16 products
+  CUtensorMap a, b;
+  struct Cursor {
+    int32_t m0;
+  };
+
+  __device__ __forceinline__ void prefetch() const {
+    tma::prefetch_map(&a);
+    tma::prefetch_map(&b);
+  }
+  __device__ __forceinline__ Cursor start(int32_t, int32_t m0) const { return {m0}; }
+  __device__ __forceinline__ void advance(Cursor&) const {}
+  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
+                                       int32_t kt, int32_t n0) const {
+    tma::load_box(a_dst, &a, bar, kt * 2 * kBK, at.m0);
+    tma::load_box(b_dst, &b, bar, kt * 2 * kBK, n0);
+  }
+};
+
+}  // namespace engine
+
+namespace {
+
+const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
+  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dtype() == DType::f32 &&
+                              (!bias.defined() || bias.dtype() == DType::f32),
+              "engine_gemm_bf16: wants bf16 a and b, an f32 output and bias; got a ", dtype_name(a.dtype()), ", b ",
+              dtype_name(b.dtype()), ", c ", dtype_name(c.dtype()),
+              bias.defined() ? std::string(", bias ") + dtype_name(bias.dtype()) : std::string());
+  TG_CHECK(!p.transA && p.transB, "engine_gemm_bf16: computes a b^T with a (M, K) and b (N, K) only");
+  TG_CHECK(engine_gemm_can_implement(p, DType::f32), "engine_gemm_bf16: ", p.M, " x ", p.N, " x ", p.K,
+           " is outside the engine's limits");
+  TG_CHECK(a.numel() == p.M * p.K && b.numel() == p.N * p.K && c.numel() == p.M * p.N &&
+               (!bias.defined() || bias.numel() == p.N),
+           "engine_gemm_bf16: operands of ", a.numel(), ", ", b.numel(), " and ", c.numel(), " elements for ", p.M,
+           " x ", p.N, " x ", p.K);
+  TG_CHECK(a.device() == c.device() && b.device() == c.device() && (!bias.defined() || bias.device() == c.device()) &&
+               c.device().is_cuda(),
+           "engine_gemm_bf16: every operand on the output's CUDA device");
+}
+
+}  // namespace
+
+bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy) {
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256 || policy.tile == 64;
+  return tile && policy.arch != 80 && a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && a.device().is_cuda() &&
+         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && aligned16(bf16_bits(a)) &&
+         aligned16(bf16_bits(b)) && device_runs_wgmma(a.device().index);
+}
+
+void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
+                      const EnginePolicy& policy) {
+  check_operands(c, a, b, bias, p);
+  const int dev = c.device().index;
+  set_device(dev);
+  if (!engine_gemm_bf16_uses_tma(a, b, p, policy)) {
+    // The same products on the TF32 engine: bf16 values widen exactly and are exact in TF32.
+    const TensorOptions f32{.dtype = DType::f32, .device = c.device()};
+    Tensor a32 = Tensor::empty({p.M, p.K}, f32), b32 = Tensor::empty({p.N, p.K}, f32);
+    cuda::cast(a32, a);
+    cuda::cast(b32, b);
+    return engine_gemm(c, a32, b32, bias, p, Precision::TF32, policy);
+  }
+  const int cols = policy.tile == 256 ? 256 : policy.tile == 64 || p.N <= 64 ? 64 : 128;
+  const engine::Plan plan = engine::make_tma_plan(p.M, p.N, p.K, cols, dev, policy, Precision::TF32, /*bf16=*/true);
+  engine::MainloopArgs args{};
+  args.M = int32_t(p.M);
+  args.N = int32_t(p.N);
+  args.red = int32_t(p.K);
+  args.out = engine::output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
+  engine::MatrixBoxesBf16 boxes;
+  const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
+  const TmaBox b_box{.rows = cols, .cols = 2 * engine::kBK, .swizzle128 = true};
+  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", bf16_bits(a), p.M, p.K, a_box);
+  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", bf16_bits(b), p.N, p.K, b_box);
+  engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t st) {
+    engine::launch_tma_wgmma(boxes, plan, m, st);
+  });
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,166 @@
+// The engine's BF16 matrix product (ops/cuda/gemm/matmul_bf16_sm90_tma.cu) and Linear under
+// Autocast(bf16) on the GPU, which runs its forward there.
+//
+// Tolerances. The operands are bf16 values, so every product is exact in f32 and the reference
+// (the f64 product of the same bf16 values) differs from the kernel by its f32 accumulation
+// alone. The tensor cores need not round that accumulation to nearest: at most 2^-23 of the
+// running sum per addition, which over a reduction of K random terms is within K 2^-23 of the
+// result (relative L2), and at least 1e-5 (the FP32 kernels' limit). A kernel that mixed up k
+// offsets, rows or tiles, or rounded an operand again, misses by 1e-3 and more. Linear under
+// Autocast is compared with the CPU's bf16 path (f32 products on f32 copies, one rounding of
+// the result to bf16): the two sums differ in order only, so the bf16 results are the same or
+// one rounding apart: relative L2 <= 2^-8 (a bf16 ulp at 1 is 2^-7); the gradients pass two
+// roundings to bf16 (dy at y's cast, the gradient at the op's boundary): 2^-7, as in
+// test_half_ops_cuda.cpp.
+// Needs an sm_90a GPU for the BF16 kernel; the fallback (the TF32 engine on f32 copies) on any GPU.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "common/test_util.h"
+#include "core/autocast.h"
+#include "core/precision.h"
+#include "ops/elementwise.h"
+#include "ops/cuda/gemm/engine.h"
+#include "ops/linear.h"
+#include "ops/reduce.h"
+
+using namespace tg;
+using namespace tg::test;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double tolerance(int64_t K) { return std::max(1e-5, double(K) * std::ldexp(1.0, -23)); }
+
+Tensor f64_cpu(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
+
+bool hopper() {
+  const Tensor a = random({8, 8}, DType::bf16, kGpu);
+  return cuda::engine_gemm_bf16_uses_tma(a, a, {.M = 8, .N = 8, .K = 8, .transB = true});
+}
+
+struct GemmCase {
+  const char* name;
+  int64_t M, N, K;
+  bool bias;
+};
+
+using Variant = std::pair<const char*, cuda::EnginePolicy>;
+
+// One case under each policy variant, against one f64 reference.
+void expect_gemm_matches(const GemmCase& c, const std::vector<Variant>& variants, bool want_tma) {
+  const GemmProblem p{.M = c.M, .N = c.N, .K = c.K, .transB = true};
+  const Tensor a = random({c.M, c.K}, DType::bf16, kGpu), b = random({c.N, c.K}, DType::bf16, kGpu);
+  const Tensor bias = c.bias ? random({c.N}, DType::f32, kGpu) : Tensor();
+  const Tensor want = linear(f64_cpu(a), f64_cpu(b), c.bias ? f64_cpu(bias) : Tensor());
+  for (const auto& [variant, policy] : variants) {
+    const std::string where = std::string(c.name) + ", " + variant;
+    EXPECT_EQ(cuda::engine_gemm_bf16_uses_tma(a, b, p, policy), want_tma) << where;
+    Tensor out = Tensor::empty({c.M, c.N}, {.device = kGpu});
+    poison(out);
+    cuda::engine_gemm_bf16(out, a, b, bias, p, policy);
+    EXPECT_LE(rel_l2(out, want), tolerance(c.K)) << where;
+  }
+}
+
+#define TG_REQUIRE_HOPPER()                                                          \
+  TG_REQUIRE_GPU();                                                                  \
+  if (!hopper()) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU"
+
+// Odd sizes: rows and columns past whole tiles, reductions that end inside a 64-deep k-tile
+// (8: one eighth of one), one row, 64 columns or fewer (64-wide tiles), bias or none.
+TEST(GemmBf16, MatchesF64ReferenceOnTheTmaKernel) {
+  TG_REQUIRE_HOPPER();
+  const GemmCase cases[] = {
+      {"130 x 70 x 72, bias", 130, 70, 72, true},
+      {"300 x 300 x 200", 300, 300, 200, false},
+      {"one row, 11008 -> 4096 (a GEMV)", 1, 4096, 11008, false},
+      {"reduction of 8", 257, 129, 8, true},
+      {"33 columns (a 64-wide tile)", 500, 33, 520, true},
+      {"512 x 384 x 4096", 512, 384, 4096, false},
+  };
+  const std::vector<Variant> variants = {
+      {"auto", {}},
+      {"128 wide, unsplit", {.tile = 128, .splits = 1}},
+      {"128 wide, split 3", {.tile = 128, .splits = 3}},
+      {"256 wide, split 2", {.tile = 256, .splits = 2}},
+      {"64 wide", {.tile = 64, .splits = 1}},
+      {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
+      {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
+  };
+  for (const GemmCase& c : cases) expect_gemm_matches(c, variants, true);
+}
+
+// Reductions that are not whole 16-byte rows, and the mma.sync policy: the TF32 engine on f32
+// copies, the same products.
+TEST(GemmBf16, FallsBackToTheTf32EngineWithTheSameProducts) {
+  TG_REQUIRE_GPU();
+  const bool tma = hopper();
+  expect_gemm_matches({"reduction of 20", 70, 90, 20, true}, {{"auto", {}}}, false);
+  expect_gemm_matches({"reduction of 1", 33, 17, 1, false}, {{"auto", {}}}, false);
+  expect_gemm_matches({"130 x 70 x 72", 130, 70, 72, true}, {{"arch 80", {.arch = 80}}, {"tile 16", {.tile = 16}}},
+                      false);
+  expect_gemm_matches({"the kernel where it applies", 130, 70, 64, false}, {{"auto", {}}}, tma);
+}
+
+TEST(GemmBf16, ErrorsAreTypedAndNameTheOp) {
+  TG_REQUIRE_GPU();
+  const GemmProblem p{.M = 4, .N = 8, .K = 16, .transB = true};
+  const Tensor a = random({4, 16}, DType::bf16, kGpu), b = random({8, 16}, DType::bf16, kGpu);
+  const Tensor a32 = random({4, 16}, DType::f32, kGpu);
+  Tensor out = Tensor::empty({4, 8}, {.device = kGpu});
+  EXPECT_THROW(cuda::engine_gemm_bf16(out, a32, b, Tensor(), p), DTypeError);
+  TG_EXPECT_ERROR(cuda::engine_gemm_bf16(out, a32, b, Tensor(), p), "engine_gemm_bf16", "f32");
+  TG_EXPECT_ERROR(cuda::engine_gemm_bf16(out, a, b, Tensor(), {.M = 4, .N = 8, .K = 12, .transB = true}),
+                  "engine_gemm_bf16", "4 x 8 x 12");
+  TG_EXPECT_ERROR(cuda::engine_gemm_bf16(out, a, b, Tensor(), {.M = 4, .N = 8, .K = 16}), "engine_gemm_bf16",
+                  "a b^T");
+}
+
+// Linear under Autocast(bf16) on the GPU: forward on the BF16 kernel, backward as the f32 path;
+// the same model on the CPU (the bf16 path of compute_in_f32) as the reference. Parameters stay
+// f32 (their gradients arrive in f32 through Autocast's recorded casts).
+TEST(GemmBf16, LinearUnderAutocastMatchesTheCpuPath) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard fp32(Precision::FP32);
+  struct Shape3 {
+    int64_t B, in, out;
+  };
+  for (const Shape3& s : {Shape3{37, 72, 50}, Shape3{256, 1024, 384}, Shape3{5, 20, 3}}) {
+    const std::string where =
+        std::to_string(s.B) + " x " + std::to_string(s.in) + " -> " + std::to_string(s.out);
+    const Tensor x0 = random({s.B, s.in}, DType::f32), w0 = random({s.out, s.in}, DType::f32);
+    const Tensor b0 = random({s.out}, DType::f32), up = random({s.B, s.out}, DType::f32);
+    Tensor ys[2], grads[2][3];
+    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+      const Device d = on_gpu ? kGpu : Device::cpu();
+      Tensor x = x0.to(d).requires_grad_(), w = w0.to(d).requires_grad_(), b = b0.to(d).requires_grad_();
+      Tensor y;
+      {
+        Tape tape;
+        {
+          Autocast ac(DType::bf16);
+          y = linear(x, w, b);
+        }
+        tape.backward(sum(mul(y.to(DType::f32), up.to(d))));
+      }
+      ys[on_gpu] = y;
+      grads[on_gpu][0] = x.grad();
+      grads[on_gpu][1] = w.grad();
+      grads[on_gpu][2] = b.grad();
+    }
+    ASSERT_EQ(ys[1].dtype(), DType::bf16) << where;
+    EXPECT_LE(rel_l2(ys[1].to(DType::f32), ys[0].to(DType::f32)), std::ldexp(1.0, -8)) << where;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(grads[1][i].dtype(), DType::f32) << where << ", gradient " << i;
+      EXPECT_LE(rel_l2(grads[1][i], grads[0][i]), std::ldexp(1.0, -7)) << where << ", gradient " << i;
+    }
+  }
+}
+
+}  // namespace
