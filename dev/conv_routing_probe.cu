@@ -39,12 +39,7 @@ struct Pass {
 const Pass kPasses[] = {{"fwd", cuda::ConvPass::Forward}, {"dgrad", cuda::ConvPass::GradInput},
                         {"wgrad", cuda::ConvPass::GradWeight}};
 
-// Relative L2 distance, computed on the GPU (the outputs are tens of MB).
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const Tensor d = sub(a, b);
-  const double num = sum(mul(d, d)).item(), den = sum(mul(b, b)).item();
-  return std::sqrt(num / (den > 0 ? den : 1));
-}
+using probe_common::rel_l2;
 
 void run_pass(cuda::ConvPass pass, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& dy,
               const ConvShape& s, Precision precision) {

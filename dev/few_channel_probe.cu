@@ -27,11 +27,7 @@ namespace {
 
 using namespace tg;
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const Tensor d = sub(a, b);
-  const double num = sum(mul(d, d)).item(), den = sum(mul(b, b)).item();
-  return std::sqrt(num / (den > 0 ? den : 1));
-}
+using probe_common::rel_l2;
 
 struct Problem {
   const char* name;

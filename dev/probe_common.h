@@ -3,14 +3,27 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "core/tensor.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
 
 #include "ops/cuda/arch/tensor_map.h"
 #include "ops/cuda/arch/tma.cuh"
 #include "ops/cuda/gemm/mainloop_sm80.cuh"  // MainloopArgs
 
 namespace probe_common {
+
+// Relative L2 distance ||a - b|| / ||b|| of two same-shape tensors, computed on their device (the
+// probes' outputs are tens of MB).
+inline double rel_l2(const tg::Tensor& a, const tg::Tensor& b) {
+  const tg::Tensor d = tg::sub(a, b);
+  const double num = tg::sum(tg::mul(d, d)).item(), den = tg::sum(tg::mul(b, b)).item();
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
 
 // The median of `repeats` timings (CUDA events on `stream`) of launch(), called `batch` times
 // back to back per timing and divided by it. With batch 1 the host's own cost of launching (the

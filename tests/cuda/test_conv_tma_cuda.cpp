@@ -13,28 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "common/test_util.h"
+#include "common/conv_tma_util.h"
 #include "ops/cpu/conv.h"
-#include "ops/cuda/gemm/engine.h"
 
 using namespace tg;
 using namespace tg::test;
+using namespace tg::test::conv_tma;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-constexpr double kTf32Tolerance = 1e-3;
-// FP32 mode (split TF32, three products per step): FP32-accurate.
-constexpr double kFp32Tolerance = 1e-5;
-const Precision kPrecisions[] = {Precision::TF32, Precision::FP32};
-double tolerance(Precision p) { return p == Precision::FP32 ? kFp32Tolerance : kTf32Tolerance; }
-const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
-
-struct ConvCase {
-  const char* name;
-  Shape x, w;  // x in the layout of p
-  ConvParams p;
-};
 
 // Every case has 16+ input channels and a geometry the im2col map can express.
 std::vector<ConvCase> tma_cases() {
@@ -60,10 +46,6 @@ std::vector<ConvCase> tma_cases() {
   };
 }
 
-struct Variant {
-  const char* name;
-  cuda::EnginePolicy policy;
-};
 const Variant kVariants[] = {
     {"auto", {}},
     {"128 wide, unsplit", {.tile = 128, .splits = 1}},
@@ -75,12 +57,6 @@ const Variant kVariants[] = {
     {"128 wide, stores through the output map", {.tile = 128, .splits = 1, .tma_store = -1}},
     {"128 wide, split 3, stores through the output map", {.tile = 128, .splits = 3, .tma_store = -1}},
 };
-
-Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
-
-bool hopper() { return cuda::engine_conv_forward_uses_tma(make_conv_shape("probe", {1, 16, 4, 4}, {1, 16, 3, 3}, {}),
-                                                          Tensor::empty({1, 16, 4, 4}, {.device = kGpu}),
-                                                          Precision::TF32); }
 
 // Grad-input on the TMA kernel for every precision and policy variant, against the f64
 // reference.
@@ -112,10 +88,6 @@ void expect_grad_input_elsewhere(const ConvCase& c) {
   cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
   EXPECT_LE(rel_l2(dx, dx_ref), kTf32Tolerance) << c.name;
 }
-
-#define TG_REQUIRE_TMA()                                                            \
-  TG_REQUIRE_GPU();                                                                 \
-  if (!hopper()) GTEST_SKIP() << "the TMA convolution kernel needs an sm_90a GPU"
 
 TEST(ConvTma, ForwardMatchesF64Reference) {
   TG_REQUIRE_TMA();

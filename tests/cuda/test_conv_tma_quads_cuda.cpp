@@ -16,27 +16,14 @@
 #include <utility>
 #include <vector>
 
-#include "common/test_util.h"
+#include "common/conv_tma_util.h"
 #include "ops/cpu/conv.h"
-#include "ops/cuda/gemm/engine.h"
 
 using namespace tg;
 using namespace tg::test;
+using namespace tg::test::conv_tma;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-constexpr double kTf32Tolerance = 1e-3;
-constexpr double kFp32Tolerance = 1e-5;  // FP32 mode: split TF32, FP32-accurate
-const Precision kPrecisions[] = {Precision::TF32, Precision::FP32};
-double tolerance(Precision p) { return p == Precision::FP32 ? kFp32Tolerance : kTf32Tolerance; }
-const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
-
-struct ConvCase {
-  const char* name;
-  Shape x, w;  // x in the layout of p
-  ConvParams p;
-};
 
 std::vector<ConvCase> few_channel_cases() {
   return {
@@ -61,10 +48,6 @@ std::vector<ConvCase> few_channel_cases() {
   };
 }
 
-struct Variant {
-  const char* name;
-  cuda::EnginePolicy policy;
-};
 const Variant kVariants[] = {
     {"auto", {}},
     {"128 wide, unsplit", {.tile = 128, .splits = 1}},
@@ -73,17 +56,6 @@ const Variant kVariants[] = {
     {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
     {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
 };
-
-Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
-
-bool hopper() {
-  return cuda::engine_conv_forward_uses_tma(make_conv_shape("probe", {1, 16, 4, 4}, {1, 16, 3, 3}, {}),
-                                            Tensor::empty({1, 16, 4, 4}, {.device = kGpu}), Precision::TF32);
-}
-
-#define TG_REQUIRE_TMA()                                                            \
-  TG_REQUIRE_GPU();                                                                 \
-  if (!hopper()) GTEST_SKIP() << "the TMA convolution kernel needs an sm_90a GPU"
 
 // The mode's correctness wherever it can run: tma_quads = 1 (the default takes it only where it
 // pays: DefaultTakesItWhereItPays).

@@ -18,51 +18,67 @@ namespace tg::cuda::engine {
 // 32-channel k-tile: the cp.async kernels serve them.
 constexpr int64_t kTmaMinChannels = 16;
 
-// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
-// packed weights' columns kt * 32.. . Spatial arrays are (D, H, W). The cursor holds the
-// block's window corner (fixed) and the k-tile's channel and tap (stepped). Window corner of
-// output pixel o: o * stride - pad (pad may be negative: the window starts inside the input);
-// tap t's offset from it: t * dil (never negative).
-struct Im2colBoxes {
+// What both im2col producers share: the maps, the convolution's geometry and the walk over
+// taps. Spatial arrays are (D, H, W). Window corner of output pixel o: o * stride - pad (pad may
+// be negative: the window starts inside the input); tap t's offset from it: t * dil (never
+// negative). Taps run W fastest, then H, then D.
+struct Im2colWalk {
   CUtensorMap x, w;
-  int32_t slices;  // 32-channel slices per tap
   int32_t kernel_w, kernel_h;
   int32_t out_w, out_h, out_volume;
   int32_t stride[3], pad[3], dil[3];
   bool three_d;
-  struct Cursor {
-    int32_t iw, ih, id, img;  // the tile's first output pixel's window corner: where the walk starts
-    int32_t c0, tx, ty, tz;   // the k-tile's first channel and its tap
-  };
 
   __device__ __forceinline__ void prefetch() const {
     tma::prefetch_map(&x);
     tma::prefetch_map(&w);
   }
+  // The window corner of output pixel m0 (image, then spatial position).
+  __device__ __forceinline__ void corner(int32_t m0, int32_t& iw, int32_t& ih, int32_t& id, int32_t& img) const {
+    img = m0 / out_volume;
+    const int32_t pix = m0 - img * out_volume;
+    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
+    iw = ow * stride[2] - pad[2];
+    ih = oh * stride[1] - pad[1];
+    id = od * stride[0] - pad[0];
+  }
+  __device__ __forceinline__ void tap_of(int32_t tap, int32_t& tx, int32_t& ty, int32_t& tz) const {
+    tx = tap % kernel_w;
+    ty = (tap / kernel_w) % kernel_h;
+    tz = tap / (kernel_w * kernel_h);
+  }
+  __device__ __forceinline__ void next_tap(int32_t& tx, int32_t& ty, int32_t& tz) const {
+    if (++tx < kernel_w) return;
+    tx = 0;
+    if (++ty < kernel_h) return;
+    ty = 0;
+    ++tz;
+  }
+};
+
+// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
+// packed weights' columns kt * 32.. . The cursor holds the block's window corner (fixed) and
+// the k-tile's channel and tap (stepped).
+struct Im2colBoxes : Im2colWalk {
+  int32_t slices;  // 32-channel slices per tap
+  struct Cursor {
+    int32_t iw, ih, id, img;  // the tile's first output pixel's window corner: where the walk starts
+    int32_t c0, tx, ty, tz;   // the k-tile's first channel and its tap
+  };
+
   __device__ __forceinline__ Cursor start(int32_t kt, int32_t m0) const {
     Cursor at;
-    at.img = m0 / out_volume;
-    const int32_t pix = m0 - at.img * out_volume;
-    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
-    at.iw = ow * stride[2] - pad[2];
-    at.ih = oh * stride[1] - pad[1];
-    at.id = od * stride[0] - pad[0];
+    corner(m0, at.iw, at.ih, at.id, at.img);
     const int32_t tap = kt / slices;
     at.c0 = (kt - tap * slices) * kBK;
-    at.tx = tap % kernel_w;
-    at.ty = (tap / kernel_w) % kernel_h;
-    at.tz = tap / (kernel_w * kernel_h);
+    tap_of(tap, at.tx, at.ty, at.tz);
     return at;
   }
   __device__ __forceinline__ void advance(Cursor& at) const {
     at.c0 += kBK;
     if (at.c0 < slices * kBK) return;
     at.c0 = 0;
-    if (++at.tx < kernel_w) return;
-    at.tx = 0;
-    if (++at.ty < kernel_h) return;
-    at.ty = 0;
-    ++at.tz;
+    next_tap(at.tx, at.ty, at.tz);
   }
   __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
                                        int32_t kt, int32_t n0) const {
@@ -82,52 +98,32 @@ struct Im2colBoxes {
 // weights packed in the same pair order (packed[k][pair * 4 + c]). Pairs past the last
 // (kvol * quads) are requested at a channel past the map's last, which the TMA unit fills with
 // zeros: the products over them add exact zeros, whatever the stage held before.
-struct Im2colQuadBoxes {
+struct Im2colQuadBoxes : Im2colWalk {
   static constexpr bool kChannelQuads = true;  // A's stage layout (tma_mainloop_sm90.cuh)
   static constexpr int kPairsPerKTile = kBK / 4;
   static constexpr int kBoxBytes = 128 * 4 * 4;  // 128 pixels x 4 channels
-  CUtensorMap x, w;
   int32_t quads;         // channel quads per tap
   int32_t pairs;         // kvol * quads
   int32_t past_channel;  // a channel coordinate past the map's last
-  int32_t kernel_w, kernel_h;
-  int32_t out_w, out_h, out_volume;
-  int32_t stride[3], pad[3], dil[3];
-  bool three_d;
   struct Cursor {
-    int32_t iw, ih, id, img;     // the tile's first output pixel's window corner
+    int32_t iw, ih, id, img;      // the tile's first output pixel's window corner
     int32_t pair, q, tx, ty, tz;  // the next pair: its quad and tap
   };
 
-  __device__ __forceinline__ void prefetch() const {
-    tma::prefetch_map(&x);
-    tma::prefetch_map(&w);
-  }
   __device__ __forceinline__ Cursor start(int32_t kt, int32_t m0) const {
     Cursor at;
-    at.img = m0 / out_volume;
-    const int32_t pix = m0 - at.img * out_volume;
-    const int32_t ow = pix % out_w, oh = (pix / out_w) % out_h, od = pix / (out_w * out_h);
-    at.iw = ow * stride[2] - pad[2];
-    at.ih = oh * stride[1] - pad[1];
-    at.id = od * stride[0] - pad[0];
+    corner(m0, at.iw, at.ih, at.id, at.img);
     at.pair = kt * kPairsPerKTile;
     const int32_t tap = at.pair / quads;
     at.q = at.pair - tap * quads;
-    at.tx = tap % kernel_w;
-    at.ty = (tap / kernel_w) % kernel_h;
-    at.tz = tap / (kernel_w * kernel_h);
+    tap_of(tap, at.tx, at.ty, at.tz);
     return at;
   }
   __device__ __forceinline__ void step(Cursor& at) const {
     ++at.pair;
     if (++at.q < quads) return;
     at.q = 0;
-    if (++at.tx < kernel_w) return;
-    at.tx = 0;
-    if (++at.ty < kernel_h) return;
-    at.ty = 0;
-    ++at.tz;
+    next_tap(at.tx, at.ty, at.tz);
   }
   __device__ __forceinline__ void advance(Cursor& at) const {
 #pragma unroll

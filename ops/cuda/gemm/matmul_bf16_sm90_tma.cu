@@ -13,35 +13,9 @@
 #include "ops/cuda/gemm/engine.h"
 #include "ops/cuda/gemm/operands.cuh"
 #include "ops/cuda/gemm/planning.h"
-#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+#include "ops/cuda/gemm/matrix_boxes.cuh"
 
 namespace tg::cuda {
-namespace engine {
-
-// The producer (outside the anonymous namespace, as MatrixBoxes): k-tile kt is k 64 kt ..
-// 64 kt + 63 of both matrices, rows m0.. of a and n0.. of b.
-struct MatrixBoxesBf16 {
-  static constexpr bool kBf16 = true;  // tma_mainloop_sm90.cuh: bf16 boxes, BF16 products
-  CUtensorMap a, b;
-  struct Cursor {
-    int32_t m0;
-  };
-
-  __device__ __forceinline__ void prefetch() const {
-    tma::prefetch_map(&a);
-    tma::prefetch_map(&b);
-  }
-  __device__ __forceinline__ Cursor start(int32_t, int32_t m0) const { return {m0}; }
-  __device__ __forceinline__ void advance(Cursor&) const {}
-  __device__ __forceinline__ void load(unsigned char* a_dst, unsigned char* b_dst, uint64_t* bar, const Cursor& at,
-                                       int32_t kt, int32_t n0) const {
-    tma::load_box(a_dst, &a, bar, kt * 2 * kBK, at.m0);
-    tma::load_box(b_dst, &b, bar, kt * 2 * kBK, n0);
-  }
-};
-
-}  // namespace engine
-
 namespace {
 
 const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
@@ -94,7 +68,7 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   args.N = int32_t(p.N);
   args.red = int32_t(p.K);
   args.out = engine::output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
-  engine::MatrixBoxesBf16 boxes;
+  engine::MatrixBoxes<true> boxes;
   const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
   const TmaBox b_box{.rows = cols, .cols = 2 * engine::kBK, .swizzle128 = true};
   boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", bf16_bits(a), p.M, p.K, a_box);

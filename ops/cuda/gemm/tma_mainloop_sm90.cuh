@@ -93,10 +93,15 @@ __device__ __forceinline__ void split_stage(unsigned char* stage, unsigned char*
 // SBO: 8 rows of 16 bytes).
 template <class Producer>
 constexpr bool kChannelQuadA = requires { Producer::kChannelQuads; };
-// Producers with kBf16 land bf16 boxes: the same 128-byte rows hold 64 k, not 32, and each of
+// Producers with kBf16 true land bf16 boxes: the same 128-byte rows hold 64 k, not 32, and each of
 // the four steps per stage is one k16 BF16 product instead of a k8 TF32 one.
 template <class Producer>
-constexpr bool kBf16Operands = requires { Producer::kBf16; };
+constexpr bool bf16_operands() {
+  if constexpr (requires { Producer::kBf16; }) return Producer::kBf16;
+  else return false;
+}
+template <class Producer>
+constexpr bool kBf16Operands = bf16_operands<Producer>();
 template <bool kBf16>
 constexpr int kTileK = kBf16 ? 2 * kBK : kBK;  // k per stage
 template <bool kQuads>
