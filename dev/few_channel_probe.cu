@@ -3,7 +3,9 @@
 // channel-quad mode (Im2colQuadBoxes) against what ran them before: the engine without it
 // (EnginePolicy::tma_quads = -1: the cp.async wgmma / mma.sync kernels) and every other
 // dispatcher row that implements the problem (the 3x3 kernels, the 1x1 kernels). For 16-31
-// channels also quads against one 32-channel slice per tap (tma_quads 1 against 0).
+// channels also quads against one 32-channel slice per tap (tma_quads 1 against 0). Last, the
+// backward passes of the zoo rows whose forward+backward still loses to cuDNN (the 7x7 stem,
+// 5x5 32 -> 64, Conv3d 1 -> 32), each pass on its own, to find which one does.
 // Per problem and precision: each row's time (median of 10 timings of 4 queued launches, ms),
 // the row the default order takes, and each row's relative L2 distance from the default's
 // output when above the precision's tolerance.
@@ -38,8 +40,11 @@ struct Problem {
 
 void run(const Problem& pr, const ConvShape& s, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& dy,
          Precision precision) {
-  if (pr.pass == cuda::ConvPass::Forward) cuda::conv_forward(out, x, w, Tensor(), s, precision);
-  else cuda::conv_grad_input(out, dy, w, s, precision);
+  switch (pr.pass) {
+    case cuda::ConvPass::Forward: return cuda::conv_forward(out, x, w, Tensor(), s, precision);
+    case cuda::ConvPass::GradInput: return cuda::conv_grad_input(out, dy, w, s, precision);
+    case cuda::ConvPass::GradWeight: return cuda::conv_grad_weight(out, dy, x, s, precision);
+  }
 }
 
 void measure(const Problem& pr) {
@@ -47,7 +52,9 @@ void measure(const Problem& pr) {
   const ConvShape s = make_conv_shape("probe", pr.x, pr.w, pr.p);
   const Tensor x = uniform(pr.x, -1, 1, {.device = gpu}), w = uniform(pr.w, -1, 1, {.device = gpu});
   const Tensor dy = uniform(s.y_shape(), -1, 1, {.device = gpu});
-  const Shape out_shape = pr.pass == cuda::ConvPass::Forward ? s.y_shape() : pr.x;
+  const Shape out_shape = pr.pass == cuda::ConvPass::Forward     ? s.y_shape()
+                          : pr.pass == cuda::ConvPass::GradInput ? pr.x
+                                                                 : pr.w;
   const Tensor out = Tensor::empty(out_shape, {.device = gpu}), check = Tensor::empty(out_shape, {.device = gpu});
   for (Precision precision : {Precision::TF32, Precision::FP32}) {
     const cuda::ConvProblem problem = cuda::conv_problem(s, DType::f32, pr.pass, precision);
@@ -74,14 +81,16 @@ void measure(const Problem& pr) {
     wide_quads.engine.tma_quads = 1;
     time_row("engine-quads", quads);
     time_row("engine-no-quads", no_quads);
-    if ((pr.pass == cuda::ConvPass::Forward ? s.C : s.K) >= 16) time_row("engine-quads-to-31", wide_quads);
+    if (pr.pass != cuda::ConvPass::GradWeight && (pr.pass == cuda::ConvPass::Forward ? s.C : s.K) >= 16)
+      time_row("engine-quads-to-31", wide_quads);
     for (const auto& row : cuda::conv_variants()) {
       if (row.name == "direct" || row.name == "engine" || !row.can_implement(problem, operands)) continue;
       cuda::KernelPolicy forced;
       forced.conv_variant = row.name;
       time_row(std::string(row.name).c_str(), forced);
     }
-    std::printf("%s %s %s: default %s |%s\n", pr.name, pr.pass == cuda::ConvPass::Forward ? "fwd" : "dgrad",
+    const char* pass = pr.pass == cuda::ConvPass::Forward ? "fwd" : pr.pass == cuda::ConvPass::GradInput ? "dgrad" : "wgrad";
+    std::printf("%s %s %s: default %s |%s\n", pr.name, pass,
                 precision == Precision::FP32 ? "fp32" : "tf32", chosen.c_str(), line.c_str());
   }
 }
@@ -107,6 +116,12 @@ int main() {
       {"5x5 32->64 @64x64 b16", {16, 32, 64, 64}, {64, 32, 5, 5}, {.padding = {2}}, P::Forward},
       {"3x3 64->3 @64x64 b16", {16, 64, 64, 64}, {3, 64, 3, 3}, {.padding = {1}}, P::GradInput},
       {"3d 3x3x3 32->1 @64^3 b2", {2, 32, 64, 64, 64}, {1, 32, 3, 3, 3}, {.padding = {1}}, P::GradInput},
+      // The zoo's stem and 5x5 rows lose in fwd+bwd: their backward passes one by one.
+      {"7x7 s2 3->64 @224 b16", {16, 3, 224, 224}, {64, 3, 7, 7}, {.stride = {2}, .padding = {3}}, P::GradInput},
+      {"7x7 s2 3->64 @224 b16", {16, 3, 224, 224}, {64, 3, 7, 7}, {.stride = {2}, .padding = {3}}, P::GradWeight},
+      {"5x5 32->64 @64x64 b16", {16, 32, 64, 64}, {64, 32, 5, 5}, {.padding = {2}}, P::GradInput},
+      {"5x5 32->64 @64x64 b16", {16, 32, 64, 64}, {64, 32, 5, 5}, {.padding = {2}}, P::GradWeight},
+      {"3d 3x3x3 1->32 @64^3 b2", {2, 1, 64, 64, 64}, {32, 1, 3, 3, 3}, {.padding = {1}}, P::GradWeight},
   };
   for (const Problem& pr : problems) measure(pr);
   const cudaError_t e = cudaDeviceSynchronize();
