@@ -3,7 +3,9 @@
 // Linear's forward shapes (c = a b^T, a (M, K), b (N, K)); and Linear under Autocast(bf16)
 // (casts included) against the f32 Linear at TF32. Per shape: median ms of 20 timings of 4
 // queued launches, TFLOP/s, and the relative L2 distance between the BF16 and TF32 outputs
-// (both from the same bf16 values: only the accumulation order differs).
+// (both from the same bf16 values: only the accumulation order differs). Then the BF16
+// convolution forward (engine_conv_forward_bf16) against the TF32 one (engine_conv_forward on
+// f32 copies) on the zoo's convolution shapes, NCHW (the bf16 transpose included) and NHWC.
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <cmath>
@@ -13,6 +15,7 @@
 #include "core/cuda_context.h"
 #include "core/precision.h"
 #include "core/tensor.h"
+#include "ops/conv.h"
 #include "ops/cuda/gemm/engine.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -59,6 +62,27 @@ void measure(int64_t M, int64_t N, int64_t K) {
               flops / ms_bf16 * 1e-9, ms_tf32, flops / ms_tf32 * 1e-9, ms_bf16 / ms_tf32, err, ms_auto, ms_f32);
 }
 
+void measure_conv(const char* name, const Shape& x_shape, const Shape& w_shape, const ConvParams& p) {
+  const Device gpu = Device::cuda(0);
+  const ConvShape s = make_conv_shape("probe", x_shape, w_shape, p);
+  const Tensor x = uniform(x_shape, -1, 1, {.dtype = DType::bf16, .device = gpu});
+  const Tensor w = uniform(w_shape, -1, 1, {.dtype = DType::bf16, .device = gpu});
+  const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32);
+  const Tensor y = Tensor::empty(s.y_shape(), {.device = gpu}), y32 = Tensor::empty(s.y_shape(), {.device = gpu});
+  auto bf16 = [&] { cuda::engine_conv_forward_bf16(y, x, w, Tensor(), s); };
+  auto tf32 = [&] { cuda::engine_conv_forward(y32, x32, w32, Tensor(), s, Precision::TF32); };
+  bf16();
+  tf32();
+  const double err = rel_l2(y, y32);
+  const float ms_bf16 = probe_common::median_ms(20, bf16, 4, cuda::stream(0));
+  const float ms_tf32 = probe_common::median_ms(20, tf32, 4, cuda::stream(0));
+  const double flops = 2.0 * double(s.N) * double(s.K) * double(s.C) * double(s.kernel_volume()) * double(s.out_volume());
+  std::printf("conv %s: engine bf16 %.4f ms (%.0f TFLOP/s, on the TMA kernel: %s), tf32 %.4f ms, bf16/tf32 %.2f, "
+              "outputs differ by %.1e\n",
+              name, ms_bf16, flops / ms_bf16 * 1e-9, cuda::engine_conv_forward_bf16_uses_tma(s, x) ? "yes" : "no",
+              ms_tf32, ms_bf16 / ms_tf32, err);
+}
+
 }  // namespace
 
 int main() {
@@ -68,6 +92,13 @@ int main() {
   measure(8192, 8192, 8192);
   measure(64, 4096, 4096);
   measure(1, 4096, 11008);
+  measure_conv("3x3 96 @64x64 b16", {16, 96, 64, 64}, {96, 96, 3, 3}, {.padding = {1}});
+  measure_conv("3x3 192 @32x32 b16", {16, 192, 32, 32}, {192, 192, 3, 3}, {.padding = {1}});
+  measure_conv("3x3 384 @16x16 b16", {16, 384, 16, 16}, {384, 384, 3, 3}, {.padding = {1}});
+  measure_conv("nhwc 3x3 192 @32x32 b16", {16, 32, 32, 192}, {192, 192, 3, 3}, {.padding = {1}, .layout = Layout::NHWC});
+  measure_conv("1x1 384->96 @32x32 b16", {16, 384, 32, 32}, {96, 384, 1, 1}, {});
+  measure_conv("3x3 s2 96->192 @64x64 b16", {16, 96, 64, 64}, {192, 96, 3, 3}, {.stride = {2}, .padding = {1}});
+  measure_conv("3d 3x3x3 64 @32^3 b2", {2, 64, 32, 32, 32}, {64, 64, 3, 3, 3}, {.padding = {1}});
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("probe done: %s\n", e == cudaSuccess ? "no error" : cudaGetErrorString(e));
   return e == cudaSuccess ? 0 : 1;

@@ -13,6 +13,7 @@
 #include "ops/elementwise.h"
 #include "ops/half_compute.h"
 #if TG_CUDA
+#include "core/tensor_kernels.h"
 #include "ops/cuda/conv.h"
 #endif
 
@@ -78,45 +79,113 @@ profile::OpInfo conv_backward_info(const ConvShape& s, const BackwardArgs& a, DT
   return info;
 }
 
+// The gradients the backward pass needs (input, weight, bias) from dy and the saved x and w.
+std::vector<Tensor> conv_grads(const char* op, const ConvParams& p, const Shape& x_shape, const Shape& w_shape,
+                               const Tensor& dy, const Tensor& saved_x, const Tensor& saved_w,
+                               const std::vector<bool>& needs) {
+  std::vector<Tensor> grads(3);
+  if (needs[0] && needs[1] && saved_x.defined() && saved_w.defined()) {
+    std::tie(grads[0], grads[1]) = conv_backward_input_weight(dy, saved_x, saved_w, p);
+  } else if (needs[0]) {
+    TG_CHECK(saved_w.defined(), op, ": the input's gradient is needed but the weight was not "
+             "saved (requires_grad was switched on after the forward pass)");
+    grads[0] = conv_backward_input(dy, saved_w, x_shape, p);
+  }
+  if (needs[1] && !grads[1].defined()) {
+    TG_CHECK(saved_x.defined(), op, ": the weight's gradient is needed but the input was not "
+             "saved (requires_grad was switched on after the forward pass)");
+    grads[1] = conv_backward_weight(dy, saved_x, w_shape, p);
+  }
+  if (needs[2]) grads[2] = conv_backward_bias(dy, p.layout);
+  return grads;
+}
+
+profile::OpInfo conv_forward_info(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const double y = conv_outputs(s) * static_cast<double>(dtype_size(x.dtype()));
+  return profile::OpInfo{{&x, &w, &b}, conv_flops(s) + (b.defined() ? conv_outputs(s) : 0),
+                         profile::bytes_of({&x, &w, &b}) + y, true};
+}
+
+// `convert` turns the tape's dy and saved tensors into what the backward passes take, and their
+// gradients back (the identity for f32 / f64 ops; f32 copies and bf16 roundings for conv_bf16).
+using Convert = Tensor (*)(const Tensor&, DType);
+Tensor as_is(const Tensor& t, DType) { return t; }
+
+// Records y = conv(x, w, b) on the tape. Saves only what backward will read: x for dw, w for dx.
+void record_conv(const char* op, const ConvParams& p, const ConvShape& s, const Tensor& x, const Tensor& w,
+                 const Tensor& b, const Tensor& y, Convert convert) {
+  Tensor saved_x = w.requires_grad() ? x : Tensor();
+  Tensor saved_w = x.requires_grad() ? w : Tensor();
+  record(op, {x, w, b}, {y}, {saved_x, saved_w},
+         [op, p, s, convert, x_shape = x.shape(), w_shape = w.shape(), out_dtype = x.dtype()](const BackwardArgs& args) {
+           const Tensor dy = convert(args.grad_outputs[0], DType::f32);
+           profile::OpScope scope(s.spatial_dims == 2 ? "conv2d (backward)" : "conv3d (backward)",
+                                  [&] { return conv_backward_info(s, args, dy.dtype()); });
+           const Tensor saved_x = args.saved[0].defined() ? convert(args.saved[0], DType::f32) : Tensor();
+           const Tensor saved_w = args.saved[1].defined() ? convert(args.saved[1], DType::f32) : Tensor();
+           std::vector<Tensor> grads = conv_grads(op, p, x_shape, w_shape, dy, saved_x, saved_w, args.needs_grad);
+           for (Tensor& g : grads)
+             if (g.defined()) g = convert(g, out_dtype);
+           return grads;
+         });
+}
+
 Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                const ConvParams& p) {
   check_operands(op, spatial_dims, x, w, b, p);
   const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
-  profile::OpScope scope(op, [&] {
-    const double y = conv_outputs(s) * static_cast<double>(dtype_size(x.dtype()));
-    return profile::OpInfo{{&x, &w, &b}, conv_flops(s) + (b.defined() ? conv_outputs(s) : 0),
-                           profile::bytes_of({&x, &w, &b}) + y, true};
-  });
+  profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
-
-  if (should_record({x, w, b})) {
-    // Save only what backward will read: x for dw, w for dx.
-    Tensor saved_x = w.requires_grad() ? x : Tensor();
-    Tensor saved_w = x.requires_grad() ? w : Tensor();
-    record(op, {x, w, b}, {y}, {saved_x, saved_w},
-           [op, p, s, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
-             const Tensor& dy = args.grad_outputs[0];
-             profile::OpScope scope(s.spatial_dims == 2 ? "conv2d (backward)" : "conv3d (backward)",
-                                    [&] { return conv_backward_info(s, args, dy.dtype()); });
-             std::vector<Tensor> grads(3);
-             if (args.needs_grad[0] && args.needs_grad[1] && args.saved[0].defined() && args.saved[1].defined()) {
-               std::tie(grads[0], grads[1]) = conv_backward_input_weight(dy, args.saved[0], args.saved[1], p);
-             } else if (args.needs_grad[0]) {
-               TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
-                        "saved (requires_grad was switched on after the forward pass)");
-               grads[0] = conv_backward_input(dy, args.saved[1], x_shape, p);
-             }
-             if (args.needs_grad[1] && !grads[1].defined()) {
-               TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
-                        "saved (requires_grad was switched on after the forward pass)");
-               grads[1] = conv_backward_weight(dy, args.saved[0], w_shape, p);
-             }
-             if (args.needs_grad[2]) grads[2] = conv_backward_bias(dy, p.layout);
-             return grads;
-           });
-  }
+  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, as_is);
   return y;
+}
+
+#if TG_CUDA
+// Whether conv2d / conv3d's operands (after Autocast's casts) take conv_bf16: bf16 on one GPU.
+bool bf16_conv_on_gpu(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const auto bf16 = [&](const Tensor& t) { return t.dtype() == DType::bf16 && t.device() == x.device(); };
+  return x.defined() && w.defined() && x.device().is_cuda() && bf16(x) && bf16(w) && (!b.defined() || bf16(b));
+}
+
+// An unrecorded copy of t converted to dtype (t itself when it has that dtype).
+Tensor converted(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), {.dtype = dtype, .device = t.device()});
+  cuda::cast(out, t);
+  return out;
+}
+
+// bf16 convolution on a GPU (Autocast's): the forward on the engine's BF16 kernel (exact
+// products, f32 accumulation, one rounding to bf16: cuda::conv_forward_bf16). The backward is
+// what the f32 path computes for a bf16 op (compute_in_f32): f32 copies of dy, x and w, the
+// passes at the current precision, each gradient rounded once to bf16.
+Tensor conv_bf16(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                 const ConvParams& p) {
+  check_operands(op, spatial_dims, x, w, b, p);
+  const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
+  profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
+  Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = x.device()});
+  cuda::conv_forward_bf16(y, x, w, b, s);
+  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, converted);
+  return y;
+}
+#endif
+
+// conv2d / conv3d with half inputs or inside an Autocast scope (ops/half_compute.h): bf16
+// operands on a GPU take conv_bf16, the rest matrix_op.
+Tensor conv_half(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                 const ConvParams& p) {
+  const auto f32_op = [&](const std::vector<Tensor>& v) { return conv_nd(op, spatial_dims, v[0], v[1], v[2], p); };
+#if TG_CUDA
+  const std::vector<Tensor> lowered = autocast_lower({x, w, b});
+  if (bf16_conv_on_gpu(lowered[0], lowered[1], lowered[2]))
+    return conv_bf16(op, spatial_dims, lowered[0], lowered[1], lowered[2], p);
+  // Already lowered: matrix_op's own Autocast casts find no f32 operand left.
+  return matrix_op(op, lowered, f32_op);
+#else
+  return matrix_op(op, {x, w, b}, f32_op);
+#endif
 }
 
 }  // namespace
@@ -200,12 +269,12 @@ ConvShape make_conv_shape(const char* op, const Shape& x_shape, const Shape& w_s
 // Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
   if (!needs_matrix_half_path(x, w, b)) return conv_nd("conv2d", 2, x, w, b, p);
-  return matrix_op("conv2d", {x, w, b}, [&](const std::vector<Tensor>& v) { return conv_nd("conv2d", 2, v[0], v[1], v[2], p); });
+  return conv_half("conv2d", 2, x, w, b, p);
 }
 
 Tensor conv3d(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
   if (!needs_matrix_half_path(x, w, b)) return conv_nd("conv3d", 3, x, w, b, p);
-  return matrix_op("conv3d", {x, w, b}, [&](const std::vector<Tensor>& v) { return conv_nd("conv3d", 3, v[0], v[1], v[2], p); });
+  return conv_half("conv3d", 3, x, w, b, p);
 }
 
 Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape, const ConvParams& p) {

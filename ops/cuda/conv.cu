@@ -8,11 +8,13 @@
 #include <array>
 
 #include "core/error.h"
+#include "core/tensor_kernels.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/conv_direct.h"
 #include "ops/cuda/conv_variants.h"
+#include "ops/cuda/gemm/engine.h"
 #include "ops/cuda/policy.h"
 
 namespace tg::cuda {
@@ -212,6 +214,20 @@ const ConvVariant& choose_conv_variant(const ConvProblem& problem, const ConvOpe
 void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                   Precision precision) {
   run_pass(conv_problem(s, y.dtype(), ConvPass::Forward, precision), {.out = y, .x = x, .w = w, .b = b});
+}
+
+void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+  const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::bf16; };
+  TG_CHECK_AS(DTypeError, bf16(y) && bf16(x) && bf16(w) && bf16(b), "conv_forward_bf16: wants bf16 x, w, b and y; got ",
+              describe(x), ", ", describe(w), b.defined() ? ", " + describe(b) : std::string(), " -> ", describe(y));
+  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
+  Tensor bias, y32 = Tensor::empty(y.shape(), f32);
+  if (b.defined()) {
+    bias = Tensor::empty(b.shape(), f32);
+    cast(bias, b);  // exact
+  }
+  engine_conv_forward_bf16(y32, x, w, bias, s, kernel_policy().engine);
+  cast(y, y32);  // rounded once, to nearest even
 }
 
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {

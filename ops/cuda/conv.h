@@ -15,6 +15,9 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
                   Precision precision = tg::precision());
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                      Precision precision = tg::precision());
+// y = conv(x, w) + b with every operand bf16 (b may be undefined): BF16 products accumulated in
+// f32 (engine_conv_forward_bf16), the sum rounded once to bf16.
+void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                       Precision precision = tg::precision());
 // Both gradients at once (a fast path may read dy once for both).

@@ -91,12 +91,17 @@ bool im2col_map_fits(const Im2colGeometry& g) {
   return g.N >= 1 && g.N < (int64_t(1) << 31) && g.C >= 1 && g.C % 4 == 0 && g.C < (int64_t(1) << 31);
 }
 
-CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colGeometry& g, int channels,
-                           int pixels) {
-  TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && im2col_map_fits(g) && channels > 0 && channels <= 32 &&
-               channels % 4 == 0 && pixels > 0 && pixels <= 256,
-           op_name, ": no im2col tensor map for ", g.N, " images of ", g.C, " channels (", channels,
-           " channels x ", pixels, " pixels per request)");
+namespace {
+
+// Elements of `bytes` bytes (4: f32, 2: bf16); a request's row of channels is at most 128 bytes,
+// swizzled at exactly 128.
+CUtensorMap im2col_map(const char* op_name, const void* data, int bytes, const Im2colGeometry& g, int channels,
+                       int pixels) {
+  const int per_16 = 16 / bytes;
+  TG_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && im2col_map_fits(g) && g.C % per_16 == 0 && channels > 0 &&
+               channels * bytes <= 128 && channels % per_16 == 0 && pixels > 0 && pixels <= 256,
+           op_name, ": no im2col tensor map for ", g.N, " images of ", g.C, bytes == 4 ? " f32" : " bf16",
+           " channels (", channels, " channels x ", pixels, " pixels per request)");
   static const auto encode_im2col = driver_function<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   const int rank = g.dims + 2;
   // Innermost first: C, W, H, [D,] N; corners and strides W, H, [D].
@@ -105,7 +110,7 @@ CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colG
   int lower[3], upper[3];
   dims[0] = cuuint64_t(g.C);
   element_strides[0] = 1;
-  cuuint64_t stride_bytes = cuuint64_t(g.C) * 4;
+  cuuint64_t stride_bytes = cuuint64_t(g.C) * bytes;
   for (int i = 0; i < g.dims; ++i) {
     const int d = 2 - i;  // W, H, D
     dims[1 + i] = cuuint64_t(g.in[d]);
@@ -119,14 +124,27 @@ CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colG
   strides[rank - 2] = stride_bytes;
   element_strides[rank - 1] = 1;
   CUtensorMap map{};
-  const CUresult r = encode_im2col(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, cuuint32_t(rank), const_cast<float*>(data),
+  const CUtensorMapDataType type = bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode_im2col(&map, type, cuuint32_t(rank), const_cast<void*>(data),
                                    dims, strides, lower, upper, cuuint32_t(channels), cuuint32_t(pixels),
                                    element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                   channels == 32 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                   channels * bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TG_CHECK(r == CUDA_SUCCESS, op_name, ": cuTensorMapEncodeIm2col failed (error ", static_cast<int>(r), ") for ",
            g.N, " images of ", g.C, " channels");
   return map;
+}
+
+}  // namespace
+
+CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colGeometry& g, int channels,
+                           int pixels) {
+  return im2col_map(op_name, data, 4, g, channels, pixels);
+}
+
+CUtensorMap bf16_im2col_map(const char* op_name, const uint16_t* data, const Im2colGeometry& g, int channels,
+                            int pixels) {
+  return im2col_map(op_name, data, 2, g, channels, pixels);
 }
 
 }  // namespace tg::cuda

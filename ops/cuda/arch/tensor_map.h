@@ -52,5 +52,9 @@ struct Im2colGeometry {
 bool im2col_map_fits(const Im2colGeometry& g);
 CUtensorMap f32_im2col_map(const char* op_name, const float* data, const Im2colGeometry& g, int channels,
                            int pixels);
+// The same over a bf16 activation (bit patterns): C % 8 == 0 (16-byte rows), `channels` a
+// multiple of 8 up to 64 (64: the 128-byte swizzle).
+CUtensorMap bf16_im2col_map(const char* op_name, const uint16_t* data, const Im2colGeometry& g, int channels,
+                            int pixels);
 
 }  // namespace tg::cuda

@@ -41,22 +41,6 @@ __global__ void pack_tap_slices_kernel(float* __restrict__ packed, const float* 
   }
 }
 
-Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
-  Im2colGeometry g{};
-  g.dims = s.in[0] == 1 && s.kernel[0] == 1 && s.out[0] == 1 ? 2 : 3;
-  g.N = s.N;
-  g.C = channels;
-  for (int d = 0; d < 3; ++d) {
-    g.in[d] = s.in[d];
-    g.kernel[d] = s.kernel[d];
-    g.stride[d] = s.stride[d];
-    g.pad[d] = s.pad[d];
-    g.pad_hi[d] = s.pad[d];
-    g.dilation[d] = s.dilation[d];
-  }
-  return g;
-}
-
 // The channels of the map: C itself for channels-last inputs, C padded to 4 for the scratch.
 int64_t map_channels(const ConvShape& s) { return s.channels_last() ? s.C : round_up(s.C, 4); }
 
@@ -154,17 +138,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   const auto fill = [&](auto& boxes) {
     boxes.w = f32_matrix_map("conv forward (w)", packed.data<float>(), k_rows, red,
                              {.rows = cols, .cols = kBK, .swizzle128 = true});
-    boxes.kernel_w = int32_t(s.kernel[2]);
-    boxes.kernel_h = int32_t(s.kernel[1]);
-    boxes.out_w = int32_t(s.out[2]);
-    boxes.out_h = int32_t(s.out[1]);
-    boxes.out_volume = int32_t(s.out_volume());
-    for (int d = 0; d < 3; ++d) {
-      boxes.stride[d] = int32_t(s.stride[d]);
-      boxes.pad[d] = int32_t(s.pad[d]);
-      boxes.dil[d] = int32_t(s.dilation[d]);
-    }
-    boxes.three_d = geometry_x.dims == 3;
+    set_walk_geometry(boxes, s, geometry_x.dims == 3);
     run_plan(plan, args, y.device(),
              [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
   };

@@ -69,6 +69,14 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
 void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                  Precision precision, const EnginePolicy& policy = {});
 
+// BF16 convolution forward (conv_fprop_bf16_sm90_tma.cu): y (f32, s's output) = conv(x, w) + b
+// with x and w bf16, b f32 or undefined: products exact in f32, accumulated in f32. On Hopper's
+// TMA kernel where 16+ input channels, NHWC rows of whole 16 bytes (C % 8 == 0) and the im2col
+// map's ranges allow (_uses_tma); elsewhere the f32 dispatcher at TF32 on f32 copies.
+bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, const EnginePolicy& policy = {});
+void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                              const EnginePolicy& policy = {});
+
 // BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = a b^T (+ bias, f32, per column) with
 // a (M, K) and b (N, K) bf16, row-major (p.transA false, p.transB true): products exact in f32,
 // accumulated in f32. On Hopper's TMA kernel where K % 8 == 0 (16-byte rows), the operands are

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "../../conv.h"
 #include "../arch/tma.cuh"
 #include "kernels.h"
 
@@ -56,11 +57,31 @@ struct Im2colWalk {
   }
 };
 
-// k-tile kt = (tap, 32-channel slice): A from the im2col map at that tap's offsets, B the
-// packed weights' columns kt * 32.. . The cursor holds the block's window corner (fixed) and
-// the k-tile's channel and tap (stepped).
-struct Im2colBoxes : Im2colWalk {
-  int32_t slices;  // 32-channel slices per tap
+// The walk's geometry from s (the caller sets the maps): tiles of output pixels over s's output,
+// taps over its kernel.
+inline void set_walk_geometry(Im2colWalk& walk, const ConvShape& s, bool three_d) {
+  walk.kernel_w = int32_t(s.kernel[2]);
+  walk.kernel_h = int32_t(s.kernel[1]);
+  walk.out_w = int32_t(s.out[2]);
+  walk.out_h = int32_t(s.out[1]);
+  walk.out_volume = int32_t(s.out_volume());
+  for (int d = 0; d < 3; ++d) {
+    walk.stride[d] = int32_t(s.stride[d]);
+    walk.pad[d] = int32_t(s.pad[d]);
+    walk.dil[d] = int32_t(s.dilation[d]);
+  }
+  walk.three_d = three_d;
+}
+
+// k-tile kt = (tap, channel slice): A from the im2col map at that tap's offsets, B the packed
+// weights' columns kt * kSlice.. . A slice is 32 f32 channels, or 64 bf16 ones (kBf16: the
+// same 128-byte rows; tma_mainloop_sm90.cuh runs BF16 products on them). The cursor holds the
+// block's window corner (fixed) and the k-tile's channel and tap (stepped).
+template <bool kBf16Elements>
+struct Im2colSlices : Im2colWalk {
+  static constexpr bool kBf16 = kBf16Elements;
+  static constexpr int kSlice = kBf16Elements ? 2 * kBK : kBK;  // channels per k-tile
+  int32_t slices;  // channel slices per tap
   struct Cursor {
     int32_t iw, ih, id, img;  // the tile's first output pixel's window corner: where the walk starts
     int32_t c0, tx, ty, tz;   // the k-tile's first channel and its tap
@@ -70,13 +91,13 @@ struct Im2colBoxes : Im2colWalk {
     Cursor at;
     corner(m0, at.iw, at.ih, at.id, at.img);
     const int32_t tap = kt / slices;
-    at.c0 = (kt - tap * slices) * kBK;
+    at.c0 = (kt - tap * slices) * kSlice;
     tap_of(tap, at.tx, at.ty, at.tz);
     return at;
   }
   __device__ __forceinline__ void advance(Cursor& at) const {
-    at.c0 += kBK;
-    if (at.c0 < slices * kBK) return;
+    at.c0 += kSlice;
+    if (at.c0 < slices * kSlice) return;
     at.c0 = 0;
     next_tap(at.tx, at.ty, at.tz);
   }
@@ -85,9 +106,10 @@ struct Im2colBoxes : Im2colWalk {
     const uint16_t off_w = uint16_t(at.tx * dil[2]), off_h = uint16_t(at.ty * dil[1]), off_d = uint16_t(at.tz * dil[0]);
     if (three_d) tma::load_im2col_5d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.id, at.img, off_w, off_h, off_d);
     else tma::load_im2col_4d(a_dst, &x, bar, at.c0, at.iw, at.ih, at.img, off_w, off_h);
-    tma::load_box(b_dst, &w, bar, kt * kBK, n0);
+    tma::load_box(b_dst, &w, bar, kt * kSlice, n0);
   }
 };
+using Im2colBoxes = Im2colSlices<false>;
 
 // Few channels (a forward's C, or a grad-input's dy channels, below kTmaMinChannels): a
 // 32-channel slice per tap would be mostly zeros. Instead k-tile kt holds the 8 (tap, channel
@@ -149,8 +171,11 @@ struct Im2colQuadBoxes : Im2colWalk {
   }
 };
 
-// One launch of the TMA kernel with either producer over plan's tiles (conv_fprop_sm90_tma.cu).
+// One launch of the TMA kernel with each producer over plan's tiles (conv_fprop_sm90_tma.cu;
+// the bf16 one in conv_fprop_bf16_sm90_tma.cu).
 void launch_im2col_tma(const Im2colBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
 void launch_im2col_tma(const Im2colQuadBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
+void launch_im2col_tma(const Im2colSlices<true>& boxes, const Plan& plan, const MainloopArgs& args,
+                       cudaStream_t stream);
 
 }  // namespace tg::cuda::engine

@@ -40,16 +40,18 @@ __global__ void reduce_partials_kernel(const float* __restrict__ partials, int32
 
 // out[b][col][row] = in[b][row][col] for row < rows, 0 for rows <= row < padded_rows: 32 x 32
 // tiles through shared memory, reads and writes both coalesced.
-__global__ void transpose_kernel(float* __restrict__ out, const float* __restrict__ in, int32_t rows,
-                                 int32_t padded_rows, int64_t cols, int64_t batches) {
-  __shared__ float tile[32][33];
+// T: float, or uint16_t (bf16 bit patterns).
+template <class T>
+__global__ void transpose_kernel(T* __restrict__ out, const T* __restrict__ in, int32_t rows, int32_t padded_rows,
+                                 int64_t cols, int64_t batches) {
+  __shared__ T tile[32][33];
   const int64_t c0 = int64_t(blockIdx.x) * 32;
   const int32_t r0 = int32_t(blockIdx.y) * 32;
   for (int64_t b = blockIdx.z; b < batches; b += gridDim.z) {
     for (int j = threadIdx.y; j < 32; j += blockDim.y) {
       const int32_t r = r0 + j;
       const int64_t c = c0 + threadIdx.x;
-      tile[j][threadIdx.x] = r < rows && c < cols ? in[(b * rows + r) * cols + c] : 0.f;
+      tile[j][threadIdx.x] = r < rows && c < cols ? in[(b * rows + r) * cols + c] : T(0);
     }
     __syncthreads();
     for (int j = threadIdx.y; j < 32; j += blockDim.y) {
@@ -63,15 +65,27 @@ __global__ void transpose_kernel(float* __restrict__ out, const float* __restric
 
 }  // namespace
 
-void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
-                    cudaStream_t stream) {
+namespace {
+template <class T>
+void transpose_any(T* out, const T* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
+                   cudaStream_t stream) {
   TG_CHECK(rows <= padded_rows && padded_rows < (int64_t(1) << 31) && (padded_rows + 31) / 32 <= 65535,
            "implicit-GEMM engine: cannot transpose ", rows, " x ", cols, " (", padded_rows, " rows)");
   if (batches == 0 || cols == 0 || padded_rows == 0) return;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((padded_rows + 31) / 32),
                   static_cast<unsigned>(std::min<int64_t>(batches, 65535)));
-  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(out, in, int32_t(rows), int32_t(padded_rows), cols, batches);
+  transpose_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(out, in, int32_t(rows), int32_t(padded_rows), cols, batches);
   TG_LAUNCH_CHECK();
+}
+}  // namespace
+
+void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
+                    cudaStream_t stream) {
+  transpose_any(out, in, batches, rows, cols, padded_rows, stream);
+}
+void transpose_into(uint16_t* out, const uint16_t* in, int64_t batches, int64_t rows, int64_t cols,
+                    int64_t padded_rows, cudaStream_t stream) {
+  transpose_any(out, in, batches, rows, cols, padded_rows, stream);
 }
 
 Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& policy, bool narrow_ok,
@@ -223,6 +237,22 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
   out.mode = OutputMap::kPlain;
   out.kvol = 1;
   return out;
+}
+
+Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
+  Im2colGeometry g{};
+  g.dims = s.in[0] == 1 && s.kernel[0] == 1 && s.out[0] == 1 ? 2 : 3;
+  g.N = s.N;
+  g.C = channels;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = s.in[d];
+    g.kernel[d] = s.kernel[d];
+    g.stride[d] = s.stride[d];
+    g.pad[d] = s.pad[d];
+    g.pad_hi[d] = s.pad[d];
+    g.dilation[d] = s.dilation[d];
+  }
+  return g;
 }
 
 PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {

@@ -12,6 +12,7 @@
 #include "../../../core/precision.h"
 #include "../../../core/tensor.h"
 #include "../../conv.h"
+#include "../arch/tensor_map.h"
 #include "dgrad_phases.h"
 #include "engine.h"
 #include "kernels.h"
@@ -44,6 +45,9 @@ int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& poli
 // from `rows` to `padded_rows` are zeros (the TMA's 16-byte row rule). On `stream`.
 void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, int64_t cols, int64_t padded_rows,
                     cudaStream_t stream);
+// The same over bf16 bit patterns (zeros: +0).
+void transpose_into(uint16_t* out, const uint16_t* in, int64_t batches, int64_t rows, int64_t cols,
+                    int64_t padded_rows, cudaStream_t stream);
 
 // Runs one planned launch: straight into args.out, or into partial sums (a workspace) that one
 // fixed-order pass reduces into args.out.
@@ -52,6 +56,9 @@ void run_plan(const Plan& plan, MainloopArgs args, const Device& device, const L
 
 // The gathers' 32-bit geometry (with its divisors) of a convolution.
 ConvGeometry geometry(const ConvShape& s);
+// The TMA unit's im2col geometry of s's input with `channels` channels (C, or C padded in a
+// channels-last scratch): rank 4 for 2-D problems and one-plane 3-D ones, else rank 5.
+Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
 // One stride phase of the grad-input (dgrad_phases.h) as the kernels see it: its pixels, taps

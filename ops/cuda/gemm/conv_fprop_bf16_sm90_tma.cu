@@ -1,0 +1,125 @@
+// The engine's BF16 convolution forward on Hopper: the im2col TMA kernel of the f32 forward
+// (conv_fprop_sm90_tma.cu) with bf16 boxes. A k-tile is (tap, 64-channel slice): one request
+// brings 128 output pixels' inputs at that tap, 64 bf16 channels each (the same 128-byte
+// swizzled rows as 32 f32 channels), and the consumers run m64nNk16 BF16 products on it
+// (tma_mainloop_sm90.cuh). B is the bf16 weights packed per tap, channels padded to 64. The
+// products are exact in f32 and accumulate in f32; the output is f32 (the caller rounds it).
+//
+// NDHWC inputs with C % 8 == 0 (16-byte rows) are read in place; NCDHW inputs are transposed
+// into a channels-last bf16 scratch first (C padded to 8). Fewer than 16 channels, geometry the
+// im2col map cannot express, or a device without sm_90a code: the f32 dispatcher on f32
+// copies at TF32 (bf16 values are exact in TF32: the same products). Design note:
+// docs/kernels/gemm_tma.md.
+#include "core/cuda_context.h"
+#include "core/error.h"
+#include "core/tensor_kernels.h"
+#include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/arch/tensor_map.h"
+#include "ops/cuda/conv.h"
+#include "ops/cuda/gemm/engine.h"
+#include "ops/cuda/gemm/im2col_boxes.cuh"
+#include "ops/cuda/gemm/planning.h"
+#include "ops/cuda/gemm/tma_mainloop_sm90.cuh"
+
+namespace tg::cuda {
+namespace engine {
+namespace {
+
+constexpr int kSlice = Im2colSlices<true>::kSlice;  // 64 bf16 channels per k-tile
+
+// packed[k][t * c_pad + c] = w[k][c][t] (bf16 bits) for c < C and k < K; +0 for the padding up
+// to c_pad and k_rows.
+__global__ void pack_bf16_taps_kernel(uint16_t* __restrict__ packed, const uint16_t* __restrict__ w, int64_t K,
+                                      int64_t k_rows, int64_t C, int64_t kvol, int64_t c_pad) {
+  const int64_t total = k_rows * kvol * c_pad;
+  TG_GRID_STRIDE(e, total) {
+    const int64_t c = e % c_pad, t = (e / c_pad) % kvol, k = e / (c_pad * kvol);
+    packed[e] = c < C && k < K ? w[(k * C + c) * kvol + t] : uint16_t(0);
+  }
+}
+
+const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The channels of the map: C itself for channels-last inputs, C padded to 8 for the scratch.
+int64_t map_channels(const ConvShape& s) { return s.channels_last() ? s.C : round_up(s.C, 8); }
+
+}  // namespace
+
+void launch_im2col_tma(const Im2colSlices<true>& boxes, const Plan& plan, const MainloopArgs& args,
+                       cudaStream_t stream) {
+  launch_tma_wgmma(boxes, plan, args, stream);
+}
+
+}  // namespace engine
+
+bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, const EnginePolicy& policy) {
+  using namespace engine;
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  if (!tile || policy.arch == 80 || x.dtype() != DType::bf16 || !x.device().is_cuda()) return false;
+  if (s.C < kTmaMinChannels || !engine_conv_can_implement(s, DType::f32) || !device_runs_wgmma(x.device().index))
+    return false;
+  if (s.channels_last() && (s.C % 8 != 0 || !aligned16(bits(x)))) return false;
+  const int64_t red = s.kernel_volume() * round_up(s.C, kSlice);
+  return red <= kIndexLimit && fits(s.N * s.out_volume()) && im2col_map_fits(im2col_geometry(s, map_channels(s)));
+}
+
+void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                              const EnginePolicy& policy) {
+  using namespace engine;
+  TG_CHECK_AS(DTypeError, x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && y.dtype() == DType::f32 &&
+                              (!b.defined() || b.dtype() == DType::f32),
+              "engine_conv_forward_bf16: wants bf16 x and w, an f32 output and bias; got x ", describe(x), ", w ",
+              describe(w), ", y ", describe(y), b.defined() ? ", b " + describe(b) : std::string());
+  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_forward_bf16: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " is outside the engine's limits");
+  const int dev = y.device().index;
+  set_device(dev);
+  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
+  if (!engine_conv_forward_bf16_uses_tma(s, x, policy)) {
+    // The same exact products on the f32 dispatcher's TF32 kernels.
+    Tensor x32 = Tensor::empty(x.shape(), f32), w32 = Tensor::empty(w.shape(), f32);
+    cast(x32, x);
+    cast(w32, w);
+    return conv_forward(y, x32, w32, b, s, Precision::TF32);
+  }
+  cudaStream_t st = stream(dev);
+  const TensorOptions bf16{.dtype = DType::bf16, .device = y.device()};
+  const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kSlice), channels = map_channels(s);
+  const int64_t red = kvol * c_pad, M = s.N * s.out_volume();
+  const int cols = policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
+  const int64_t k_rows = round_up(s.K, cols);  // whole B boxes (as the f32 forward)
+  Tensor packed = Tensor::empty({k_rows * red}, bf16);
+  pack_bf16_taps_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(
+      static_cast<uint16_t*>(packed.raw_data()), bits(w), s.K, k_rows, s.C, kvol, c_pad);
+  TG_LAUNCH_CHECK();
+  Tensor staged;
+  const uint16_t* x_last = bits(x);
+  if (!s.channels_last()) {
+    staged = Tensor::empty({s.N * s.in_volume() * channels}, bf16);
+    transpose_into(static_cast<uint16_t*>(staged.raw_data()), bits(x), s.N, s.C, s.in_volume(), channels, st);
+    x_last = bits(staged);
+  }
+  const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(s.K);
+  args.red = int32_t(red);
+  args.out = output_map(y.data<float>(), b.defined() ? b.data<float>() : nullptr, M, s.K);
+  if (!s.channels_last()) {
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(s.out_volume()));
+  }
+  const Im2colGeometry geometry_x = im2col_geometry(s, channels);
+  Im2colSlices<true> boxes{};
+  boxes.x = bf16_im2col_map("conv forward, bf16 (x)", x_last, geometry_x, kSlice, kTmaBM);
+  boxes.w = bf16_matrix_map("conv forward, bf16 (w)", static_cast<const uint16_t*>(packed.raw_data()), k_rows, red,
+                            {.rows = cols, .cols = kSlice, .swizzle128 = true});
+  boxes.slices = int32_t(c_pad / kSlice);
+  set_walk_geometry(boxes, s, geometry_x.dims == 3);
+  run_plan(plan, args, y.device(),
+           [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
+}
+
+}  // namespace tg::cuda

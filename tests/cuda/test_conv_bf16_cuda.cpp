@@ -1,0 +1,160 @@
+// The engine's BF16 convolution forward (ops/cuda/gemm/conv_fprop_bf16_sm90_tma.cu) and conv2d /
+// conv3d under Autocast(bf16) on the GPU, which run their forward there.
+//
+// Tolerances (as test_gemm_bf16_cuda.cpp): the operands are bf16 values, so every product is
+// exact in f32 and the kernel differs from the f64 reference of the same values by its f32
+// accumulation alone, at most 2^-23 of the running sum per addition that may not round to
+// nearest: within R 2^-23 (relative L2) for a reduction of R = C kvol terms, and at least 1e-5.
+// A kernel that mixed up taps, channels, rows or tiles misses by 1e-3 and more. The ops under
+// Autocast are compared with the CPU's bf16 path: one bf16 rounding apart for the outputs
+// (2^-8), two for the gradients (2^-7). Outputs are NaN-poisoned first. Needs an sm_90a GPU for
+// the BF16 kernel; the fallback (the f32 kernels at TF32 on f32 copies) runs on any GPU.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "common/conv_tma_util.h"
+#include "core/autocast.h"
+#include "core/precision.h"
+#include "ops/conv.h"
+#include "ops/cpu/conv.h"
+#include "ops/cuda/conv.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+using namespace tg;
+using namespace tg::test;
+using namespace tg::test::conv_tma;
+
+namespace {
+
+double tolerance_for(const ConvShape& s) { return std::max(1e-5, double(s.C * s.kernel_volume()) * std::ldexp(1.0, -23)); }
+
+bool bf16_kernel() {
+  const ConvShape s = make_conv_shape("probe", {1, 16, 4, 4}, {1, 16, 3, 3}, {});
+  return cuda::engine_conv_forward_bf16_uses_tma(s, Tensor::empty({1, 16, 4, 4}, {.dtype = DType::bf16, .device = kGpu}));
+}
+
+// One case under each policy: f32 output (and f32 bias) against the f64 reference of the same
+// bf16 values.
+void expect_forward_matches(const ConvCase& c, const std::vector<Variant>& variants, bool want_tma) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  const Tensor x = random(c.x, DType::bf16, kGpu), w = random(c.w, DType::bf16, kGpu);
+  const Tensor b = random({s.K}, DType::f32, kGpu);
+  Tensor want = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
+  cpu::conv_forward(want, ref(x), ref(w), ref(b), s);
+  for (const Variant& v : variants) {
+    const std::string where = std::string(c.name) + ", " + v.name;
+    EXPECT_EQ(cuda::engine_conv_forward_bf16_uses_tma(s, x, v.policy), want_tma) << where;
+    Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
+    poison(y);
+    cuda::engine_conv_forward_bf16(y, x, w, b, s, v.policy);
+    EXPECT_LE(rel_l2(y, want), tolerance_for(s)) << where;
+  }
+}
+
+#define TG_REQUIRE_BF16_TMA()                                                     \
+  TG_REQUIRE_GPU();                                                               \
+  if (!bf16_kernel()) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU"
+
+// Channels that are not a multiple of the 64-channel k-tile (NCHW pads the scratch to 8),
+// tiles of 128 output pixels across rows and images, strides, dilations, paddings past the
+// kernel, 3-D volumes, N = 1, output channels under 64 (64-wide tiles) and past one tile.
+TEST(ConvBf16, ForwardMatchesF64ReferenceOnTheTmaKernel) {
+  TG_REQUIRE_BF16_TMA();
+  const ConvCase cases[] = {
+      {"3x3 s1 p1, 48 channels, many small images", {37, 48, 5, 3}, {40, 48, 3, 3}, {.padding = {1}}},
+      {"3x3 s2 p1, 33 channels (NCHW pads to 40)", {3, 33, 15, 11}, {67, 33, 3, 3}, {.stride = {2}, .padding = {1}}},
+      {"1x1, 100 channels, 130 outputs", {2, 100, 9, 9}, {130, 100, 1, 1}, {}},
+      {"3x3, N = 1, 70 -> 150 channels", {1, 70, 6, 7}, {150, 70, 3, 3}, {.padding = {1}}},
+      {"3x3 p4 (padding past the kernel)", {2, 16, 6, 5}, {8, 16, 3, 3}, {.padding = {4}}},
+      {"dilated 3x3 d3 p3, stride 3", {2, 24, 17, 14}, {36, 24, 3, 3}, {.stride = {3}, .padding = {3}, .dilation = {3}}},
+      {"NHWC 3x3 s1 p1, 40 channels", {2, 9, 11, 40}, {20, 40, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
+      {"NHWC 7x7 s2 p3, 64 channels, 64 outputs", {3, 23, 19, 64}, {64, 64, 7, 7},
+       {.stride = {2}, .padding = {3}, .layout = Layout::NHWC}},
+      {"3d 3x3x3 p1, 20 channels", {2, 20, 6, 7, 5}, {9, 20, 3, 3, 3}, {.padding = {1}}},
+      {"3d s2 d2 p2, 72 channels", {2, 72, 9, 10, 11}, {24, 72, 3, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+  };
+  const std::vector<Variant> variants = {
+      {"auto", {}},
+      {"128 wide, unsplit", {.tile = 128, .splits = 1}},
+      {"128 wide, split 3", {.tile = 128, .splits = 3}},
+      {"256 wide, split 2", {.tile = 256, .splits = 2}},
+      {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
+      {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
+  };
+  for (const ConvCase& c : cases) expect_forward_matches(c, variants, true);
+}
+
+// What the kernel leaves to the f32 kernels (at TF32, on f32 copies: the same exact products).
+TEST(ConvBf16, FallsBackToTheF32KernelsWithTheSameProducts) {
+  TG_REQUIRE_GPU();
+  const std::vector<Variant> automatic = {{"auto", {}}};
+  expect_forward_matches({"8 channels", {2, 8, 9, 9}, {16, 8, 3, 3}, {.padding = {1}}}, automatic, false);
+  expect_forward_matches({"NHWC, 20 channels (rows not 16-byte multiples)", {2, 7, 6, 20}, {8, 20, 3, 3},
+                          {.padding = {1}, .layout = Layout::NHWC}},
+                         automatic, false);
+  expect_forward_matches({"padding 130 (past the im2col corner range)", {1, 16, 4, 4}, {4, 16, 3, 3}, {.padding = {130}}},
+                         automatic, false);
+  expect_forward_matches({"mma.sync policy", {2, 32, 8, 8}, {16, 32, 3, 3}, {.padding = {1}}},
+                         {{"arch 80", {.arch = 80}}}, false);
+}
+
+TEST(ConvBf16, ErrorsAreTypedAndNameTheOp) {
+  TG_REQUIRE_GPU();
+  const ConvShape s = make_conv_shape("test", {2, 16, 6, 6}, {8, 16, 3, 3}, {.padding = {1}});
+  const Tensor x32 = random({2, 16, 6, 6}, DType::f32, kGpu), w = random({8, 16, 3, 3}, DType::bf16, kGpu);
+  Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
+  EXPECT_THROW(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), DTypeError);
+  TG_EXPECT_ERROR(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), "engine_conv_forward_bf16", "f32");
+  Tensor y16 = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = kGpu});
+  EXPECT_THROW(cuda::conv_forward_bf16(y16, x32, w, Tensor(), s), DTypeError);
+}
+
+// conv2d and conv3d under Autocast(bf16) on the GPU (forward on the BF16 kernel, backward as the
+// f32 path) against the same model on the CPU (compute_in_f32's bf16 path). Parameters and
+// input stay f32; their gradients arrive in f32 through Autocast's recorded casts.
+TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
+  TG_REQUIRE_GPU();
+  PrecisionGuard fp32(Precision::FP32);
+  const ConvCase cases[] = {
+      {"conv2d 3x3 p1, 32 -> 48", {2, 32, 12, 11}, {48, 32, 3, 3}, {.padding = {1}}},
+      {"conv2d 3x3 s2 p1, 20 -> 24 (NHWC, a fallback)", {2, 9, 10, 20}, {24, 20, 3, 3},
+       {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+      {"conv3d 3x3x3 p1, 16 -> 8", {2, 16, 5, 6, 7}, {8, 16, 3, 3, 3}, {.padding = {1}}},
+  };
+  for (const ConvCase& c : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    const Tensor x0 = random(c.x, DType::f32), w0 = random(c.w, DType::f32), b0 = random({s.K}, DType::f32);
+    const Tensor up = random(s.y_shape(), DType::f32);
+    Tensor ys[2], grads[2][3];
+    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+      const Device d = on_gpu ? kGpu : Device::cpu();
+      Tensor x = x0.to(d).requires_grad_(), w = w0.to(d).requires_grad_(), b = b0.to(d).requires_grad_();
+      Tensor y;
+      {
+        Tape tape;
+        {
+          Autocast ac(DType::bf16);
+          y = s.spatial_dims == 3 ? conv3d(x, w, b, c.p) : conv2d(x, w, b, c.p);
+        }
+        tape.backward(sum(mul(y.to(DType::f32), up.to(d))));
+      }
+      ys[on_gpu] = y;
+      grads[on_gpu][0] = x.grad();
+      grads[on_gpu][1] = w.grad();
+      grads[on_gpu][2] = b.grad();
+    }
+    ASSERT_EQ(ys[1].dtype(), DType::bf16) << c.name;
+    EXPECT_LE(rel_l2(ys[1].to(DType::f32), ys[0].to(DType::f32)), std::ldexp(1.0, -8)) << c.name;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(grads[1][i].dtype(), DType::f32) << c.name << ", gradient " << i;
+      EXPECT_LE(rel_l2(grads[1][i], grads[0][i]), std::ldexp(1.0, -7)) << c.name << ", gradient " << i;
+    }
+  }
+}
+
+}  // namespace
