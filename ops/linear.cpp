@@ -165,10 +165,10 @@ Tensor bf16_copy(const Tensor& t) {
   return out;
 }
 
-// bf16 linear on a GPU (Autocast's): the forward's product on the engine's BF16 kernel
-// (cuda::linear_bf16: exact products, f32 accumulation, one rounding to bf16). The backward is
-// what the f32 path computes for a bf16 op (compute_in_f32): f32 copies of dy, x and w, the
-// products at the current precision, each gradient rounded once to bf16.
+// bf16 linear on a GPU (Autocast's): the forward's and the backward's products on the engine's
+// BF16 kernel (cuda::linear_bf16 and linear_bf16_backward: exact products, f32 accumulation,
+// one rounding to bf16), the same products the f32 path computes for a bf16 op (compute_in_f32)
+// on f32 copies. The bias gradient sums f32 copies of dy's rows.
 Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
   profile::OpScope scope("linear", [&] {
@@ -180,12 +180,20 @@ Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (should_record({x, w, b})) {
     record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
       profile::OpScope scope("linear (backward)", [&] { return gemm_backward_info(args, B, out, in, true); });
-      const Tensor dy = f32_copy(args.grad_outputs[0]);
+      const Tensor& dy = args.grad_outputs[0];
       Tensor dx, dw, db;
-      if (args.needs_grad[0]) dx = bf16_copy(run_gemm(dy, f32_copy(args.saved[1]), Tensor(), {.M = B, .N = in, .K = out}));
-      if (args.needs_grad[1])
-        dw = bf16_copy(run_gemm(dy, f32_copy(args.saved[0]), Tensor(), {.M = out, .N = in, .K = B, .transA = true}));
-      if (args.needs_grad[2]) db = bf16_copy(run_sum_rows(dy));
+      if (dy.dtype() == DType::bf16) {
+        const TensorOptions bf16{.dtype = DType::bf16, .device = dy.device()};
+        if (args.needs_grad[0]) dx = Tensor::empty({B, in}, bf16);
+        if (args.needs_grad[1]) dw = Tensor::empty({out, in}, bf16);
+        cuda::linear_bf16_backward(dx, dw, dy, args.saved[0], args.saved[1]);
+      } else {  // a gradient that arrived in another type: the f32 path on f32 copies
+        const Tensor dy32 = f32_copy(dy);
+        if (args.needs_grad[0]) dx = bf16_copy(run_gemm(dy32, f32_copy(args.saved[1]), Tensor(), {.M = B, .N = in, .K = out}));
+        if (args.needs_grad[1])
+          dw = bf16_copy(run_gemm(dy32, f32_copy(args.saved[0]), Tensor(), {.M = out, .N = in, .K = B, .transA = true}));
+      }
+      if (args.needs_grad[2]) db = bf16_copy(run_sum_rows(f32_copy(dy)));
       return std::vector<Tensor>{dx, dw, db};
     });
   }

@@ -261,6 +261,24 @@ void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor
   cast(y, y32);  // rounded once, to nearest even
 }
 
+void linear_bf16_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::bf16; };
+  TG_CHECK_AS(DTypeError, bf16(dx) && bf16(dw) && bf16(dy) && bf16(x) && bf16(w),
+              "linear_bf16_backward: wants bf16 tensors; got dy ", describe(dy), ", x ", describe(x), ", w ", describe(w));
+  const int64_t B = dy.size(0), out = dy.size(1), in = w.size(1);
+  const TensorOptions f32{.dtype = DType::f32, .device = dy.device()};
+  if (dx.defined()) {
+    Tensor dx32 = Tensor::empty({B, in}, f32);
+    engine_gemm_bf16(dx32, dy, w, Tensor(), {.M = B, .N = in, .K = out});
+    cast(dx, dx32);
+  }
+  if (dw.defined()) {
+    Tensor dw32 = Tensor::empty({out, in}, f32);
+    engine_gemm_bf16(dw32, dy, x, Tensor(), {.M = out, .N = in, .K = B, .transA = true});
+    cast(dw, dw32);
+  }
+}
+
 void sum_rows(const Tensor& db, const Tensor& dy) {
   check_same_device_dtype("sum_rows", db, dy);
   TG_CHECK(dy.dim() == 2 && db.shape() == Shape({dy.size(1)}), "sum_rows: output ", db.shape(),

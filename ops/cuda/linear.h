@@ -15,4 +15,7 @@ void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& 
 // y (B, out, bf16) = x (B, in) w (out, in)^T + b (out, or undefined), all bf16: BF16 products
 // accumulated in f32 (the engine's engine_gemm_bf16), the sum rounded once to bf16.
 void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+// Its input and weight gradients, all bf16: dx (B, in) = dy (B, out) w and dw (out, in) = dy^T x,
+// each the BF16 products accumulated in f32, rounded once. Either output may be undefined.
+void linear_bf16_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w);
 }  // namespace tg::cuda

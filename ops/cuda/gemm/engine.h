@@ -77,11 +77,12 @@ bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, cons
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                               const EnginePolicy& policy = {});
 
-// BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = a b^T (+ bias, f32, per column) with
-// a (M, K) and b (N, K) bf16, row-major (p.transA false, p.transB true): products exact in f32,
-// accumulated in f32. On Hopper's TMA kernel where K % 8 == 0 (16-byte rows), the operands are
-// 16-byte aligned and the policy allows it (not arch 80, not tile 16): _uses_tma says whether;
-// elsewhere the TF32 engine on f32 copies of a and b, the same products.
+// BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = op(a) op(b) (+ bias, f32, per column)
+// with a and b bf16, row-major, transposes as p says (as engine_gemm): products exact in f32,
+// accumulated in f32. On Hopper's TMA kernel, which reads the reduction contiguous: operands
+// stored the other way are transposed into a scratch first; one read in place needs K % 8 == 0
+// (16-byte rows) and 16-byte alignment; the policy must allow it (not arch 80, not tile 16).
+// _uses_tma says whether; elsewhere the TF32 engine on f32 copies of a and b, the same products.
 bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy = {});
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                       const EnginePolicy& policy = {});

@@ -1,5 +1,6 @@
-// The engine's BF16 matrix product: c (f32) = a b^T + bias with a (M, K) and b (N, K) bf16,
-// row-major, the reduction contiguous (Linear's forward under Autocast). On Hopper it is the
+// The engine's BF16 matrix product: c (f32) = op(a) op(b) + bias with a and b bf16, row-major
+// (Linear's forward and backward under Autocast). Operands stored with the reduction strided
+// are transposed into a scratch first. On Hopper it is the
 // TMA kernel of the TF32 products (tma_mainloop_sm90.cuh) with bf16 boxes: the same 128-byte
 // swizzled rows hold 64 k instead of 32, and each k16 step is one m64nNk16 BF16 wgmma at twice
 // the TF32 rate. Products of bf16 values are exact in f32 and the tensor cores accumulate in
@@ -27,7 +28,6 @@ void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Ten
               "engine_gemm_bf16: wants bf16 a and b, an f32 output and bias; got a ", dtype_name(a.dtype()), ", b ",
               dtype_name(b.dtype()), ", c ", dtype_name(c.dtype()),
               bias.defined() ? std::string(", bias ") + dtype_name(bias.dtype()) : std::string());
-  TG_CHECK(!p.transA && p.transB, "engine_gemm_bf16: computes a b^T with a (M, K) and b (N, K) only");
   TG_CHECK(engine_gemm_can_implement(p, DType::f32), "engine_gemm_bf16: ", p.M, " x ", p.N, " x ", p.K,
            " is outside the engine's limits");
   TG_CHECK(a.numel() == p.M * p.K && b.numel() == p.N * p.K && c.numel() == p.M * p.N &&
@@ -41,11 +41,18 @@ void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Ten
 
 }  // namespace
 
+// The TMA kernel reads both operands with the reduction contiguous: an operand stored the
+// other way ((K, M) a, (K, N) b) is transposed into a scratch whose rows are padded with zeros
+// to whole 16 bytes. One stored with the reduction contiguous is read in place, which needs
+// K % 8 == 0.
 bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy) {
   const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256 || policy.tile == 64;
+  const bool a_in_place = !p.transA, b_in_place = p.transB;
+  const bool rows_ok = (!a_in_place && !b_in_place) || p.K % 8 == 0;
+  const bool transposable = (a_in_place && b_in_place) || (p.K + 31) / 32 <= 65535;  // the transpose's grid
   return tile && policy.arch != 80 && a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && a.device().is_cuda() &&
-         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && aligned16(bf16_bits(a)) &&
-         aligned16(bf16_bits(b)) && device_runs_wgmma(a.device().index);
+         p.K > 0 && rows_ok && transposable && (p.K + 7) / 8 * 8 <= engine::kIndexLimit && (!a_in_place || aligned16(bf16_bits(a))) &&
+         (!b_in_place || aligned16(bf16_bits(b))) && device_runs_wgmma(a.device().index);
 }
 
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
@@ -56,25 +63,43 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   if (!engine_gemm_bf16_uses_tma(a, b, p, policy)) {
     // The same products on the TF32 engine: bf16 values widen exactly and are exact in TF32.
     const TensorOptions f32{.dtype = DType::f32, .device = c.device()};
-    Tensor a32 = Tensor::empty({p.M, p.K}, f32), b32 = Tensor::empty({p.N, p.K}, f32);
+    Tensor a32 = Tensor::empty(a.shape(), f32), b32 = Tensor::empty(b.shape(), f32);
     cuda::cast(a32, a);
     cuda::cast(b32, b);
     return engine_gemm(c, a32, b32, bias, p, Precision::TF32, policy);
   }
+  // Operands stored with the reduction strided: transposed, rows padded to 16 bytes.
+  const bool a_in_place = !p.transA, b_in_place = p.transB;
+  const int64_t red = a_in_place || b_in_place ? p.K : (p.K + 7) / 8 * 8;
+  const TensorOptions bf16{.dtype = DType::bf16, .device = c.device()};
+  cudaStream_t st = stream(dev);
+  const uint16_t* a_rows = bf16_bits(a);
+  const uint16_t* b_rows = bf16_bits(b);
+  Tensor a_scratch, b_scratch;
+  if (!a_in_place) {
+    a_scratch = Tensor::empty({p.M * red}, bf16);
+    engine::transpose_into(static_cast<uint16_t*>(a_scratch.raw_data()), a_rows, 1, p.K, p.M, red, st);
+    a_rows = bf16_bits(a_scratch);
+  }
+  if (!b_in_place) {
+    b_scratch = Tensor::empty({p.N * red}, bf16);
+    engine::transpose_into(static_cast<uint16_t*>(b_scratch.raw_data()), b_rows, 1, p.K, p.N, red, st);
+    b_rows = bf16_bits(b_scratch);
+  }
   const int cols = policy.tile == 256 ? 256 : policy.tile == 64 || p.N <= 64 ? 64 : 128;
-  const engine::Plan plan = engine::make_tma_plan(p.M, p.N, p.K, cols, dev, policy, Precision::TF32, /*bf16=*/true);
+  const engine::Plan plan = engine::make_tma_plan(p.M, p.N, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);
   engine::MainloopArgs args{};
   args.M = int32_t(p.M);
   args.N = int32_t(p.N);
-  args.red = int32_t(p.K);
+  args.red = int32_t(red);
   args.out = engine::output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
   engine::MatrixBoxes<true> boxes;
   const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
   const TmaBox b_box{.rows = cols, .cols = 2 * engine::kBK, .swizzle128 = true};
-  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", bf16_bits(a), p.M, p.K, a_box);
-  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", bf16_bits(b), p.N, p.K, b_box);
-  engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t st) {
-    engine::launch_tma_wgmma(boxes, plan, m, st);
+  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", a_rows, p.M, red, a_box);
+  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", b_rows, p.N, red, b_box);
+  engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t stm) {
+    engine::launch_tma_wgmma(boxes, plan, m, stm);
   });
 }
 
