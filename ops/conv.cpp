@@ -106,27 +106,27 @@ profile::OpInfo conv_forward_info(const ConvShape& s, const Tensor& x, const Ten
                          profile::bytes_of({&x, &w, &b}) + y, true};
 }
 
-// `convert` turns the tape's dy and saved tensors into what the backward passes take, and their
-// gradients back (the identity for f32 / f64 ops; f32 copies and bf16 roundings for conv_bf16).
-using Convert = Tensor (*)(const Tensor&, DType);
-Tensor as_is(const Tensor& t, DType) { return t; }
+// The backward of one convolution: its gradients from dy and the saved x and w.
+using ConvGrads = std::vector<Tensor> (*)(const char* op, const ConvParams& p, const ConvShape& s, const Shape& x_shape,
+                                          const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
+                                          const Tensor& saved_w, const std::vector<bool>& needs);
+std::vector<Tensor> conv_grads_same_type(const char* op, const ConvParams& p, const ConvShape&, const Shape& x_shape,
+                                         const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
+                                         const Tensor& saved_w, const std::vector<bool>& needs) {
+  return conv_grads(op, p, x_shape, w_shape, dy, saved_x, saved_w, needs);
+}
 
 // Records y = conv(x, w, b) on the tape. Saves only what backward will read: x for dw, w for dx.
 void record_conv(const char* op, const ConvParams& p, const ConvShape& s, const Tensor& x, const Tensor& w,
-                 const Tensor& b, const Tensor& y, Convert convert) {
+                 const Tensor& b, const Tensor& y, ConvGrads grads) {
   Tensor saved_x = w.requires_grad() ? x : Tensor();
   Tensor saved_w = x.requires_grad() ? w : Tensor();
   record(op, {x, w, b}, {y}, {saved_x, saved_w},
-         [op, p, s, convert, x_shape = x.shape(), w_shape = w.shape(), out_dtype = x.dtype()](const BackwardArgs& args) {
-           const Tensor dy = convert(args.grad_outputs[0], DType::f32);
+         [op, p, s, grads, x_shape = x.shape(), w_shape = w.shape()](const BackwardArgs& args) {
+           const Tensor& dy = args.grad_outputs[0];
            profile::OpScope scope(s.spatial_dims == 2 ? "conv2d (backward)" : "conv3d (backward)",
                                   [&] { return conv_backward_info(s, args, dy.dtype()); });
-           const Tensor saved_x = args.saved[0].defined() ? convert(args.saved[0], DType::f32) : Tensor();
-           const Tensor saved_w = args.saved[1].defined() ? convert(args.saved[1], DType::f32) : Tensor();
-           std::vector<Tensor> grads = conv_grads(op, p, x_shape, w_shape, dy, saved_x, saved_w, args.needs_grad);
-           for (Tensor& g : grads)
-             if (g.defined()) g = convert(g, out_dtype);
-           return grads;
+           return grads(op, p, s, x_shape, w_shape, dy, args.saved[0], args.saved[1], args.needs_grad);
          });
 }
 
@@ -137,7 +137,7 @@ Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& 
   profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
-  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, as_is);
+  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, conv_grads_same_type);
   return y;
 }
 
@@ -156,10 +156,37 @@ Tensor converted(const Tensor& t, DType dtype) {
   return out;
 }
 
+// conv_bf16's backward: the input gradient on the engine's BF16 kernel where dy is bf16
+// (cuda::conv_grad_input_bf16: the products the f32 path computes on f32 copies, rounded once);
+// the weight and bias gradients as the f32 path computes them for a bf16 op (compute_in_f32):
+// on f32 copies of dy and x at the current precision, each rounded once to bf16.
+std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const ConvShape& s, const Shape& x_shape,
+                                    const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
+                                    const Tensor& saved_w, const std::vector<bool>& needs) {
+  std::vector<Tensor> grads(3);
+  const Tensor dy32 = converted(dy, DType::f32);
+  if (needs[0]) {
+    TG_CHECK(saved_w.defined(), op, ": the input's gradient is needed but the weight was not "
+             "saved (requires_grad was switched on after the forward pass)");
+    if (dy.dtype() == DType::bf16) {
+      grads[0] = Tensor::empty(x_shape, {.dtype = DType::bf16, .device = dy.device()});
+      cuda::conv_grad_input_bf16(grads[0], dy, saved_w, s);
+    } else {
+      grads[0] = converted(conv_backward_input(dy32, converted(saved_w, DType::f32), x_shape, p), DType::bf16);
+    }
+  }
+  if (needs[1]) {
+    TG_CHECK(saved_x.defined(), op, ": the weight's gradient is needed but the input was not "
+             "saved (requires_grad was switched on after the forward pass)");
+    grads[1] = converted(conv_backward_weight(dy32, converted(saved_x, DType::f32), w_shape, p), DType::bf16);
+  }
+  if (needs[2]) grads[2] = converted(conv_backward_bias(dy32, p.layout), DType::bf16);
+  return grads;
+}
+
 // bf16 convolution on a GPU (Autocast's): the forward on the engine's BF16 kernel (exact
-// products, f32 accumulation, one rounding to bf16: cuda::conv_forward_bf16). The backward is
-// what the f32 path computes for a bf16 op (compute_in_f32): f32 copies of dy, x and w, the
-// passes at the current precision, each gradient rounded once to bf16.
+// products, f32 accumulation, one rounding to bf16: cuda::conv_forward_bf16); the backward
+// conv_grads_bf16.
 Tensor conv_bf16(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                  const ConvParams& p) {
   check_operands(op, spatial_dims, x, w, b, p);
@@ -167,7 +194,7 @@ Tensor conv_bf16(const char* op, int spatial_dims, const Tensor& x, const Tensor
   profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = x.device()});
   cuda::conv_forward_bf16(y, x, w, b, s);
-  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, converted);
+  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, conv_grads_bf16);
   return y;
 }
 #endif

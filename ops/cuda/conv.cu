@@ -230,6 +230,15 @@ void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const 
   cast(y, y32);  // rounded once, to nearest even
 }
 
+void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+  TG_CHECK_AS(DTypeError, dx.dtype() == DType::bf16 && dy.dtype() == DType::bf16 && w.dtype() == DType::bf16,
+              "conv_grad_input_bf16: wants bf16 dx, dy and w; got ", describe(dx), ", ", describe(dy), ", ",
+              describe(w));
+  Tensor dx32 = Tensor::empty(dx.shape(), {.dtype = DType::f32, .device = dx.device()});
+  engine_conv_grad_input_bf16(dx32, dy, w, s, kernel_policy().engine);
+  cast(dx, dx32);  // rounded once, to nearest even
+}
+
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {
   run_pass(conv_problem(s, dx.dtype(), ConvPass::GradInput, precision), {.out = dx, .w = w, .dy = dy});
 }

@@ -1,5 +1,6 @@
-// The engine's BF16 convolution forward (ops/cuda/gemm/conv_fprop_bf16_sm90_tma.cu) and conv2d /
-// conv3d under Autocast(bf16) on the GPU, which run their forward there.
+// The engine's BF16 convolution forward and stride-1 grad-input (ops/cuda/gemm/
+// conv_fprop_bf16_sm90_tma.cu) and conv2d / conv3d under Autocast(bf16) on the GPU, which run
+// them there.
 //
 // Tolerances (as test_gemm_bf16_cuda.cpp): the operands are bf16 values, so every product is
 // exact in f32 and the kernel differs from the f64 reference of the same values by its f32
@@ -89,6 +90,34 @@ TEST(ConvBf16, ForwardMatchesF64ReferenceOnTheTmaKernel) {
   for (const ConvCase& c : cases) expect_forward_matches(c, variants, true);
 }
 
+// Stride-1 grad-input as the BF16 forward of dy with the weights transposed and flipped; strided
+// ones (and padding past the reach) on the f32 kernels. The reduction is K kvol terms.
+TEST(ConvBf16, GradInputMatchesF64Reference) {
+  TG_REQUIRE_BF16_TMA();
+  const std::pair<ConvCase, bool> cases[] = {
+      {{"3x3 p1, 24 <- 32 channels", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {1}}}, true},
+      {{"5x5 p1 (padding under the reach), 16 <- 72", {2, 16, 11, 9}, {72, 16, 5, 5}, {.padding = {1}}}, true},
+      {{"NHWC 3x3 p1, 12 <- 16", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}}, true},
+      {{"3d 3x3x3 p1, 12 <- 20", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}}, true},
+      {{"3x3 s2 p1 (strided: the f32 kernels)", {2, 24, 15, 11}, {40, 24, 3, 3}, {.stride = {2}, .padding = {1}}}, false},
+      {{"8 dy channels (the f32 kernels)", {2, 24, 9, 9}, {8, 24, 3, 3}, {.padding = {1}}}, false},
+  };
+  for (const auto& [c, want_tma] : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    const Tensor w = random(c.w, DType::bf16, kGpu), dy = random(s.y_shape(), DType::bf16, kGpu);
+    Tensor want = Tensor::empty(c.x, {.dtype = DType::f64});
+    cpu::conv_grad_input(want, ref(dy), ref(w), s);
+    for (const Variant& v : std::vector<Variant>{{"auto", {}}, {"128 wide, split 3", {.tile = 128, .splits = 3}}}) {
+      const std::string where = std::string(c.name) + ", " + v.name;
+      EXPECT_EQ(cuda::engine_conv_grad_input_bf16_uses_tma(s, dy, v.policy), want_tma) << where;
+      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+      poison(dx);
+      cuda::engine_conv_grad_input_bf16(dx, dy, w, s, v.policy);
+      EXPECT_LE(rel_l2(dx, want), std::max(1e-5, double(s.K * s.kernel_volume()) * std::ldexp(1.0, -23))) << where;
+    }
+  }
+}
+
 // What the kernel leaves to the f32 kernels (at TF32, on f32 copies: the same exact products).
 TEST(ConvBf16, FallsBackToTheF32KernelsWithTheSameProducts) {
   TG_REQUIRE_GPU();
@@ -114,8 +143,8 @@ TEST(ConvBf16, ErrorsAreTypedAndNameTheOp) {
   EXPECT_THROW(cuda::conv_forward_bf16(y16, x32, w, Tensor(), s), DTypeError);
 }
 
-// conv2d and conv3d under Autocast(bf16) on the GPU (forward on the BF16 kernel, backward as the
-// f32 path) against the same model on the CPU (compute_in_f32's bf16 path). Parameters and
+// conv2d and conv3d under Autocast(bf16) on the GPU (forward and grad-input on the BF16 kernel,
+// the weight and bias gradients as the f32 path) against the same model on the CPU (compute_in_f32's bf16 path). Parameters and
 // input stay f32; their gradients arrive in f32 through Autocast's recorded casts.
 TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
   TG_REQUIRE_GPU();

@@ -29,13 +29,15 @@ namespace {
 constexpr int kSlice = Im2colSlices<true>::kSlice;  // 64 bf16 channels per k-tile
 
 // packed[k][t * c_pad + c] = w[k][c][t] (bf16 bits) for c < C and k < K; +0 for the padding up
-// to c_pad and k_rows.
+// to c_pad and k_rows. Grad-input (`flipped`): the problem's w is the forward's transposed and
+// flipped, read from the forward's (C, K, kvol) array: w[k][c][t] = forward_w[c][k][kvol - 1 - t].
 __global__ void pack_bf16_taps_kernel(uint16_t* __restrict__ packed, const uint16_t* __restrict__ w, int64_t K,
-                                      int64_t k_rows, int64_t C, int64_t kvol, int64_t c_pad) {
+                                      int64_t k_rows, int64_t C, int64_t kvol, int64_t c_pad, bool flipped) {
   const int64_t total = k_rows * kvol * c_pad;
   TG_GRID_STRIDE(e, total) {
     const int64_t c = e % c_pad, t = (e / c_pad) % kvol, k = e / (c_pad * kvol);
-    packed[e] = c < C && k < K ? w[(k * C + c) * kvol + t] : uint16_t(0);
+    const int64_t from = flipped ? (c * K + k) * kvol + (kvol - 1 - t) : (k * C + c) * kvol + t;
+    packed[e] = c < C && k < K ? w[from] : uint16_t(0);
   }
 }
 
@@ -65,25 +67,22 @@ bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, cons
   return red <= kIndexLimit && fits(s.N * s.out_volume()) && im2col_map_fits(im2col_geometry(s, map_channels(s)));
 }
 
-void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
-                              const EnginePolicy& policy) {
-  using namespace engine;
-  TG_CHECK_AS(DTypeError, x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && y.dtype() == DType::f32 &&
+namespace {
+
+void check_bf16_operands(const char* op, const Tensor& out, const Tensor& a, const Tensor& w, const Tensor& b) {
+  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && w.dtype() == DType::bf16 && out.dtype() == DType::f32 &&
                               (!b.defined() || b.dtype() == DType::f32),
-              "engine_conv_forward_bf16: wants bf16 x and w, an f32 output and bias; got x ", describe(x), ", w ",
-              describe(w), ", y ", describe(y), b.defined() ? ", b " + describe(b) : std::string());
-  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_forward_bf16: problem x ", s.x_shape(), ", w ",
-           s.w_shape(), " is outside the engine's limits");
+              op, ": wants bf16 activations and weights, an f32 output and bias; got ", describe(a), ", w ",
+              describe(w), ", out ", describe(out), b.defined() ? ", b " + describe(b) : std::string());
+}
+
+// The TMA pass: y = conv(x, w) + b for a problem engine_conv_forward_bf16_uses_tma accepts.
+// `flipped`: s is a stride-1 grad-input posed as a forward (grad_input_as_forward): x is dy,
+// y is dx and w the forward's weights, read transposed and flipped.
+void conv_fprop_bf16_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                         const EnginePolicy& policy, bool flipped) {
+  using namespace engine;
   const int dev = y.device().index;
-  set_device(dev);
-  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
-  if (!engine_conv_forward_bf16_uses_tma(s, x, policy)) {
-    // The same exact products on the f32 dispatcher's TF32 kernels.
-    Tensor x32 = Tensor::empty(x.shape(), f32), w32 = Tensor::empty(w.shape(), f32);
-    cast(x32, x);
-    cast(w32, w);
-    return conv_forward(y, x32, w32, b, s, Precision::TF32);
-  }
   cudaStream_t st = stream(dev);
   const TensorOptions bf16{.dtype = DType::bf16, .device = y.device()};
   const int64_t kvol = s.kernel_volume(), c_pad = round_up(s.C, kSlice), channels = map_channels(s);
@@ -92,7 +91,7 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
   const int64_t k_rows = round_up(s.K, cols);  // whole B boxes (as the f32 forward)
   Tensor packed = Tensor::empty({k_rows * red}, bf16);
   pack_bf16_taps_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(
-      static_cast<uint16_t*>(packed.raw_data()), bits(w), s.K, k_rows, s.C, kvol, c_pad);
+      static_cast<uint16_t*>(packed.raw_data()), bits(w), s.K, k_rows, s.C, kvol, c_pad, flipped);
   TG_LAUNCH_CHECK();
   Tensor staged;
   const uint16_t* x_last = bits(x);
@@ -113,13 +112,51 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
   }
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   Im2colSlices<true> boxes{};
-  boxes.x = bf16_im2col_map("conv forward, bf16 (x)", x_last, geometry_x, kSlice, kTmaBM);
+  boxes.x = bf16_im2col_map(flipped ? "conv grad-input, bf16 (dy)" : "conv forward, bf16 (x)", x_last, geometry_x,
+                            kSlice, kTmaBM);
   boxes.w = bf16_matrix_map("conv forward, bf16 (w)", static_cast<const uint16_t*>(packed.raw_data()), k_rows, red,
                             {.rows = cols, .cols = kSlice, .swizzle128 = true});
   boxes.slices = int32_t(c_pad / kSlice);
   set_walk_geometry(boxes, s, geometry_x.dims == 3);
   run_plan(plan, args, y.device(),
            [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
+}
+
+// An f32 copy of a bf16 tensor.
+Tensor widened(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
+  cast(out, t);
+  return out;
+}
+
+}  // namespace
+
+void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
+                              const EnginePolicy& policy) {
+  check_bf16_operands("engine_conv_forward_bf16", y, x, w, b);
+  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_forward_bf16: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " is outside the engine's limits");
+  set_device(y.device().index);
+  if (engine_conv_forward_bf16_uses_tma(s, x, policy)) return conv_fprop_bf16_tma(y, x, w, b, s, policy, false);
+  // The same exact products on the f32 dispatcher's TF32 kernels.
+  conv_forward(y, widened(x), widened(w), b, s, Precision::TF32);
+}
+
+bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy) {
+  ConvShape forward;
+  return engine::grad_input_as_forward(s, forward) && engine_conv_forward_bf16_uses_tma(forward, dy, policy);
+}
+
+void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                                 const EnginePolicy& policy) {
+  check_bf16_operands("engine_conv_grad_input_bf16", dx, dy, w, Tensor());
+  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_input_bf16: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " is outside the engine's limits");
+  set_device(dx.device().index);
+  ConvShape forward;
+  if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_bf16_uses_tma(forward, dy, policy))
+    return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
+  conv_grad_input(dx, widened(dy), widened(w), s, Precision::TF32);
 }
 
 }  // namespace tg::cuda

@@ -76,6 +76,12 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
 bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, const EnginePolicy& policy = {});
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                               const EnginePolicy& policy = {});
+// Its grad-input: dx (f32) from dy and w bf16. Stride-1 problems (padding at most the dilated
+// kernel's reach) run as the BF16 forward of dy with the weights transposed and flipped where
+// that forward takes the TMA kernel (16+ dy channels); the rest on the f32 dispatcher at TF32.
+bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy = {});
+void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                                 const EnginePolicy& policy = {});
 
 // BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = op(a) op(b) (+ bias, f32, per column)
 // with a and b bf16, row-major, transposes as p says (as engine_gemm): products exact in f32,
