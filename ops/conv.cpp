@@ -156,10 +156,10 @@ Tensor converted(const Tensor& t, DType dtype) {
   return out;
 }
 
-// conv_bf16's backward: the input gradient on the engine's BF16 kernel where dy is bf16
-// (cuda::conv_grad_input_bf16: the products the f32 path computes on f32 copies, rounded once);
-// the weight and bias gradients as the f32 path computes them for a bf16 op (compute_in_f32):
-// on f32 copies of dy and x at the current precision, each rounded once to bf16.
+// conv_bf16's backward: the input and weight gradients on the engine's BF16 kernels where dy is
+// bf16 (cuda::conv_grad_input_bf16 / conv_grad_weight_bf16: the products the f32 path computes
+// on f32 copies, rounded once); the bias gradient as the f32 path computes it for a bf16 op
+// (compute_in_f32): on an f32 copy of dy, rounded once to bf16.
 std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const ConvShape& s, const Shape& x_shape,
                                     const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
                                     const Tensor& saved_w, const std::vector<bool>& needs) {
@@ -178,7 +178,12 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
   if (needs[1]) {
     TG_CHECK(saved_x.defined(), op, ": the weight's gradient is needed but the input was not "
              "saved (requires_grad was switched on after the forward pass)");
-    grads[1] = converted(conv_backward_weight(dy32, converted(saved_x, DType::f32), w_shape, p), DType::bf16);
+    if (dy.dtype() == DType::bf16) {
+      grads[1] = Tensor::empty(w_shape, {.dtype = DType::bf16, .device = dy.device()});
+      cuda::conv_grad_weight_bf16(grads[1], dy, saved_x, s);
+    } else {
+      grads[1] = converted(conv_backward_weight(dy32, converted(saved_x, DType::f32), w_shape, p), DType::bf16);
+    }
   }
   if (needs[2]) grads[2] = converted(conv_backward_bias(dy32, p.layout), DType::bf16);
   return grads;

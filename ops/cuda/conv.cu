@@ -239,6 +239,15 @@ void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, c
   cast(dx, dx32);  // rounded once, to nearest even
 }
 
+void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
+  TG_CHECK_AS(DTypeError, dw.dtype() == DType::bf16 && dy.dtype() == DType::bf16 && x.dtype() == DType::bf16,
+              "conv_grad_weight_bf16: wants bf16 dw, dy and x; got ", describe(dw), ", ", describe(dy), ", ",
+              describe(x));
+  Tensor dw32 = Tensor::empty(dw.shape(), {.dtype = DType::f32, .device = dw.device()});
+  engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine);
+  cast(dw, dw32);  // rounded once, to nearest even
+}
+
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {
   run_pass(conv_problem(s, dx.dtype(), ConvPass::GradInput, precision), {.out = dx, .w = w, .dy = dy});
 }

@@ -20,6 +20,8 @@ void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const 
 void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
 // dx = its grad-input with dx, dy and w bf16 (engine_conv_grad_input_bf16), rounded once.
 void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
+// dw = its grad-weight with dw, dy and x bf16 (engine_conv_grad_weight_bf16), rounded once.
+void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                       Precision precision = tg::precision());
 // Both gradients at once (a fast path may read dy once for both).

@@ -1,6 +1,6 @@
-// The engine's BF16 convolution forward and stride-1 grad-input (ops/cuda/gemm/
-// conv_fprop_bf16_sm90_tma.cu) and conv2d / conv3d under Autocast(bf16) on the GPU, which run
-// them there.
+// The engine's BF16 convolution passes (ops/cuda/gemm/conv_bf16_sm90_tma.cu: forward, stride-1
+// grad-input, grad-weight) and conv2d / conv3d under Autocast(bf16) on the GPU, which run them
+// there.
 //
 // Tolerances (as test_gemm_bf16_cuda.cpp): the operands are bf16 values, so every product is
 // exact in f32 and the kernel differs from the f64 reference of the same values by its f32
@@ -118,6 +118,36 @@ TEST(ConvBf16, GradInputMatchesF64Reference) {
   }
 }
 
+// Grad-weight over bf16 dy rows and input columns (64+ output channels, or 32+ where C kvol
+// <= 64; rows padded to 8 pixels); fewer output channels on the f32 kernels. The reduction runs
+// over every output pixel of every image: N P terms.
+TEST(ConvBf16, GradWeightMatchesF64Reference) {
+  TG_REQUIRE_BF16_TMA();
+  const std::pair<ConvCase, bool> cases[] = {
+      {{"3x3 p1, 32 -> 64, 10 x 9 images (pixels not a multiple of 8)", {3, 32, 10, 9}, {64, 32, 3, 3}, {.padding = {1}}},
+       true},
+      {{"NHWC 3x3 s2 p1, 40 -> 72", {2, 13, 11, 40}, {72, 40, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
+       true},
+      {{"3d 3x3x3 p1, 16 -> 64", {2, 16, 5, 6, 7}, {64, 16, 3, 3, 3}, {.padding = {1}}}, true},
+      {{"3x3, 4 -> 48 (C kvol 36: the narrow rule)", {2, 4, 12, 12}, {48, 4, 3, 3}, {.padding = {1}}}, true},
+      {{"3x3, 32 -> 16 (the f32 kernels)", {2, 32, 8, 8}, {16, 32, 3, 3}, {.padding = {1}}}, false},
+  };
+  for (const auto& [c, want_tma] : cases) {
+    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    const Tensor x = random(c.x, DType::bf16, kGpu), dy = random(s.y_shape(), DType::bf16, kGpu);
+    Tensor want = Tensor::empty(c.w, {.dtype = DType::f64});
+    cpu::conv_grad_weight(want, ref(dy), ref(x), s);
+    for (const Variant& v : std::vector<Variant>{{"auto", {}}, {"128 wide, split 5", {.tile = 128, .splits = 5}}}) {
+      const std::string where = std::string(c.name) + ", " + v.name;
+      Tensor dw = Tensor::empty(c.w, {.device = kGpu});
+      EXPECT_EQ(cuda::engine_conv_grad_weight_bf16_uses_tma(s, dw, v.policy), want_tma) << where;
+      poison(dw);
+      cuda::engine_conv_grad_weight_bf16(dw, dy, x, s, v.policy);
+      EXPECT_LE(rel_l2(dw, want), std::max(1e-5, double(s.N * s.out_volume()) * std::ldexp(1.0, -23))) << where;
+    }
+  }
+}
+
 // What the kernel leaves to the f32 kernels (at TF32, on f32 copies: the same exact products).
 TEST(ConvBf16, FallsBackToTheF32KernelsWithTheSameProducts) {
   TG_REQUIRE_GPU();
@@ -143,8 +173,8 @@ TEST(ConvBf16, ErrorsAreTypedAndNameTheOp) {
   EXPECT_THROW(cuda::conv_forward_bf16(y16, x32, w, Tensor(), s), DTypeError);
 }
 
-// conv2d and conv3d under Autocast(bf16) on the GPU (forward and grad-input on the BF16 kernel,
-// the weight and bias gradients as the f32 path) against the same model on the CPU (compute_in_f32's bf16 path). Parameters and
+// conv2d and conv3d under Autocast(bf16) on the GPU (forward, grad-input and grad-weight on the
+// BF16 kernels where they apply, the bias gradient as the f32 path) against the same model on the CPU (compute_in_f32's bf16 path). Parameters and
 // input stay f32; their gradients arrive in f32 through Autocast's recorded casts.
 TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
   TG_REQUIRE_GPU();
@@ -154,6 +184,7 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
       {"conv2d 3x3 s2 p1, 20 -> 24 (NHWC, a fallback)", {2, 9, 10, 20}, {24, 20, 3, 3},
        {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
       {"conv3d 3x3x3 p1, 16 -> 8", {2, 16, 5, 6, 7}, {8, 16, 3, 3, 3}, {.padding = {1}}},
+      {"conv2d 3x3 p1, 64 -> 64 (every pass on the BF16 kernels)", {2, 64, 9, 10}, {64, 64, 3, 3}, {.padding = {1}}},
   };
   for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);

@@ -46,17 +46,19 @@ __device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, 
 // along the input row, writes are coalesced. Each thread takes several r (the grid is sized
 // for it): per-thread setup would otherwise cost more than the copy. 32-bit unsigned indices:
 // row_len fits int32, and a stride past it cannot wrap.
-__global__ void columns_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
-                               uint32_t row_len, int64_t rows) {
+// T: float, or uint16_t (bf16 bit patterns, copied as they are; zeros +0).
+template <class T>
+__global__ void columns_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g, uint32_t row_len,
+                               int64_t rows) {
   const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   for (int64_t j = blockIdx.y; j < rows; j += gridDim.y) {
     uint32_t c, t;
     g.div_kernel_volume.divmod(uint32_t(j), c, t);
     int32_t dz, dy, dx;
     g.tap_offsets(t, dz, dy, dx);
-    float* out = cols + j * row_len;
+    T* out = cols + j * row_len;
     for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
-      float v = 0.f;
+      T v = T(0);
       if (r < pixels) {
         uint32_t n;
         const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
@@ -71,9 +73,10 @@ __global__ void columns_kernel(float* __restrict__ cols, const float* __restrict
 // channels, tap), so that reads run along the channels and writes along the pixels (a direct
 // gather would read one float per C * 4 bytes). 32 x 8 threads.
 constexpr int kColumnsTile = 32, kColumnsTileRows = 8;
-__global__ void columns_channels_last_kernel(float* __restrict__ cols, const float* __restrict__ x, ConvGeometry g,
+template <class T>
+__global__ void columns_channels_last_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g,
                                              uint32_t row_len, int32_t kvol) {
-  __shared__ float tile[kColumnsTile][kColumnsTile + 1];
+  __shared__ T tile[kColumnsTile][kColumnsTile + 1];
   const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   const int lane = threadIdx.x, row = threadIdx.y;
   for (int32_t t = blockIdx.z; t < kvol; t += gridDim.z) {
@@ -83,7 +86,7 @@ __global__ void columns_channels_last_kernel(float* __restrict__ cols, const flo
       for (uint32_t r0 = blockIdx.x * kColumnsTile; r0 < row_len; r0 += gridDim.x * kColumnsTile) {
         for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // tile[pixel][channel]
           const uint32_t r = r0 + i;
-          float v = 0.f;
+          T v = T(0);
           if (r < pixels && c0 + lane < g.C) {
             uint32_t n;
             const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
@@ -104,12 +107,13 @@ __global__ void columns_channels_last_kernel(float* __restrict__ cols, const flo
 
 // out[k][n * P + p] = dy[n][k][p] (channels-first dy), zeros up to row_len: one row k per
 // blockIdx.y, threads along the row, several r each (as columns_kernel).
-__global__ void gather_dy_kernel(float* __restrict__ out, const float* __restrict__ dy, uint32_t N, int64_t K,
+template <class T>
+__global__ void gather_dy_kernel(T* __restrict__ out, const T* __restrict__ dy, uint32_t N, int64_t K,
                                  FastDivmod div_P, uint32_t row_len) {
   const uint32_t pixels = N * div_P.divisor;
   for (int64_t k = blockIdx.y; k < K; k += gridDim.y) {
     for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
-      float v = 0.f;
+      T v = T(0);
       if (r < pixels) {
         uint32_t n, p;
         div_P.divmod(r, n, p);
@@ -126,10 +130,13 @@ unsigned row_blocks(int64_t row_len) {
   return static_cast<unsigned>(std::clamp<int64_t>((row_len + kThreads * kPerThread - 1) / (kThreads * kPerThread), 1, 1024));
 }
 
-}  // namespace
+// Rows of whole 16 bytes: 4 floats, 8 bf16.
+template <class T>
+constexpr int64_t kRowMultiple = 16 / sizeof(T);
 
-bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
-  const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, 4);
+template <class T>
+bool wgrad_columns_fit(const ConvShape& s, int dev, const EnginePolicy& policy) {
+  const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, kRowMultiple<T>);
   const int64_t col_rows = s.C * s.kernel_volume();
   const int64_t min_k = col_rows <= kNarrowColumns ? kMinOutputChannelsNarrow : kMinOutputChannels;
   if (policy.wgrad_columns < 0 || (policy.wgrad_columns == 0 && s.K < min_k) || !device_runs_wgmma(dev)) return false;
@@ -137,36 +144,40 @@ bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& pol
          s.K <= kMaxColumnFloats / row_len && (row_len + 31) / 32 <= 65535;
 }
 
-void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
-                    const EnginePolicy& policy) {
+// dw (f32) over written-out dy rows and input columns of element type T; `product` runs the
+// TMA matrix product of the two (f32 or bf16 boxes).
+template <class T, class Product>
+void wgrad_columns(const Tensor& dw, const T* dy, const T* x, const ConvShape& s, Precision precision,
+                   const EnginePolicy& policy, Product&& product) {
   const int dev = dw.device().index;
   cudaStream_t st = stream(dev);
-  const TensorOptions f32{.dtype = DType::f32, .device = dw.device()};
-  const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, 4);
+  const TensorOptions rows_type{.dtype = sizeof(T) == 4 ? DType::f32 : DType::bf16, .device = dw.device()};
+  const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, kRowMultiple<T>);
   const int64_t col_rows = s.C * s.kernel_volume();
 
-  Tensor dy_rows = Tensor::empty({s.K * row_len}, f32);
+  Tensor dy_rows = Tensor::empty({s.K * row_len}, rows_type);
+  T* dy_out = static_cast<T*>(dy_rows.raw_data());
   if (s.channels_last()) {
-    transpose_into(dy_rows.data<float>(), dy.data<float>(), 1, pixels, s.K, row_len, st);
+    transpose_into(dy_out, dy, 1, pixels, s.K, row_len, st);
   } else {
     const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(s.K, 65535)));
-    gather_dy_kernel<<<grid, kThreads, 0, st>>>(dy_rows.data<float>(), dy.data<float>(), uint32_t(s.N), s.K,
-                                                FastDivmod(uint32_t(s.out_volume())), uint32_t(row_len));
+    gather_dy_kernel<T><<<grid, kThreads, 0, st>>>(dy_out, dy, uint32_t(s.N), s.K, FastDivmod(uint32_t(s.out_volume())),
+                                                   uint32_t(row_len));
     TG_LAUNCH_CHECK();
   }
-  Tensor cols = Tensor::empty({col_rows * row_len}, f32);
+  Tensor cols = Tensor::empty({col_rows * row_len}, rows_type);
+  T* cols_out = static_cast<T*>(cols.raw_data());
   if (s.channels_last()) {
     const int64_t pixel_tiles = (row_len + kColumnsTile - 1) / kColumnsTile;
     const int64_t channel_tiles = (s.C + kColumnsTile - 1) / kColumnsTile;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(pixel_tiles, 2048)),
                     static_cast<unsigned>(std::min<int64_t>(channel_tiles, 65535)),
                     static_cast<unsigned>(std::min<int64_t>(s.kernel_volume(), 65535)));
-    columns_channels_last_kernel<<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, st>>>(
-        cols.data<float>(), x.data<float>(), geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()));
+    columns_channels_last_kernel<T><<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, st>>>(
+        cols_out, x, geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()));
   } else {
     const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
-    columns_kernel<<<grid, kThreads, 0, st>>>(cols.data<float>(), x.data<float>(), geometry(s), uint32_t(row_len),
-                                              col_rows);
+    columns_kernel<T><<<grid, kThreads, 0, st>>>(cols_out, x, geometry(s), uint32_t(row_len), col_rows);
   }
   TG_LAUNCH_CHECK();
 
@@ -174,10 +185,11 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
   // or fewer output channels the product is taken transposed (m = column, n = k), so that the
   // narrow side fills a 64-wide tile instead of half a 128-row one. FP32 (split TF32) takes
   // 128-wide tiles only.
+  const bool bf16 = sizeof(T) == 2;
   const bool transposed = s.K <= 64 && col_rows > 64;
   const int64_t M = transposed ? col_rows : s.K, N = transposed ? s.K : col_rows;
-  const int cols_wide = precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
-  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy, precision);
+  const int cols_wide = !bf16 && precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
+  const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy, precision, bf16);
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(N);
@@ -187,9 +199,30 @@ void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const C
     args.out.mode = OutputMap::kChannelsFirst;
     args.out.div = FastDivmod(uint32_t(M));
   }
-  const float* a = transposed ? cols.data<float>() : dy_rows.data<float>();
-  const float* b = transposed ? dy_rows.data<float>() : cols.data<float>();
-  run_plan(plan, args, dw.device(), [&](const MainloopArgs& ma, cudaStream_t stm) { launch_matmul_tma(a, b, plan, ma, stm); });
+  const T* a = transposed ? cols_out : dy_out;
+  const T* b = transposed ? dy_out : cols_out;
+  run_plan(plan, args, dw.device(), [&](const MainloopArgs& ma, cudaStream_t stm) { product(a, b, plan, ma, stm); });
+}
+
+}  // namespace
+
+bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
+  return wgrad_columns_fit<float>(s, dev, policy);
+}
+
+void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
+                    const EnginePolicy& policy) {
+  wgrad_columns<float>(dw, dy.data<float>(), x.data<float>(), s, precision, policy, launch_matmul_tma);
+}
+
+bool conv_wgrad_bf16_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
+  return wgrad_columns_fit<uint16_t>(s, dev, policy);
+}
+
+void conv_wgrad_bf16_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                         const EnginePolicy& policy) {
+  wgrad_columns<uint16_t>(dw, static_cast<const uint16_t*>(dy.raw_data()), static_cast<const uint16_t*>(x.raw_data()),
+                          s, Precision::TF32, policy, launch_matmul_tma_bf16);
 }
 
 }  // namespace tg::cuda::engine

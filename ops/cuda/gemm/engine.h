@@ -69,7 +69,7 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
 void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                  Precision precision, const EnginePolicy& policy = {});
 
-// BF16 convolution forward (conv_fprop_bf16_sm90_tma.cu): y (f32, s's output) = conv(x, w) + b
+// BF16 convolution forward (conv_bf16_sm90_tma.cu): y (f32, s's output) = conv(x, w) + b
 // with x and w bf16, b f32 or undefined: products exact in f32, accumulated in f32. On Hopper's
 // TMA kernel where 16+ input channels, NHWC rows of whole 16 bytes (C % 8 == 0) and the im2col
 // map's ranges allow (_uses_tma); elsewhere the f32 dispatcher at TF32 on f32 copies.
@@ -82,6 +82,12 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
 bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy = {});
 void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                                  const EnginePolicy& policy = {});
+// Its grad-weight: dw (f32) from dy and x bf16, the columns product of engine_conv_grad_weight
+// over bf16 dy rows and input columns (the same output-channel and size rules); elsewhere the
+// f32 dispatcher at TF32 on f32 copies.
+bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw, const EnginePolicy& policy = {});
+void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                                  const EnginePolicy& policy = {});
 
 // BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = op(a) op(b) (+ bias, f32, per column)
 // with a and b bf16, row-major, transposes as p says (as engine_gemm): products exact in f32,

@@ -172,7 +172,7 @@ struct Im2colQuadBoxes : Im2colWalk {
 };
 
 // One launch of the TMA kernel with each producer over plan's tiles (conv_fprop_sm90_tma.cu;
-// the bf16 one in conv_fprop_bf16_sm90_tma.cu).
+// the bf16 one in conv_bf16_sm90_tma.cu).
 void launch_im2col_tma(const Im2colBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
 void launch_im2col_tma(const Im2colQuadBoxes& boxes, const Plan& plan, const MainloopArgs& args, cudaStream_t stream);
 void launch_im2col_tma(const Im2colSlices<true>& boxes, const Plan& plan, const MainloopArgs& args,

@@ -51,5 +51,9 @@ void launch_matmul(const float* a, bool a_k_contiguous, int64_t lda, const float
 bool matmul_tma_applies(const float* a, const float* b, int64_t red, int dev);
 void launch_matmul_tma(const float* a, const float* b, const Plan& plan, const MainloopArgs& args,
                        cudaStream_t stream);
+// The same over bf16 a and b (bit patterns; red a positive multiple of 8, 16-byte aligned rows)
+// with BF16 products (matmul_bf16_sm90_tma.cu; a plan from make_tma_plan(..., bf16 = true)).
+void launch_matmul_tma_bf16(const uint16_t* a, const uint16_t* b, const Plan& plan, const MainloopArgs& args,
+                            cudaStream_t stream);
 
 }  // namespace tg::cuda::engine

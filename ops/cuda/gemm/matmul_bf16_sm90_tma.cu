@@ -41,6 +41,16 @@ void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Ten
 
 }  // namespace
 
+void engine::launch_matmul_tma_bf16(const uint16_t* a, const uint16_t* b, const Plan& plan, const MainloopArgs& args,
+                                    cudaStream_t stream) {
+  engine::MatrixBoxes<true> boxes;
+  const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
+  const TmaBox b_box{.rows = plan.tma_cols, .cols = 2 * engine::kBK, .swizzle128 = true};
+  boxes.a = bf16_matrix_map("engine bf16 matmul (A)", a, args.M, args.red, a_box);
+  boxes.b = bf16_matrix_map("engine bf16 matmul (B)", b, args.N, args.red, b_box);
+  engine::launch_tma_wgmma(boxes, plan, args, stream);
+}
+
 // The TMA kernel reads both operands with the reduction contiguous: an operand stored the
 // other way ((K, M) a, (K, N) b) is transposed into a scratch whose rows are padded with zeros
 // to whole 16 bytes. One stored with the reduction contiguous is read in place, which needs
@@ -93,13 +103,8 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   args.N = int32_t(p.N);
   args.red = int32_t(red);
   args.out = engine::output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
-  engine::MatrixBoxes<true> boxes;
-  const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
-  const TmaBox b_box{.rows = cols, .cols = 2 * engine::kBK, .swizzle128 = true};
-  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", a_rows, p.M, red, a_box);
-  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", b_rows, p.N, red, b_box);
   engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t stm) {
-    engine::launch_tma_wgmma(boxes, plan, m, stm);
+    engine::launch_matmul_tma_bf16(a_rows, b_rows, plan, m, stm);
   });
 }
 

@@ -83,6 +83,10 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy);
 void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
                     const EnginePolicy& policy);
+// The same over bf16 dy and x (bf16 rows and columns, BF16 products; dw f32).
+bool conv_wgrad_bf16_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy);
+void conv_wgrad_bf16_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                         const EnginePolicy& policy);
 
 // The grad-input of s as the forward problem that computes it (stride 1, padding at most the
 // dilated kernel's reach in every dim); false where there is none.

@@ -1,4 +1,4 @@
-// The engine's BF16 convolution forward on Hopper: the im2col TMA kernel of the f32 forward
+// The engine's BF16 convolution passes on Hopper. The forward is the im2col TMA kernel of the f32 forward
 // (conv_fprop_sm90_tma.cu) with bf16 boxes. A k-tile is (tap, 64-channel slice): one request
 // brings 128 output pixels' inputs at that tap, 64 bf16 channels each (the same 128-byte
 // swizzled rows as 32 f32 channels), and the consumers run m64nNk16 BF16 products on it
@@ -8,7 +8,9 @@
 // NDHWC inputs with C % 8 == 0 (16-byte rows) are read in place; NCDHW inputs are transposed
 // into a channels-last bf16 scratch first (C padded to 8). Fewer than 16 channels, geometry the
 // im2col map cannot express, or a device without sm_90a code: the f32 dispatcher on f32
-// copies at TF32 (bf16 values are exact in TF32: the same products). Design note:
+// copies at TF32 (bf16 values are exact in TF32: the same products). The stride-1 grad-input is
+// the forward of dy with the weights transposed and flipped; the grad-weight the columns
+// product of conv_wgrad_sm90_tma.cu over bf16 rows and columns. Design note:
 // docs/kernels/gemm_tma.md.
 #include "core/cuda_context.h"
 #include "core/error.h"
@@ -157,6 +159,22 @@ void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tenso
   if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_bf16_uses_tma(forward, dy, policy))
     return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
   conv_grad_input(dx, widened(dy), widened(w), s, Precision::TF32);
+}
+
+bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw, const EnginePolicy& policy) {
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  return tile && policy.arch != 80 && dw.device().is_cuda() && engine_conv_can_implement(s, DType::f32) &&
+         engine::conv_wgrad_bf16_tma_applies(s, dw.device().index, policy);
+}
+
+void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
+                                  const EnginePolicy& policy) {
+  check_bf16_operands("engine_conv_grad_weight_bf16", dw, dy, x, Tensor());
+  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_weight_bf16: problem x ", s.x_shape(), ", w ",
+           s.w_shape(), " is outside the engine's limits");
+  set_device(dw.device().index);
+  if (engine_conv_grad_weight_bf16_uses_tma(s, dw, policy)) return engine::conv_wgrad_bf16_tma(dw, dy, x, s, policy);
+  conv_grad_weight(dw, widened(dy), widened(x), s, Precision::TF32);
 }
 
 }  // namespace tg::cuda
