@@ -118,21 +118,33 @@ class TorchLayer:
         return self.op(self.x, self.w, self.b)
 
 
-def time_layer(torch, w, pass_name, warmup, repeats):
+def time_layer(torch, w, pass_name, warmup, repeats, bf16=False):
+    """bf16: the forward under torch.autocast(bfloat16), the backward outside it (as tg_zoo's
+    bf16 rows under tg::Autocast), with dy in y's dtype."""
+    def forward():
+        if not bf16:
+            return w.forward()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return w.forward()
+
     if pass_name == "forward":
         def run(start, end):
             with torch.no_grad():
                 start.record()
-                w.forward()
+                forward()
                 end.record()
         return ct.time_events(torch, warmup, repeats, run)
     w.x.requires_grad_(True)
+    seeds = {}
 
     def run(start, end):
         for t in w.params + [w.x]:
             t.grad = None  # fresh gradients each time, as tg_zoo
         start.record()
-        w.forward().backward(w.dy)
+        y = forward()
+        if y.dtype not in seeds:
+            seeds[y.dtype] = w.dy.to(y.dtype)
+        y.backward(seeds[y.dtype])
         end.record()
     return ct.time_events(torch, warmup, repeats, run)
 
@@ -292,8 +304,10 @@ def main():
                 try:
                     ct.set_tf32(torch, r["precision"] == "tf32")
                     # cudnn.benchmark picks algorithms during the warm-up: give it a little more.
-                    timer = time_model if r["kind"] == "model" else time_layer
-                    ms = timer(torch, w, r["pass"], warmup + 2, repeats)
+                    if r["kind"] == "model":
+                        ms = time_model(torch, w, r["pass"], warmup + 2, repeats)
+                    else:
+                        ms = time_layer(torch, w, r["pass"], warmup + 2, repeats, bf16=r["precision"] == "bf16")
                 except Exception as e:  # noqa: BLE001
                     err = f"{type(e).__name__}: {e}"
             results.append((r, ms, err))
@@ -319,11 +333,14 @@ def main():
             f.write(f"- PyTorch {torch.__version__} eager, `cudnn.benchmark` on, TF32 flags set per row; median of "
                     f"{repeats} repeats after warm-up, CUDA events, both sides in one run on one GPU. Every tapegrad "
                     f"row was checked against tapegrad's f64 CPU backend on a slice of the batch before it was timed "
-                    f"(relative L2 limits: layers fp32 {tol.get('fp32')}, tf32 {tol.get('tf32')}; model fp32 "
+                    f"(relative L2 limits: layers fp32 {tol.get('fp32')}, tf32 {tol.get('tf32')}, bf16 "
+                    f"{tol.get('bf16')}; model fp32 "
                     f"{tol.get('model_fp32')}, tf32 {tol.get('model_tf32')}).\n")
             f.write("- passes: `forward` (no autograd), `fwd+bwd` (forward and backward with the input and parameter "
                     "gradients), `step` (model: forward, cross entropy, backward, SGD, zero_grad). FP32 means "
-                    "FP32-accurate results (PyTorch: TF32 off).\n")
+                    "FP32-accurate results (PyTorch: TF32 off); bf16 means mixed precision: the forward under "
+                    "tg::Autocast(bf16) / torch.autocast(bfloat16) on f32 inputs and parameters, the backward "
+                    "outside it (layer rows only).\n")
             for n in notes:
                 f.write(n + "\n")
             f.write("\n## Geometric means of tapegrad/PyTorch (rows counted in parentheses)\n\n" + summary + "\n\n")

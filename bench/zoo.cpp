@@ -165,6 +165,10 @@ int main(int argc, char** argv) {
     // rounding: the examples' end-to-end limits (ex::tolerance); its gradients also cross
     // ReLU kinks (zoo_model.h, ModelRow::check): a limit that catches wrong kernels only.
     const double tol_layer[2] = {args.get_double("tol-fp32", 1e-5), args.get_double("tol-tf32", 1e-3)};
+    // bf16 (Autocast): each operand rounded to bf16 (2^-9 relative) makes a product's error up to
+    // 2^-8, random in sign, so a sum's relative error is of order 2^-9; the output's rounding
+    // adds 2^-9; the gradients pass two roundings. 1e-2 holds all that and catches a wrong kernel.
+    const double tol_bf16 = args.get_double("tol-bf16", 1e-2);
     const double tol_model[2] = {args.get_double("model-tol-fp32", ex::tolerance(tg::Precision::FP32)),
                                  args.get_double("model-tol-tf32", ex::tolerance(tg::Precision::TF32))};
     const double tol_grads[2] = {args.get_double("model-grad-tol-fp32", 1e-2),
@@ -188,13 +192,15 @@ int main(int argc, char** argv) {
     kernels.engine.fp32_tma = static_cast<int>(args.get_int("engine-fp32-tma", 0));    // 0 or -1
     kernels.engine.tma_quads = static_cast<int>(args.get_int("engine-tma-quads", 0));  // 0, 1 or -1
     tg::cuda::set_kernel_policy(kernels);
-    args.finish("[--rows REGEX] [--precision fp32,tf32] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
-                "[--list] [--back-to-back N] [--tol-fp32 X] [--tol-tf32 X] [--model-tol-fp32 X] [--model-tol-tf32 X] "
+    args.finish("[--rows REGEX] [--precision fp32,tf32,bf16] [--quick] [--repeats N] [--warmup N] [--idle-ms N] [--json] "
+                "[--list] [--back-to-back N] [--tol-fp32 X] [--tol-tf32 X] [--tol-bf16 X] [--model-tol-fp32 X] "
+                "[--model-tol-tf32 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
                 "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90] "
                 "[--engine-blocks-per-sm 0|1|2] [--engine-wgrad-columns 0|1|-1] [--engine-tma-store 0|-1] "
                 "[--engine-fp32-tma 0|-1] [--engine-tma-quads 0|1|-1]");
-    for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
+    for (const auto& p : precisions)
+      TG_CHECK(p == "fp32" || p == "tf32" || p == "bf16", "--precision: fp32, tf32 and/or bf16; got ", p);
     const std::string model_name = "resnet18gn_64x64_b" + std::to_string(model_batch);
 
     std::vector<zoo::LayerSpec> specs;
@@ -245,18 +251,21 @@ int main(int argc, char** argv) {
              row->zero_grads();  // fresh gradients each time, as PyTorch's set_to_none
              timed_calls(e, [&] {
                tg::Tape tape;
-               tape.backward(row->forward(), row->dy);
+               const tg::Tensor y = row->forward();
+               tape.backward(y, row->seed_for(y));
              });
            },
            o.back_to_back}};
       for (const std::string& prec : precisions) {
+        // bf16: mixed precision as PyTorch's autocast (the f32 ops left inside it at FP32).
         tg::set_precision(prec == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
+        if (row) row->bf16 = prec == "bf16";
         const Result base = row_base(spec.name, zoo::kind_name(spec.kind), spec.shape(), spec.json(), prec);
         auto check = [&] {
           if (!row) throw std::runtime_error(setup_error);
           return row->check();
         };
-        const double tol = tol_layer[prec == "tf32"];
+        const double tol = prec == "bf16" ? tol_bf16 : tol_layer[prec == "tf32"];
         run_row(base, tol, tol, check, passes, o, results);
       }
       row.reset();
@@ -277,6 +286,7 @@ int main(int argc, char** argv) {
         setup_error = std::string("setup threw: ") + e.what();
       }
       for (const std::string& prec : precisions) {
+        if (prec == "bf16") continue;  // the model row: fp32 and tf32 only
         tg::set_precision(prec == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
         std::unique_ptr<tg::nn::SGD> sgd;
         auto check = [&] {
@@ -310,7 +320,8 @@ int main(int argc, char** argv) {
     for (const Result& r : results) all_ok = all_ok && r.ok;
     if (json) {
       std::ostringstream tol;
-      tol << "{\"fp32\": " << tol_layer[0] << ", \"tf32\": " << tol_layer[1] << ", \"model_fp32\": " << tol_model[0]
+      tol << "{\"fp32\": " << tol_layer[0] << ", \"tf32\": " << tol_layer[1] << ", \"bf16\": " << tol_bf16
+          << ", \"model_fp32\": " << tol_model[0]
           << ", \"model_tf32\": " << tol_model[1] << ", \"model_grads_fp32\": " << tol_grads[0]
           << ", \"model_grads_tf32\": " << tol_grads[1] << "}";
       std::cout << to_json(prop.name, o, tol.str(), model_files, results);

@@ -153,7 +153,12 @@ std::vector<int64_t> check_rows(int64_t batch, int64_t per_end) {
   return rows;
 }
 
-std::vector<double> read_rows(const tg::Tensor& t, const std::vector<int64_t>& rows) {
+std::vector<double> read_rows(const tg::Tensor& t_in, const std::vector<int64_t>& rows) {
+  tg::Tensor t = t_in;
+  if (t.dtype() != tg::DType::f32) {
+    tg::NoGradGuard no_grad;
+    t = t_in.to(tg::DType::f32);  // exact from bf16
+  }
   const int64_t per = t.numel() / t.size(0);
   std::vector<double> out;
   out.reserve(rows.size() * static_cast<size_t>(per));
@@ -200,7 +205,20 @@ LayerRow::LayerRow(const LayerSpec& s, tg::Device d) : spec(s) {
   rows_ = check_rows(s.x[0], s.kind == Kind::linear ? 8 : 1);
 }
 
-tg::Tensor LayerRow::forward() const { return apply(spec, x, params); }
+tg::Tensor LayerRow::forward() const {
+  if (!bf16) return apply(spec, x, params);
+  tg::Autocast ac(tg::DType::bf16);
+  return apply(spec, x, params);
+}
+
+const tg::Tensor& LayerRow::seed_for(const tg::Tensor& y) {
+  if (y.dtype() == dy.dtype()) return dy;
+  if (!dy_bf16_.defined() || dy_bf16_.dtype() != y.dtype()) {
+    tg::NoGradGuard no_grad;
+    dy_bf16_ = dy.to(y.dtype());
+  }
+  return dy_bf16_;
+}
 
 void LayerRow::zero_grads() const {
   for (const tg::Tensor& p : params) p.zero_grad();
@@ -234,7 +252,12 @@ Checks LayerRow::check() {
   {
     tg::Tape tape;
     tg::Tensor y = forward();
-    tape.backward(y, seed);
+    tg::Tensor y_seed = seed;
+    if (y.dtype() != seed.dtype()) {
+      tg::NoGradGuard no_grad;
+      y_seed = seed.to(y.dtype());
+    }
+    tape.backward(y, y_seed);
     c.forward.push_back({"y", ex::compare(read_rows(y, rows_), r.y)});
   }
   c.backward.push_back({"dx", ex::compare(read_rows(x.grad(), rows_), r.dx)});

@@ -25,8 +25,8 @@ struct Checks {
 
 // Which batch entries a check covers: the first and last `per_end` (all when fewer).
 std::vector<int64_t> check_rows(int64_t batch, int64_t per_end);
-// Those entries of a device tensor (batch-major, contiguous): as f64 values, or as an f64
-// CPU tensor of the same shape with dim 0 = rows.size().
+// Those entries of a device tensor (batch-major, contiguous; f32, or bf16 read as f32): as f64
+// values, or as an f64 CPU tensor of the same shape with dim 0 = rows.size().
 std::vector<double> read_rows(const tg::Tensor& t, const std::vector<int64_t>& rows);
 tg::Tensor rows_f64(const tg::Tensor& t, const std::vector<int64_t>& rows);
 // `t` times a (batch, 1, ..., 1) mask that keeps only `rows`: the check's seed gradient.
@@ -55,13 +55,18 @@ std::vector<LayerSpec> layer_specs();
 class LayerRow {
  public:
   LayerRow(const LayerSpec& spec, tg::Device d);  // draws from the generator: seed first
+  // The op on x and params; inside tg::Autocast(bf16) when `bf16` is set (its output then bf16
+  // for conv and linear rows, f32 for group_norm).
   tg::Tensor forward() const;
+  // The upstream gradient in y's dtype.
+  const tg::Tensor& seed_for(const tg::Tensor& y);
   void zero_grads() const;
   // At the current precision; the f64 reference is computed on the first call only.
   Checks check();
 
   const LayerSpec& spec;
-  tg::Tensor x, dy;                // x (does not require grad until a backward), dy like y
+  bool bf16 = false;               // mixed precision: forward() under tg::Autocast(bf16)
+  tg::Tensor x, dy;                // x (does not require grad until a backward), dy like y (f32)
   std::vector<tg::Tensor> params;  // weight [, bias] or gamma, beta: leaves requiring grad
 
  private:
@@ -72,6 +77,7 @@ class LayerRow {
   Reference reference() const;
   std::vector<int64_t> rows_;
   std::optional<Reference> ref_;
+  tg::Tensor dy_bf16_;
 };
 
 }  // namespace zoo
