@@ -19,6 +19,7 @@ A PyTorch row that fails is reported in the table, never fatal.
   python3 bench/compare_zoo.py --tg-zoo build/bench/tg_zoo --rows 'c2d_1x1|lin_' --precision tf32 --quick
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -215,20 +216,26 @@ class TorchModel:
         return float((y - self.tg_logits.double()).norm() / self.tg_logits.double().norm())
 
 
-def time_model(torch, m, pass_name, warmup, repeats):
+def time_model(torch, m, pass_name, warmup, repeats, bf16=False):
+    """bf16: PyTorch's AMP step (the forward and loss under torch.autocast(bfloat16), the backward
+    outside it; no loss scaling with bf16), as tg_zoo's bf16 model row."""
     m.restore()
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     if pass_name == "forward":
         def run(start, end):
             with torch.no_grad():
                 start.record()
-                m.model(m.x)
+                with autocast():
+                    m.model(m.x)
                 end.record()
         return ct.time_events(torch, warmup, repeats, run)
     opt = torch.optim.SGD(m.model.parameters(), lr=m.lr)
 
     def run(start, end):
         start.record()
-        torch.nn.functional.cross_entropy(m.model(m.x), m.labels).backward()
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(m.model(m.x), m.labels)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         end.record()
@@ -305,7 +312,7 @@ def main():
                     ct.set_tf32(torch, r["precision"] == "tf32")
                     # cudnn.benchmark picks algorithms during the warm-up: give it a little more.
                     if r["kind"] == "model":
-                        ms = time_model(torch, w, r["pass"], warmup + 2, repeats)
+                        ms = time_model(torch, w, r["pass"], warmup + 2, repeats, bf16=r["precision"] == "bf16")
                     else:
                         ms = time_layer(torch, w, r["pass"], warmup + 2, repeats, bf16=r["precision"] == "bf16")
                 except Exception as e:  # noqa: BLE001
@@ -335,12 +342,12 @@ def main():
                     f"row was checked against tapegrad's f64 CPU backend on a slice of the batch before it was timed "
                     f"(relative L2 limits: layers fp32 {tol.get('fp32')}, tf32 {tol.get('tf32')}, bf16 "
                     f"{tol.get('bf16')}; model fp32 "
-                    f"{tol.get('model_fp32')}, tf32 {tol.get('model_tf32')}).\n")
+                    f"{tol.get('model_fp32')}, tf32 {tol.get('model_tf32')}, bf16 {tol.get('model_bf16')}).\n")
             f.write("- passes: `forward` (no autograd), `fwd+bwd` (forward and backward with the input and parameter "
                     "gradients), `step` (model: forward, cross entropy, backward, SGD, zero_grad). FP32 means "
-                    "FP32-accurate results (PyTorch: TF32 off); bf16 means mixed precision: the forward under "
-                    "tg::Autocast(bf16) / torch.autocast(bfloat16) on f32 inputs and parameters, the backward "
-                    "outside it (layer rows only).\n")
+                    "FP32-accurate results (PyTorch: TF32 off); bf16 means mixed precision: the forward (and the "
+                    "model's loss) under tg::Autocast(bf16) / torch.autocast(bfloat16) on f32 inputs and "
+                    "parameters, the backward outside it.\n")
             for n in notes:
                 f.write(n + "\n")
             f.write("\n## Geometric means of tapegrad/PyTorch (rows counted in parentheses)\n\n" + summary + "\n\n")

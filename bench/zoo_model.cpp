@@ -25,6 +25,18 @@ ModelRow::ModelRow(tg::Device d, int64_t batch, const std::string& prefix)
 
 void ModelRow::restore_weights() { tg::load(model, weights_path); }
 
+tg::Tensor ModelRow::logits() {
+  if (!bf16) return model(x);
+  tg::Autocast ac(tg::DType::bf16);
+  return model(x);
+}
+
+tg::Tensor ModelRow::loss() {
+  if (!bf16) return tg::cross_entropy(model(x), labels);
+  tg::Autocast ac(tg::DType::bf16);
+  return tg::cross_entropy(model(x), labels);
+}
+
 ModelRow::Reference ModelRow::reference() const {
   ResNet18GN cpu({.dtype = tg::DType::f64});
   std::vector<tg::Tensor> dst = cpu.parameters();
@@ -48,8 +60,13 @@ Checks ModelRow::check() {
   tg::Tensor logits;
   {
     tg::Tape tape;
-    logits = model(x);
-    tape.backward(logits, keep_rows(dlogits_, rows_));
+    logits = this->logits();
+    tg::Tensor seed = keep_rows(dlogits_, rows_);
+    if (seed.dtype() != logits.dtype()) {
+      tg::NoGradGuard no_grad;
+      seed = seed.to(logits.dtype());
+    }
+    tape.backward(logits, seed);
   }
   c.forward.push_back({"logits", ex::compare(read_rows(logits, rows_), ref_->logits)});
   // The loss kernel against an f64 log-sum-exp of the logits it was given.
@@ -64,7 +81,7 @@ Checks ModelRow::check() {
     ce += m + std::log(s) - row[l[i]];
   }
   ce /= double(l.size());
-  c.forward.push_back({"loss", ex::compare({tg::cross_entropy(logits.detach(), labels).item()}, {ce})});
+  c.forward.push_back({"loss", ex::compare({tg::cross_entropy(logits.detach().to(tg::DType::f32), labels).item()}, {ce})});
   // The gradients as one vector (their worst tensor named, for diagnosis).
   const auto named = model.named_parameters();
   std::vector<double> got, want;

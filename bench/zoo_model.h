@@ -34,6 +34,10 @@ class ModelRow {
  public:
   ModelRow(tg::Device d, int64_t batch, const std::string& prefix);
   void restore_weights();  // back to the saved initial weights (timed steps move them)
+  // The logits and the training step's loss, inside tg::Autocast(bf16) when `bf16` is set
+  // (mixed precision: bf16 logits, an f32 loss).
+  tg::Tensor logits();
+  tg::Tensor loss();
   // At the current precision and the initial weights: the logits of the first and last
   // sample against the f64 CPU model on those two, the loss against an f64 cross entropy of
   // the same logits (forward), and all parameter gradients as one vector for a seed gradient
@@ -49,6 +53,7 @@ class ModelRow {
   std::string json() const;  // for bench/compare_zoo.py
 
   ResNet18GN model;
+  bool bf16 = false;     // mixed precision (Autocast(bf16)) for logits(), loss() and check()
   tg::Tensor x, labels;  // (batch, 3, kImage, kImage) f32, (batch) i64
   const std::string weights_path, io_path;
 
