@@ -216,36 +216,45 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
   run_pass(conv_problem(s, y.dtype(), ConvPass::Forward, precision), {.out = y, .x = x, .w = w, .b = b});
 }
 
-void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::bf16; };
-  TG_CHECK_AS(DTypeError, bf16(y) && bf16(x) && bf16(w) && bf16(b), "conv_forward_bf16: wants bf16 x, w, b and y; got ",
-              describe(x), ", ", describe(w), b.defined() ? ", " + describe(b) : std::string(), " -> ", describe(y));
-  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
-  Tensor bias, y32 = Tensor::empty(y.shape(), f32);
-  if (b.defined()) {
-    bias = Tensor::empty(b.shape(), f32);
-    cast(bias, b);  // exact
+namespace {
+
+// The bf16 passes: `pass` writes an f32 buffer of out's shape, rounded once (to nearest even)
+// into out. Every tensor named must be bf16 (or undefined).
+template <class Pass>
+void into_bf16(const char* op, const Tensor& out, std::initializer_list<const Tensor*> operands, Pass&& pass) {
+  bool ok = out.dtype() == DType::bf16;
+  std::string got;
+  for (const Tensor* t : operands) {
+    ok = ok && (!t->defined() || t->dtype() == DType::bf16);
+    if (t->defined()) got += (got.empty() ? "" : ", ") + describe(*t);
   }
-  engine_conv_forward_bf16(y32, x, w, bias, s, kernel_policy().engine);
-  cast(y, y32);  // rounded once, to nearest even
+  TG_CHECK_AS(DTypeError, ok, op, ": wants bf16 tensors; got ", got, " -> ", describe(out));
+  Tensor out32 = Tensor::empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
+  pass(out32);
+  cast(out, out32);
+}
+
+}  // namespace
+
+void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
+  into_bf16("conv_forward_bf16", y, {&x, &w, &b}, [&](const Tensor& y32) {
+    Tensor bias;
+    if (b.defined()) {
+      bias = Tensor::empty(b.shape(), {.dtype = DType::f32, .device = b.device()});
+      cast(bias, b);  // exact
+    }
+    engine_conv_forward_bf16(y32, x, w, bias, s, kernel_policy().engine);
+  });
 }
 
 void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  TG_CHECK_AS(DTypeError, dx.dtype() == DType::bf16 && dy.dtype() == DType::bf16 && w.dtype() == DType::bf16,
-              "conv_grad_input_bf16: wants bf16 dx, dy and w; got ", describe(dx), ", ", describe(dy), ", ",
-              describe(w));
-  Tensor dx32 = Tensor::empty(dx.shape(), {.dtype = DType::f32, .device = dx.device()});
-  engine_conv_grad_input_bf16(dx32, dy, w, s, kernel_policy().engine);
-  cast(dx, dx32);  // rounded once, to nearest even
+  into_bf16("conv_grad_input_bf16", dx, {&dy, &w},
+            [&](const Tensor& dx32) { engine_conv_grad_input_bf16(dx32, dy, w, s, kernel_policy().engine); });
 }
 
 void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  TG_CHECK_AS(DTypeError, dw.dtype() == DType::bf16 && dy.dtype() == DType::bf16 && x.dtype() == DType::bf16,
-              "conv_grad_weight_bf16: wants bf16 dw, dy and x; got ", describe(dw), ", ", describe(dy), ", ",
-              describe(x));
-  Tensor dw32 = Tensor::empty(dw.shape(), {.dtype = DType::f32, .device = dw.device()});
-  engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine);
-  cast(dw, dw32);  // rounded once, to nearest even
+  into_bf16("conv_grad_weight_bf16", dw, {&dy, &x},
+            [&](const Tensor& dw32) { engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine); });
 }
 
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {

@@ -103,15 +103,7 @@ void conv_fprop_bf16_tma(const Tensor& y, const Tensor& x, const Tensor& w, cons
     x_last = bits(staged);
   }
   const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);
-  MainloopArgs args{};
-  args.M = int32_t(M);
-  args.N = int32_t(s.K);
-  args.red = int32_t(red);
-  args.out = output_map(y.data<float>(), b.defined() ? b.data<float>() : nullptr, M, s.K);
-  if (!s.channels_last()) {
-    args.out.mode = OutputMap::kChannelsFirst;
-    args.out.div = FastDivmod(uint32_t(s.out_volume()));
-  }
+  const MainloopArgs args = conv_forward_args(y.data<float>(), b.defined() ? b.data<float>() : nullptr, s, red);
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   Im2colSlices<true> boxes{};
   boxes.x = bf16_im2col_map(flipped ? "conv grad-input, bf16 (dy)" : "conv forward, bf16 (x)", x_last, geometry_x,

@@ -121,17 +121,8 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
     x_last = staged.data<float>();
   }
 
-  const int64_t M = s.N * s.out_volume();
-  const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, precision);
-  MainloopArgs args{};
-  args.M = int32_t(M);
-  args.N = int32_t(s.K);
-  args.red = int32_t(red);
-  args.out = output_map(y.data<float>(), b.defined() ? b.data<float>() : nullptr, M, s.K);
-  if (!s.channels_last()) {
-    args.out.mode = OutputMap::kChannelsFirst;
-    args.out.div = FastDivmod(uint32_t(s.out_volume()));
-  }
+  const Plan plan = make_tma_plan(s.N * s.out_volume(), s.K, red, cols, dev, policy, precision);
+  const MainloopArgs args = conv_forward_args(y.data<float>(), b.defined() ? b.data<float>() : nullptr, s, red);
 
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   const char* x_name = flipped ? "conv grad-input (dy)" : "conv forward (x)";

@@ -255,6 +255,20 @@ Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
   return g;
 }
 
+MainloopArgs conv_forward_args(float* y, const float* bias, const ConvShape& s, int64_t red) {
+  const int64_t M = s.N * s.out_volume();
+  MainloopArgs args{};
+  args.M = int32_t(M);
+  args.N = int32_t(s.K);
+  args.red = int32_t(red);
+  args.out = output_map(y, bias, M, s.K);
+  if (!s.channels_last()) {
+    args.out.mode = OutputMap::kChannelsFirst;
+    args.out.div = FastDivmod(uint32_t(s.out_volume()));
+  }
+  return args;
+}
+
 PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
   PhaseGeometry ph{};
   for (int d = 0; d < 3; ++d) {

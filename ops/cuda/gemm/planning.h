@@ -61,6 +61,9 @@ ConvGeometry geometry(const ConvShape& s);
 Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
+// A convolution forward's product (output pixels x K over `red`) into y (s's layout, bias
+// optional).
+MainloopArgs conv_forward_args(float* y, const float* bias, const ConvShape& s, int64_t red);
 // One stride phase of the grad-input (dgrad_phases.h) as the kernels see it: its pixels, taps
 // and their divisors; and its output, rows (img, j) of the phase's pixels scattered into dx
 // (s's layout), columns dx's channels.
