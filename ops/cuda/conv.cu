@@ -41,15 +41,22 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
 // 96+ (256 x 256 0.82, 512 x 512 0.51; level, 0.99-1.04, at 192 x 192 and 384 -> 96 at 64K
 // pixels, where the zoo's 16K-pixel 384 -> 96 forward takes 0.81 of the 1x1 kernel's time) and
 // loses otherwise (96 -> 384 forward 1.12, 384 -> 96 grad-input 1.09). Grad-weight stays on the
-// 1x1 kernels (1.0-2.8x faster everywhere in the grid but 8x8 images).
+// 1x1 kernels (1.0-2.8x faster everywhere in the grid but 8x8 images). Channels-last at TF32
+// the engine also wins with 64 channels on a side where the pass reduces over 256+ (256 -> 64
+// forward and 64 -> 256 grad-input: 0.57-0.61 of the 1x1 kernels' time at every image size;
+// the other two passes tie or nearly, 0.87-1.0, and stay).
 constexpr int64_t kEngineMinChannels1x1 = 96, kEngineMinProductNchwTf32 = 36864, kPointwiseMaxReductionNchwFp32 = 128;
+constexpr int64_t kEngineMinChannels1x1NhwcTf32 = 64, kEngineMinReduction1x1NhwcTf32 = 256;
 bool engine_beats_pointwise(const ConvShape& s, ConvPass pass, Precision precision) {
   const int64_t narrow = std::min(s.C, s.K);
-  if (s.channels_last()) return narrow >= kEngineMinChannels1x1;
-  if (precision == Precision::FP32) {
-    const int64_t reduced = pass == ConvPass::Forward ? s.C : s.K, written = pass == ConvPass::Forward ? s.K : s.C;
-    return reduced > kPointwiseMaxReductionNchwFp32 && written >= kEngineMinChannels1x1;
+  const int64_t reduced = pass == ConvPass::Forward ? s.C : s.K, written = pass == ConvPass::Forward ? s.K : s.C;
+  if (s.channels_last()) {
+    if (precision == Precision::TF32 && narrow >= kEngineMinChannels1x1NhwcTf32 &&
+        reduced >= kEngineMinReduction1x1NhwcTf32)
+      return true;
+    return narrow >= kEngineMinChannels1x1;
   }
+  if (precision == Precision::FP32) return reduced > kPointwiseMaxReductionNchwFp32 && written >= kEngineMinChannels1x1;
   return narrow >= kEngineMinChannels1x1 && s.C * s.K >= kEngineMinProductNchwTf32;
 }
 

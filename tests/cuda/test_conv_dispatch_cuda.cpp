@@ -2,7 +2,7 @@
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules
 // (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
 // - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
-//   channels-last; channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 where the
+//   channels-last (at TF32 also from 64 where the pass reduces over 256+); channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 where the
 //   pass reduces over more than 128 channels and writes 96+; grad-weight and everything
 //   narrower on the 1x1 kernels; past 512 channels the engine.
 // - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
@@ -134,6 +134,13 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
        Kernel::Pointwise},
       {"NHWC 96 -> 96", kTf32, Pass::Forward, {2, 9, 7, 96}, {96, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC 64 -> 256: a narrow side", kTf32, Pass::Forward, {2, 9, 7, 64}, {256, 64, 1, 1}, Layout::NHWC,
+       Kernel::Pointwise},
+      {"NHWC 256 -> 64: reduces over 256", kTf32, Pass::Forward, {2, 9, 7, 256}, {64, 256, 1, 1}, Layout::NHWC,
+       Kernel::Engine},
+      {"NHWC 64 -> 256 grad-input: reduces over 256", kTf32, Pass::GradInput, {2, 9, 7, 64}, {256, 64, 1, 1},
+       Layout::NHWC, Kernel::Engine},
+      {"NHWC 64 -> 64", kTf32, Pass::Forward, {2, 9, 7, 64}, {64, 64, 1, 1}, Layout::NHWC, Kernel::Pointwise},
+      {"NHWC 32 -> 512: a narrower side", kTf32, Pass::GradInput, {2, 9, 7, 32}, {512, 32, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
       {"NHWC 128 -> 96", kTf32, Pass::GradInput, {2, 9, 7, 128}, {96, 128, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC FP32 96 -> 384", kFp32, Pass::GradInput, {2, 9, 7, 96}, {384, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
