@@ -2,9 +2,11 @@
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules
 // (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
 // - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
-//   channels-last (at TF32 also from 64 where the pass reduces over 256+); channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 where the
-//   pass reduces over more than 128 channels and writes 96+; grad-weight and everything
-//   narrower on the 1x1 kernels; past 512 channels the engine.
+//   channels-last (at TF32 also from 64 where the pass reduces over 256+) and channels-first on
+//   images of 64 pixels or fewer (their grad-weight too, from C K >= 36864); other
+//   channels-first images at TF32 from C K >= 36864 (both sides 96+), at FP32 where the pass
+//   reduces over more than 128 channels and writes 96+; grad-weight and everything narrower on
+//   the 1x1 kernels; past 512 channels the engine.
 // - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
@@ -148,6 +150,17 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
       {"NHWC grad-weight stays", kTf32, Pass::GradWeight, {2, 9, 7, 256}, {256, 256, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
       {"past 512 channels", kTf32, Pass::Forward, {2, 640, 5, 4}, {40, 640, 1, 1}, Layout::NCHW, Kernel::Engine},
+      // Images of 64 pixels or fewer, channels-first.
+      {"8x8 NCHW 96 -> 96", kTf32, Pass::Forward, {4, 96, 8, 8}, {96, 96, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"8x8 NCHW FP32 128 -> 128 grad-input", kFp32, Pass::GradInput, {4, 128, 8, 8}, {128, 128, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"8x8 NCHW 64 -> 64", kTf32, Pass::Forward, {4, 64, 8, 8}, {64, 64, 1, 1}, Layout::NCHW, Kernel::Pointwise},
+      {"8x8 NCHW grad-weight 192 -> 192", kTf32, Pass::GradWeight, {4, 192, 8, 8}, {192, 192, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"8x8 NCHW grad-weight 128 -> 128", kFp32, Pass::GradWeight, {4, 128, 8, 8}, {128, 128, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
+      {"9x9 NCHW grad-weight 192 -> 192", kTf32, Pass::GradWeight, {4, 192, 9, 9}, {192, 192, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
   };
   check_routes(cases, std::size(cases));
 }
