@@ -114,15 +114,19 @@ bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
 // Grad-weight: the 3x3 kernels win from 32x32 on; on smaller images the engine's TMA product
 // (over written-out columns) wins where C K is large: TF32 at 8x8 from C K >= 9216 (96 x 96:
 // 0.75; 64 x 64: 1.21) and at 16x16 from 36864 (96 -> 384: 0.75; 64 -> 256: 1.07); FP32 at 8x8
-// from 4096 (64 x 64: 0.86) and at 16x16 from 9216 (96 x 96: 0.89; 64 x 64: 1.50).
+// from 4096 (64 x 64: 0.86) and at 16x16 from 9216 (96 x 96: 0.89; 64 x 64: 1.50). But the
+// engine's columns (C x 9 rows over every pixel) outweigh its products where K is small
+// against C: 256 -> 64 at 8x8 1.66x the 3x3 kernels' time, 384 -> 96 at 16x16 1.95x (TF32, H200):
+// the engine needs 2 K >= C.
 constexpr int64_t kGradWeightTinyPixels = 128, kGradWeightSmallPixels = 512;
 template <class EngineTma>
 bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2], product = p.shape.C * p.shape.K;
   const bool fp32 = p.precision == Precision::FP32;
-  const bool engine_wins = (pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
-                           (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864));
+  const bool engine_wins = 2 * p.shape.K >= p.shape.C &&
+                           ((pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
+                            (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864)));
   return !engine_wins || !engine_tma();
 }
 

@@ -12,7 +12,7 @@
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
 //   pixels and FP32 stays.
 // - 3x3 grad-weight: the engine's TMA product on images under 128 pixels from C K >= 9216
-//   (FP32 4096) and under 512 pixels from 36864 (FP32 9216).
+//   (FP32 4096) and under 512 pixels from 36864 (FP32 9216), where 2 K >= C.
 // Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
 #include "common/test_util.h"
 #include "core/precision.h"
@@ -195,6 +195,10 @@ TEST(CudaConvDispatch, Conv3x3GradWeightAgainstTheEngine) {
       {"8x8, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 8, 8}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
       {"8x8, C K = 4096", kTf32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"16x16, C K = 36864", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"16x16, 384 -> 96: K under C / 2", kTf32, Pass::GradWeight, {2, 384, 16, 16}, {96, 384, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"8x8, 256 -> 64: K under C / 2", kTf32, Pass::GradWeight, {2, 256, 8, 8}, {64, 256, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
       {"16x16, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"32x32", kTf32, Pass::GradWeight, {2, 96, 32, 32}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"FP32 8x8, C K = 4096", kFp32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Engine},
