@@ -43,15 +43,34 @@ bool pointwise_claims(const ConvShape& s, DType dtype) {
 // 96+ (256 x 256 0.82, 512 x 512 0.51; level, 0.99-1.04, at 192 x 192 and 384 -> 96 at 64K
 // pixels, where the zoo's 16K-pixel 384 -> 96 forward takes 0.81 of the 1x1 kernel's time) and
 // loses otherwise (96 -> 384 forward 1.12, 384 -> 96 grad-input 1.09). Grad-weight stays on the
-// 1x1 kernels (1.0-2.8x faster everywhere in the grid but 8x8 images).
+// 1x1 kernels (1.0-2.8x faster everywhere in the grid but 8x8 images, below). Channels-last at TF32
+// the engine also wins with 64 channels on a side where the pass reduces over 256+ (256 -> 64
+// forward and 64 -> 256 grad-input: 0.57-0.61 of the 1x1 kernels' time at every image size;
+// the other two passes tie or nearly, 0.87-1.0, and stay).
 constexpr int64_t kEngineMinChannels1x1 = 96, kEngineMinProductNchwTf32 = 36864, kPointwiseMaxReductionNchwFp32 = 128;
+// On images of 64 pixels or fewer (8x8) channels-first, the 1x1 kernels' tiles are mostly empty:
+// the engine wins from 96 channels on both sides at TF32 and FP32 alike (96 x 96 0.85 and 0.96 of
+// their time, 128 x 128 0.90 and 0.96, 96 -> 384 FP32 forward 0.65), and takes the grad-weight
+// from C K >= 36864 (192 x 192 0.60 / 0.47 at TF32 / FP32, 512 x 512 0.43 / 0.49; 128 x 128 and
+// 64 -> 256 lose, 1.5-1.7).
+constexpr int64_t kEngineMinChannels1x1NhwcTf32 = 64, kEngineMinReduction1x1NhwcTf32 = 256;
+constexpr int64_t kTinyImagePixels1x1 = 64, kEngineMinProductTinyGradWeight1x1 = 36864;
+bool tiny_channels_first_images(const ConvShape& s) {
+  return !s.channels_last() && s.out[0] * s.out[1] * s.out[2] <= kTinyImagePixels1x1;
+}
 bool engine_beats_pointwise(const ConvShape& s, ConvPass pass, Precision precision) {
   const int64_t narrow = std::min(s.C, s.K);
-  if (s.channels_last()) return narrow >= kEngineMinChannels1x1;
-  if (precision == Precision::FP32) {
-    const int64_t reduced = pass == ConvPass::Forward ? s.C : s.K, written = pass == ConvPass::Forward ? s.K : s.C;
-    return reduced > kPointwiseMaxReductionNchwFp32 && written >= kEngineMinChannels1x1;
+  const int64_t reduced = pass == ConvPass::Forward ? s.C : s.K, written = pass == ConvPass::Forward ? s.K : s.C;
+  if (pass == ConvPass::GradWeight)
+    return tiny_channels_first_images(s) && s.C * s.K >= kEngineMinProductTinyGradWeight1x1;
+  if (tiny_channels_first_images(s) && narrow >= kEngineMinChannels1x1) return true;
+  if (s.channels_last()) {
+    if (precision == Precision::TF32 && narrow >= kEngineMinChannels1x1NhwcTf32 &&
+        reduced >= kEngineMinReduction1x1NhwcTf32)
+      return true;
+    return narrow >= kEngineMinChannels1x1;
   }
+  if (precision == Precision::FP32) return reduced > kPointwiseMaxReductionNchwFp32 && written >= kEngineMinChannels1x1;
   return narrow >= kEngineMinChannels1x1 && s.C * s.K >= kEngineMinProductNchwTf32;
 }
 
@@ -97,15 +116,19 @@ bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
 // Grad-weight: the 3x3 kernels win from 32x32 on; on smaller images the engine's TMA product
 // (over written-out columns) wins where C K is large: TF32 at 8x8 from C K >= 9216 (96 x 96:
 // 0.75; 64 x 64: 1.21) and at 16x16 from 36864 (96 -> 384: 0.75; 64 -> 256: 1.07); FP32 at 8x8
-// from 4096 (64 x 64: 0.86) and at 16x16 from 9216 (96 x 96: 0.89; 64 x 64: 1.50).
+// from 4096 (64 x 64: 0.86) and at 16x16 from 9216 (96 x 96: 0.89; 64 x 64: 1.50). But the
+// engine's columns (C x 9 rows over every pixel) outweigh its products where K is small
+// against C: 256 -> 64 at 8x8 1.66x the 3x3 kernels' time, 384 -> 96 at 16x16 1.95x (TF32, H200):
+// the engine needs 2 K >= C.
 constexpr int64_t kGradWeightTinyPixels = 128, kGradWeightSmallPixels = 512;
 template <class EngineTma>
 bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2], product = p.shape.C * p.shape.K;
   const bool fp32 = p.precision == Precision::FP32;
-  const bool engine_wins = (pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
-                           (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864));
+  const bool engine_wins = 2 * p.shape.K >= p.shape.C &&
+                           ((pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
+                            (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864)));
   return !engine_wins || !engine_tma();
 }
 
@@ -114,10 +137,14 @@ bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
 bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return conv1x1_applies(p.shape, p.dtype); }
 bool pointwise_preferred(const ConvProblem& p, const ConvOperands& o) {
   if (!pointwise_claims(p.shape, p.dtype)) return false;
-  if (p.pass == ConvPass::GradWeight || !engine_beats_pointwise(p.shape, p.pass, p.precision)) return true;
+  if (!engine_beats_pointwise(p.shape, p.pass, p.precision)) return true;
   const EnginePolicy& engine = kernel_policy().engine;
-  return p.pass == ConvPass::Forward ? !engine_conv_forward_uses_tma(p.shape, o.x, p.precision, engine)
-                                     : !engine_conv_grad_input_uses_tma(p.shape, o.dy, p.precision, engine);
+  switch (p.pass) {
+    case ConvPass::Forward: return !engine_conv_forward_uses_tma(p.shape, o.x, p.precision, engine);
+    case ConvPass::GradInput: return !engine_conv_grad_input_uses_tma(p.shape, o.dy, p.precision, engine);
+    case ConvPass::GradWeight: return !engine_conv_grad_weight_uses_tma(p.shape, o.out, p.precision, engine);
+  }
+  return true;
 }
 void pointwise_run(const ConvProblem& p, const ConvOperands& o) {
   switch (p.pass) {

@@ -2,15 +2,17 @@
 // be bit-identical to the kernel the rule names, called directly on the same inputs. The rules
 // (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
 // - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
-//   channels-last; channels-first at TF32 from C K >= 36864 (both sides 96+), at FP32 where the
-//   pass reduces over more than 128 channels and writes 96+; grad-weight and everything
-//   narrower on the 1x1 kernels; past 512 channels the engine.
+//   channels-last (at TF32 also from 64 where the pass reduces over 256+) and channels-first on
+//   images of 64 pixels or fewer (their grad-weight too, from C K >= 36864); other
+//   channels-first images at TF32 from C K >= 36864 (both sides 96+), at FP32 where the pass
+//   reduces over more than 128 channels and writes 96+; grad-weight and everything narrower on
+//   the 1x1 kernels; past 512 channels the engine.
 // - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
 //   pixels and FP32 stays.
 // - 3x3 grad-weight: the engine's TMA product on images under 128 pixels from C K >= 9216
-//   (FP32 4096) and under 512 pixels from 36864 (FP32 9216).
+//   (FP32 4096) and under 512 pixels from 36864 (FP32 9216), where 2 K >= C.
 // Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
 #include "common/test_util.h"
 #include "core/precision.h"
@@ -135,12 +137,30 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
       {"NHWC 96 -> 96", kTf32, Pass::Forward, {2, 9, 7, 96}, {96, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC 64 -> 256: a narrow side", kTf32, Pass::Forward, {2, 9, 7, 64}, {256, 64, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
+      {"NHWC 256 -> 64: reduces over 256", kTf32, Pass::Forward, {2, 9, 7, 256}, {64, 256, 1, 1}, Layout::NHWC,
+       Kernel::Engine},
+      {"NHWC 64 -> 256 grad-input: reduces over 256", kTf32, Pass::GradInput, {2, 9, 7, 64}, {256, 64, 1, 1},
+       Layout::NHWC, Kernel::Engine},
+      {"NHWC 64 -> 64", kTf32, Pass::Forward, {2, 9, 7, 64}, {64, 64, 1, 1}, Layout::NHWC, Kernel::Pointwise},
+      {"NHWC 32 -> 512: a narrower side", kTf32, Pass::GradInput, {2, 9, 7, 32}, {512, 32, 1, 1}, Layout::NHWC,
+       Kernel::Pointwise},
       {"NHWC 128 -> 96", kTf32, Pass::GradInput, {2, 9, 7, 128}, {96, 128, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC FP32 96 -> 384", kFp32, Pass::GradInput, {2, 9, 7, 96}, {384, 96, 1, 1}, Layout::NHWC, Kernel::Engine},
       {"NHWC FP32 256 -> 64", kFp32, Pass::Forward, {2, 9, 7, 256}, {64, 256, 1, 1}, Layout::NHWC, Kernel::Pointwise},
       {"NHWC grad-weight stays", kTf32, Pass::GradWeight, {2, 9, 7, 256}, {256, 256, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
       {"past 512 channels", kTf32, Pass::Forward, {2, 640, 5, 4}, {40, 640, 1, 1}, Layout::NCHW, Kernel::Engine},
+      // Images of 64 pixels or fewer, channels-first.
+      {"8x8 NCHW 96 -> 96", kTf32, Pass::Forward, {4, 96, 8, 8}, {96, 96, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"8x8 NCHW FP32 128 -> 128 grad-input", kFp32, Pass::GradInput, {4, 128, 8, 8}, {128, 128, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"8x8 NCHW 64 -> 64", kTf32, Pass::Forward, {4, 64, 8, 8}, {64, 64, 1, 1}, Layout::NCHW, Kernel::Pointwise},
+      {"8x8 NCHW grad-weight 192 -> 192", kTf32, Pass::GradWeight, {4, 192, 8, 8}, {192, 192, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"8x8 NCHW grad-weight 128 -> 128", kFp32, Pass::GradWeight, {4, 128, 8, 8}, {128, 128, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
+      {"9x9 NCHW grad-weight 192 -> 192", kTf32, Pass::GradWeight, {4, 192, 9, 9}, {192, 192, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise},
   };
   check_routes(cases, std::size(cases));
 }
@@ -175,6 +195,10 @@ TEST(CudaConvDispatch, Conv3x3GradWeightAgainstTheEngine) {
       {"8x8, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 8, 8}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
       {"8x8, C K = 4096", kTf32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"16x16, C K = 36864", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Engine},
+      {"16x16, 384 -> 96: K under C / 2", kTf32, Pass::GradWeight, {2, 384, 16, 16}, {96, 384, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"8x8, 256 -> 64: K under C / 2", kTf32, Pass::GradWeight, {2, 256, 8, 8}, {64, 256, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
       {"16x16, C K = 9216", kTf32, Pass::GradWeight, {2, 96, 16, 16}, {96, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"32x32", kTf32, Pass::GradWeight, {2, 96, 32, 32}, {384, 96, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"FP32 8x8, C K = 4096", kFp32, Pass::GradWeight, {2, 64, 8, 8}, {64, 64, 3, 3}, Layout::NCHW, Kernel::Engine},
