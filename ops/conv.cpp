@@ -164,7 +164,11 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
                                     const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
                                     const Tensor& saved_w, const std::vector<bool>& needs) {
   std::vector<Tensor> grads(3);
-  const Tensor dy32 = converted(dy, DType::f32);
+  Tensor dy32;  // an f32 copy of dy, made only where a pass reads it
+  const auto f32_dy = [&]() -> const Tensor& {
+    if (!dy32.defined()) dy32 = converted(dy, DType::f32);
+    return dy32;
+  };
   if (needs[0]) {
     TG_CHECK(saved_w.defined(), op, ": the input's gradient is needed but the weight was not "
              "saved (requires_grad was switched on after the forward pass)");
@@ -172,7 +176,7 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
       grads[0] = Tensor::empty(x_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_input_bf16(grads[0], dy, saved_w, s);
     } else {
-      grads[0] = converted(conv_backward_input(dy32, converted(saved_w, DType::f32), x_shape, p), DType::bf16);
+      grads[0] = converted(conv_backward_input(f32_dy(), converted(saved_w, DType::f32), x_shape, p), DType::bf16);
     }
   }
   if (needs[1]) {
@@ -182,10 +186,10 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
       grads[1] = Tensor::empty(w_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_weight_bf16(grads[1], dy, saved_x, s);
     } else {
-      grads[1] = converted(conv_backward_weight(dy32, converted(saved_x, DType::f32), w_shape, p), DType::bf16);
+      grads[1] = converted(conv_backward_weight(f32_dy(), converted(saved_x, DType::f32), w_shape, p), DType::bf16);
     }
   }
-  if (needs[2]) grads[2] = converted(conv_backward_bias(dy32, p.layout), DType::bf16);
+  if (needs[2]) grads[2] = converted(conv_backward_bias(f32_dy(), p.layout), DType::bf16);
   return grads;
 }
 

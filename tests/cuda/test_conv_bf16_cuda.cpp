@@ -22,6 +22,7 @@
 #include "core/precision.h"
 #include "ops/conv.h"
 #include "ops/cpu/conv.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/conv.h"
 #include "ops/elementwise.h"
 #include "ops/reduce.h"
@@ -57,9 +58,12 @@ void expect_forward_matches(const ConvCase& c, const std::vector<Variant>& varia
   }
 }
 
-#define TG_REQUIRE_BF16_TMA()                                                     \
-  TG_REQUIRE_GPU();                                                               \
-  if (!bf16_kernel()) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU"
+// Skips by the device, then insists that the kernel takes a plain shape there: a broken
+// _uses_tma check fails here instead of skipping the tests.
+#define TG_REQUIRE_BF16_TMA()                                                                     \
+  TG_REQUIRE_GPU();                                                                               \
+  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU";     \
+  ASSERT_TRUE(bf16_kernel()) << "an sm_90a device, but the BF16 TMA kernel refuses a plain shape"
 
 // Channels that are not a multiple of the 64-channel k-tile (NCHW pads the scratch to 8),
 // tiles of 128 output pixels across rows and images, strides, dilations, paddings past the
@@ -168,7 +172,7 @@ TEST(ConvBf16, ErrorsAreTypedAndNameTheOp) {
   const Tensor x32 = random({2, 16, 6, 6}, DType::f32, kGpu), w = random({8, 16, 3, 3}, DType::bf16, kGpu);
   Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
   EXPECT_THROW(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), DTypeError);
-  TG_EXPECT_ERROR(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), "engine_conv_forward_bf16", "f32");
+  TG_EXPECT_ERROR(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), "engine_conv_forward_bf16", "got f32");
   Tensor y16 = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = kGpu});
   EXPECT_THROW(cuda::conv_forward_bf16(y16, x32, w, Tensor(), s), DTypeError);
 }
@@ -188,6 +192,12 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
   };
   for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+    if (std::string(c.name).find("every pass") != std::string::npos && cuda::device_runs_wgmma(0)) {
+      const TensorOptions bf16{.dtype = DType::bf16, .device = kGpu};
+      EXPECT_TRUE(cuda::engine_conv_forward_bf16_uses_tma(s, Tensor::empty(c.x, bf16))) << c.name;
+      EXPECT_TRUE(cuda::engine_conv_grad_input_bf16_uses_tma(s, Tensor::empty(s.y_shape(), bf16))) << c.name;
+      EXPECT_TRUE(cuda::engine_conv_grad_weight_bf16_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}))) << c.name;
+    }
     const Tensor x0 = random(c.x, DType::f32), w0 = random(c.w, DType::f32), b0 = random({s.K}, DType::f32);
     const Tensor up = random(s.y_shape(), DType::f32);
     Tensor ys[2], grads[2][3];
