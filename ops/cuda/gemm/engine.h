@@ -53,7 +53,7 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy = {});
 // The same for engine_conv_grad_weight, which writes dy and the input's columns out with the
-// pixels contiguous and runs the TMA matrix product over them (160+ output channels, or 32+
+// pixels contiguous and runs the TMA matrix product over them (64+ output channels, or 32+
 // when C * kvol <= 64; columns within 1 GiB).
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy = {});
