@@ -95,7 +95,8 @@ TEST(ConvBf16, ForwardMatchesF64ReferenceOnTheTmaKernel) {
 }
 
 // Stride-1 grad-input as the BF16 forward of dy with the weights transposed and flipped; strided
-// ones (and padding past the reach) on the f32 kernels. The reduction is K kvol terms.
+// ones phase by phase (each phase a stride-1 forward over dy, scattered into dx); fewer than 16
+// dy channels on the f32 kernels. The reduction is at most K kvol terms.
 TEST(ConvBf16, GradInputMatchesF64Reference) {
   TG_REQUIRE_BF16_TMA();
   const std::pair<ConvCase, bool> cases[] = {
@@ -103,7 +104,13 @@ TEST(ConvBf16, GradInputMatchesF64Reference) {
       {{"5x5 p1 (padding under the reach), 16 <- 72", {2, 16, 11, 9}, {72, 16, 5, 5}, {.padding = {1}}}, true},
       {{"NHWC 3x3 p1, 12 <- 16", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}}, true},
       {{"3d 3x3x3 p1, 12 <- 20", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}}, true},
-      {{"3x3 s2 p1 (strided: the f32 kernels)", {2, 24, 15, 11}, {40, 24, 3, 3}, {.stride = {2}, .padding = {1}}}, false},
+      {{"3x3 s2 p1, 24 <- 40 (phases)", {2, 24, 15, 11}, {40, 24, 3, 3}, {.stride = {2}, .padding = {1}}}, true},
+      {{"NHWC 1x1 s2, 20 <- 72 (phases no tap reaches: zeros)", {2, 9, 10, 20}, {72, 20, 1, 1},
+        {.stride = {2}, .layout = Layout::NHWC}}, true},
+      {{"3d 3x3x3 s2 d2 p2, 12 <- 24", {2, 12, 9, 10, 11}, {24, 12, 3, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+       true},
+      {{"NHWC 3x3 s2, 12 <- 20 (dy rows not 16 bytes: the f32 kernels)", {2, 9, 10, 12}, {20, 12, 3, 3},
+        {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}}, false},
       {{"8 dy channels (the f32 kernels)", {2, 24, 9, 9}, {8, 24, 3, 3}, {.padding = {1}}}, false},
   };
   for (const auto& [c, want_tma] : cases) {

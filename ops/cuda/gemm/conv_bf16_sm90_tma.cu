@@ -138,7 +138,10 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
 
 bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy) {
   ConvShape forward;
-  return engine::grad_input_as_forward(s, forward) && engine_conv_forward_bf16_uses_tma(forward, dy, policy);
+  if (engine::grad_input_as_forward(s, forward)) return engine_conv_forward_bf16_uses_tma(forward, dy, policy);
+  const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256;
+  return tile && policy.arch != 80 && dy.dtype() == DType::bf16 && dy.device().is_cuda() &&
+         engine_conv_can_implement(s, DType::f32) && engine::conv_dgrad_phases_bf16_tma_applies(s, dy);
 }
 
 void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
@@ -147,9 +150,12 @@ void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tenso
   TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_input_bf16: problem x ", s.x_shape(), ", w ",
            s.w_shape(), " is outside the engine's limits");
   set_device(dx.device().index);
-  ConvShape forward;
-  if (engine::grad_input_as_forward(s, forward) && engine_conv_forward_bf16_uses_tma(forward, dy, policy))
-    return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
+  if (engine_conv_grad_input_bf16_uses_tma(s, dy, policy)) {
+    ConvShape forward;
+    if (engine::grad_input_as_forward(s, forward))
+      return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
+    return engine::conv_dgrad_phases_bf16_tma(dx, dy, w, s, policy);
+  }
   conv_grad_input(dx, widened(dy), widened(w), s, Precision::TF32);
 }
 

@@ -78,7 +78,8 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
                               const EnginePolicy& policy = {});
 // Its grad-input: dx (f32) from dy and w bf16. Stride-1 problems (padding at most the dilated
 // kernel's reach) run as the BF16 forward of dy with the weights transposed and flipped where
-// that forward takes the TMA kernel (16+ dy channels); the rest on the f32 dispatcher at TF32.
+// that forward takes the TMA kernel (16+ dy channels); strided ones phase by phase as the f32
+// grad-input (16+ dy channels, NHWC dy with K % 8 == 0); the rest on the f32 dispatcher at TF32.
 bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy = {});
 void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                                  const EnginePolicy& policy = {});

@@ -102,6 +102,10 @@ bool grad_input_as_forward(const ConvShape& s, ConvShape& forward);
 bool conv_dgrad_phases_tma_applies(const ConvShape& s, const float* dy, int dev);
 void conv_dgrad_phases_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                            Precision precision, const EnginePolicy& policy);
+// The same over bf16 dy and w (64-channel slices, BF16 products; NHWC dy with K % 8 == 0); dx f32.
+bool conv_dgrad_phases_bf16_tma_applies(const ConvShape& s, const Tensor& dy);
+void conv_dgrad_phases_bf16_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
+                                const EnginePolicy& policy);
 
 // Grad-input for few input channels (dgrad_columns.cu): whether it applies, and the pass.
 bool columns_pay(const ConvShape& s);
