@@ -316,11 +316,7 @@ void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor
   // it costs no waves: blocks of twice the work, counted in waves of one block per SM, no more
   // than the 128-wide tiles' (unsplit reductions only).
   if (tma && !split && p.N > 128) {
-    const int64_t sms = sm_count(dev), tiles128 = int64_t(plan.tiles_m) * plan.tiles_n;
-    const int64_t tiles256 = int64_t(plan.tiles_m) * ((p.N + 255) / 256);
-    const bool pays = plan.splits == 1 && p.K >= kTmaMinReduction && policy.blocks_per_sm != 2 && tiles128 >= sms &&
-                      2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
-    if (policy.tile == 256 || (policy.tile == 0 && pays)) {
+    if (policy.tile == 256 || (policy.tile == 0 && engine::wide_tma_tile_pays(plan, p.N, p.K, policy, dev))) {
       plan.tma_cols = 256;
       plan.tma_blocks_per_sm = 1;
       plan.tiles_n = int32_t((p.N + 255) / 256);

@@ -124,6 +124,14 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
   return plan;
 }
 
+bool wide_tma_tile_pays(const Plan& plan128, int64_t N, int64_t red, const EnginePolicy& policy, int dev) {
+  constexpr int64_t kWideTileMinReduction = 2048;
+  const int64_t sms = sm_count(dev), tiles128 = int64_t(plan128.tiles_m) * plan128.tiles_n;
+  const int64_t tiles256 = int64_t(plan128.tiles_m) * ((N + 255) / 256);
+  return N > 128 && plan128.splits == 1 && red >= kWideTileMinReduction && policy.blocks_per_sm != 2 &&
+         tiles128 >= sms && 2 * ((tiles256 + sms - 1) / sms) <= (tiles128 + sms - 1) / sms;
+}
+
 int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy) {
   if (cols == 64) return 2;
   if (cols != 128) return 1;

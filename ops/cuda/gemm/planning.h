@@ -37,6 +37,11 @@ Plan make_plan(int64_t M, int64_t N, int64_t red, int dev, const EnginePolicy& p
 // k-tile, twice the TF32 product rate; precision ignored).
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
                    Precision precision = Precision::TF32, bool bf16 = false);
+// Whether a TMA product planned on 128-wide tiles (plan128) runs faster on 128 x 256 ones, which
+// move a quarter fewer bytes per product: on long reductions (2048+) where it costs no waves
+// (blocks of twice the work, counted in waves of one block per SM, no more than the 128-wide
+// tiles'), unsplit, and not where the policy asks for two blocks per SM.
+bool wide_tma_tile_pays(const Plan& plan128, int64_t N, int64_t red, const EnginePolicy& policy, int dev);
 // Blocks per SM of the TMA kernel for `tiles` tiles `cols` wide: two (half the stages each)
 // where there are tiles for two per SM, so that one's fill and epilogue hide behind the other.
 int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& policy);
