@@ -19,7 +19,6 @@ namespace tg::cuda {
 namespace {
 
 const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
   TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dtype() == DType::f32 &&
@@ -44,8 +43,8 @@ void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Ten
 bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy) {
   const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256 || policy.tile == 64;
   return tile && policy.arch != 80 && a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && a.device().is_cuda() &&
-         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && aligned16(bf16_bits(a)) &&
-         aligned16(bf16_bits(b)) && device_runs_wgmma(a.device().index);
+         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && engine::aligned16(bf16_bits(a)) &&
+         engine::aligned16(bf16_bits(b)) && device_runs_wgmma(a.device().index);
 }
 
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
