@@ -18,8 +18,6 @@
 namespace tg::cuda {
 namespace {
 
-const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
-
 void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
   TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dtype() == DType::f32 &&
                               (!bias.defined() || bias.dtype() == DType::f32),
@@ -43,8 +41,8 @@ void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Ten
 bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProblem& p, const EnginePolicy& policy) {
   const bool tile = policy.tile == 0 || policy.tile == 128 || policy.tile == 256 || policy.tile == 64;
   return tile && policy.arch != 80 && a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && a.device().is_cuda() &&
-         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && engine::aligned16(bf16_bits(a)) &&
-         engine::aligned16(bf16_bits(b)) && device_runs_wgmma(a.device().index);
+         !p.transA && p.transB && p.K > 0 && p.K % 8 == 0 && engine::aligned16(engine::bf16_bits(a)) &&
+         engine::aligned16(engine::bf16_bits(b)) && device_runs_wgmma(a.device().index);
 }
 
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
@@ -70,8 +68,8 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   engine::MatrixBoxes<true> boxes;
   const TmaBox a_box{.rows = engine::kTmaBM, .cols = 2 * engine::kBK, .swizzle128 = true};
   const TmaBox b_box{.rows = cols, .cols = 2 * engine::kBK, .swizzle128 = true};
-  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", bf16_bits(a), p.M, p.K, a_box);
-  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", bf16_bits(b), p.N, p.K, b_box);
+  boxes.a = bf16_matrix_map("engine_gemm_bf16 (a)", engine::bf16_bits(a), p.M, p.K, a_box);
+  boxes.b = bf16_matrix_map("engine_gemm_bf16 (b)", engine::bf16_bits(b), p.N, p.K, b_box);
   engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t st) {
     engine::launch_tma_wgmma(boxes, plan, m, st);
   });
