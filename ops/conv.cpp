@@ -13,7 +13,6 @@
 #include "ops/elementwise.h"
 #include "ops/half_compute.h"
 #if TG_CUDA
-#include "core/tensor_kernels.h"
 #include "ops/cuda/conv.h"
 #endif
 
@@ -148,25 +147,18 @@ bool bf16_conv_on_gpu(const Tensor& x, const Tensor& w, const Tensor& b) {
   return x.defined() && w.defined() && x.device().is_cuda() && bf16(x) && bf16(w) && (!b.defined() || bf16(b));
 }
 
-// An unrecorded copy of t converted to dtype (t itself when it has that dtype).
-Tensor converted(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  Tensor out = Tensor::empty(t.shape(), {.dtype = dtype, .device = t.device()});
-  cuda::cast(out, t);
-  return out;
-}
-
 // conv_bf16's backward: the input and weight gradients on the engine's BF16 kernels where dy is
 // bf16 (cuda::conv_grad_input_bf16 / conv_grad_weight_bf16: the products the f32 path computes
 // on f32 copies, rounded once); the bias gradient as the f32 path computes it for a bf16 op
 // (compute_in_f32): on an f32 copy of dy, rounded once to bf16.
+// Runs inside a backward: its casts (Tensor::to) are not recorded.
 std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const ConvShape& s, const Shape& x_shape,
                                     const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
                                     const Tensor& saved_w, const std::vector<bool>& needs) {
   std::vector<Tensor> grads(3);
   Tensor dy32;  // an f32 copy of dy, made only where a pass reads it
   const auto f32_dy = [&]() -> const Tensor& {
-    if (!dy32.defined()) dy32 = converted(dy, DType::f32);
+    if (!dy32.defined()) dy32 = dy.to(DType::f32);
     return dy32;
   };
   if (needs[0]) {
@@ -176,7 +168,7 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
       grads[0] = Tensor::empty(x_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_input_bf16(grads[0], dy, saved_w, s);
     } else {
-      grads[0] = converted(conv_backward_input(f32_dy(), converted(saved_w, DType::f32), x_shape, p), DType::bf16);
+      grads[0] = conv_backward_input(f32_dy(), saved_w.to(DType::f32), x_shape, p).to(DType::bf16);
     }
   }
   if (needs[1]) {
@@ -186,10 +178,10 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
       grads[1] = Tensor::empty(w_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_weight_bf16(grads[1], dy, saved_x, s);
     } else {
-      grads[1] = converted(conv_backward_weight(f32_dy(), converted(saved_x, DType::f32), w_shape, p), DType::bf16);
+      grads[1] = conv_backward_weight(f32_dy(), saved_x.to(DType::f32), w_shape, p).to(DType::bf16);
     }
   }
-  if (needs[2]) grads[2] = converted(conv_backward_bias(f32_dy(), p.layout), DType::bf16);
+  if (needs[2]) grads[2] = conv_backward_bias(f32_dy(), p.layout).to(DType::bf16);
   return grads;
 }
 

@@ -7,7 +7,6 @@
 #include "ops/elementwise.h"
 #include "ops/half_compute.h"
 #if TG_CUDA
-#include "core/tensor_kernels.h"
 #include "ops/cuda/linear.h"
 #endif
 
@@ -151,24 +150,10 @@ bool bf16_linear_on_gpu(const Tensor& x, const Tensor& w, const Tensor& b) {
          x.numel() > 0 && w.numel() > 0;
 }
 
-// An f32 copy of t, not recorded.
-Tensor f32_copy(const Tensor& t) {
-  if (t.dtype() == DType::f32) return t;
-  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
-  cuda::cast(out, t);
-  return out;
-}
-Tensor bf16_copy(const Tensor& t) {
-  if (!t.defined()) return t;
-  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::bf16, .device = t.device()});
-  cuda::cast(out, t);
-  return out;
-}
-
 // bf16 linear on a GPU (Autocast's): the forward's and the backward's products on the engine's
 // BF16 kernel (cuda::linear_bf16 and linear_bf16_backward: exact products, f32 accumulation,
 // one rounding to bf16), the same products the f32 path computes for a bf16 op (compute_in_f32)
-// on f32 copies. The bias gradient sums f32 copies of dy's rows.
+// on f32 copies. The bias gradient sums an f32 copy of dy's rows.
 Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
   profile::OpScope scope("linear", [&] {
@@ -180,6 +165,7 @@ Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (should_record({x, w, b})) {
     record("linear", {x, w, b}, {y}, {x, w}, [B, in, out](const BackwardArgs& args) {
       profile::OpScope scope("linear (backward)", [&] { return gemm_backward_info(args, B, out, in, true); });
+      // Casts inside a backward are not recorded (Tensor::to under the backward's NoGradGuard).
       const Tensor& dy = args.grad_outputs[0];
       Tensor dx, dw, db;
       if (dy.dtype() == DType::bf16) {
@@ -188,12 +174,14 @@ Tensor linear_bf16_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
         if (args.needs_grad[1]) dw = Tensor::empty({out, in}, bf16);
         cuda::linear_bf16_backward(dx, dw, dy, args.saved[0], args.saved[1]);
       } else {  // a gradient that arrived in another type: the f32 path on f32 copies
-        const Tensor dy32 = f32_copy(dy);
-        if (args.needs_grad[0]) dx = bf16_copy(run_gemm(dy32, f32_copy(args.saved[1]), Tensor(), {.M = B, .N = in, .K = out}));
+        const Tensor dy32 = dy.to(DType::f32);
+        if (args.needs_grad[0])
+          dx = run_gemm(dy32, args.saved[1].to(DType::f32), Tensor(), {.M = B, .N = in, .K = out}).to(DType::bf16);
         if (args.needs_grad[1])
-          dw = bf16_copy(run_gemm(dy32, f32_copy(args.saved[0]), Tensor(), {.M = out, .N = in, .K = B, .transA = true}));
+          dw = run_gemm(dy32, args.saved[0].to(DType::f32), Tensor(), {.M = out, .N = in, .K = B, .transA = true})
+                   .to(DType::bf16);
       }
-      if (args.needs_grad[2]) db = bf16_copy(run_sum_rows(f32_copy(dy)));
+      if (args.needs_grad[2]) db = run_sum_rows(dy.to(DType::f32)).to(DType::bf16);
       return std::vector<Tensor>{dx, dw, db};
     });
   }

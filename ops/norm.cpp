@@ -66,6 +66,21 @@ static profile::OpInfo norm_info(std::initializer_list<const Tensor*> in, const 
 
 namespace {
 
+// dx, dgamma and dbeta as `needs` asks (the first three inputs: x, gamma, beta), from dy and the
+// saved x, gamma, mean, rstd (and with p.relu the forward's output ys, which masks dy).
+std::vector<Tensor> group_norm_grads(const Tensor& dy, const Tensor& xs, const Tensor& g, const Tensor& m,
+                                     const Tensor& r, const Tensor& ys, const std::vector<bool>& needs,
+                                     const GroupNormProblem& p) {
+  const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
+  Tensor dx, dgamma, dbeta;
+  if (needs[0]) dx = Tensor::empty(xs.shape(), o);
+  if (needs[1]) dgamma = Tensor::empty({p.C}, o);
+  if (needs[2]) dbeta = Tensor::empty({p.C}, o);
+  if (dx.defined() || dgamma.defined() || dbeta.defined())
+    TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, dy, xs, g, m, r, p, ys));
+  return {dx, dgamma, dbeta};
+}
+
 // group_norm, group_norm_relu and group_norm_add_relu: `op` names the op in errors, the tape
 // and the profiler; `residual` (undefined but for group_norm_add_relu) is added before the ReLU.
 Tensor group_norm_op(const char* op, const Tensor& x_in, const Tensor& gamma, const Tensor& beta, int64_t groups,
@@ -117,14 +132,9 @@ Tensor group_norm_op(const char* op, const Tensor& x_in, const Tensor& gamma, co
         profile::OpScope scope("group_norm_add_relu (backward)", [&] {
           return norm_info({&masked, &xs, &g, &m, &r}, xs, 8, static_cast<double>(xs.nbytes()));
         });
-        const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
-        Tensor dx, dgamma, dbeta;
-        if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
-        if (args.needs_grad[1]) dgamma = Tensor::empty({plain.C}, o);
-        if (args.needs_grad[2]) dbeta = Tensor::empty({plain.C}, o);
-        if (dx.defined() || dgamma.defined() || dbeta.defined())
-          TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, masked, xs, g, m, r, plain));
-        return std::vector<Tensor>{dx, dgamma, dbeta, args.needs_grad[3] ? masked : Tensor()};
+        std::vector<Tensor> grads = group_norm_grads(masked, xs, g, m, r, Tensor(), args.needs_grad, plain);
+        grads.push_back(args.needs_grad[3] ? masked : Tensor());
+        return grads;
       });
     }
     return y;
@@ -146,13 +156,7 @@ Tensor group_norm_op(const char* op, const Tensor& x_in, const Tensor& gamma, co
                                (args.needs_grad[1] ? p.C * e : 0) + (args.needs_grad[2] ? p.C * e : 0);
         return norm_info({&dy, &xs, &g, &m, &r, &ys}, xs, 8, written);
       });
-      const TensorOptions o{.dtype = xs.dtype(), .device = xs.device()};
-      Tensor dx, dgamma, dbeta;
-      if (args.needs_grad[0]) dx = Tensor::empty(xs.shape(), o);
-      if (args.needs_grad[1]) dgamma = Tensor::empty({p.C}, o);
-      if (args.needs_grad[2]) dbeta = Tensor::empty({p.C}, o);
-      TG_DISPATCH(xs.device(), group_norm_backward(dx, dgamma, dbeta, dy, xs, g, m, r, p, ys));
-      return std::vector<Tensor>{dx, dgamma, dbeta};
+      return group_norm_grads(dy, xs, g, m, r, ys, args.needs_grad, p);
     });
   }
   return y;

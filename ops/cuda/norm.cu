@@ -14,16 +14,20 @@
 //           are read from memory once, not twice, and every warp sums a range of a channel.
 // With the ReLU (p.relu) the forward clamps y at 0 as the relu op does, and the backward reads
 // dy only where y > 0 (masked_grad): one op, the ReLU's own passes over the activation gone.
-// The formulas are those of the CPU reference (ops/cpu/norm.cpp).
+// The formulas are those of the CPU reference (ops/cpu/norm.cpp); the element-level pieces
+// (block sums, statistics, the ReLU mask, the dx formula) are in group_norm_elements.cuh.
 #include <algorithm>
 
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
 #include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/group_norm_elements.cuh"
 #include "ops/cuda/norm.h"
 
 namespace tg::cuda {
 namespace {
+
+using namespace group_norm_detail;
 
 constexpr int kMaxThreads = 256;
 
@@ -31,48 +35,6 @@ constexpr int kMaxThreads = 256;
 int threads_for(int64_t n) {
   int64_t t = (n + 31) / 32 * 32;
   return static_cast<int>(t < 32 ? 32 : t > kMaxThreads ? kMaxThreads : t);
-}
-
-// Sums (a, b) over a 1-D block whose size is a multiple of 32; every thread gets the totals.
-__device__ void block_sum2(double& a, double& b) {
-  __shared__ double sa[32], sb[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) {
-    a += __shfl_down_sync(0xffffffffu, a, o);
-    b += __shfl_down_sync(0xffffffffu, b, o);
-  }
-  if (lane == 0) {
-    sa[warp] = a;
-    sb[warp] = b;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < warps ? sa[lane] : 0.0;
-    b = lane < warps ? sb[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) {
-      a += __shfl_down_sync(0xffffffffu, a, o);
-      b += __shfl_down_sync(0xffffffffu, b, o);
-    }
-    if (lane == 0) {
-      sa[0] = a;
-      sb[0] = b;
-    }
-  }
-  __syncthreads();
-  a = sa[0];
-  b = sb[0];
-  __syncthreads();  // the next call may overwrite sa/sb
-}
-
-// max(0, v) as the relu op computes it (NaN gives 0), where `relu`; else v.
-template <class T>
-__device__ __forceinline__ T relu_if(bool relu, T v) { return relu && !(v > T(0)) ? T(0) : v; }
-
-// The gradient reaching the normalization: dy, or with the ReLU (y the forward's output, else
-// null) dy where y > 0, as the relu op's backward gives it.
-template <class T>
-__device__ __forceinline__ T masked_grad(const T* __restrict__ y, const T* __restrict__ dy, int64_t i) {
-  return y && !(y[i] > T(0)) ? T(0) : dy[i];
 }
 
 // y over elements [lo, hi) of group ng (D channels of HW, contiguous): x normalized with
@@ -104,13 +66,6 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
       yg[i] = relu_if(relu, v);
     }
   }
-}
-
-// Mean and 1/std of a group from its sum and sum of squares (biased variance; in double, which
-// keeps the cancellation small).
-__device__ __forceinline__ void group_stats(double s, double ss, int64_t M, double eps, double& mu, double& rs) {
-  mu = s / double(M);
-  rs = rsqrt(fmax(ss / double(M) - mu * mu, 0.0) + eps);
 }
 
 // One block per (n, g) when there are enough groups to fill the GPU: the sums in one read of
@@ -239,18 +194,6 @@ __global__ void __launch_bounds__(kParamChannels * kParamRows)
   if (dbeta) dbeta[c] = static_cast<T>(bs);
 }
 
-// Products rounded on their own: a contracted fma(gc, dy, -A) would leave a rounding residue
-// where the exact answer is 0 (a group of one element).
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
-// One element of dx: the CPU formula term by term in T (x - mu first keeps f32 accurate, and a
-// degenerate group of one element, var 0, gives exactly 0 like the reference).
-template <class T>
-__device__ __forceinline__ T dx_value(T rs, T A, T B, T mu, T gc, T dy, T x) {
-  return rs * (mul_rn(gc, dy) - A - (x - mu) * rs * B);
-}
-
 // (3) per (n, g): dx = rstd (g_c dy - A - xhat B), A = sum(g_c dy)/M, B = sum(g_c dy xhat)/M.
 // Block (ng, slice) writes elements [slice * slice_len, ...) of the group (every block of a
 // group computes A and B alike).
@@ -309,20 +252,6 @@ template <class T>
 int64_t fused_smem_bytes(int64_t M, int64_t D) {
   // x, dy; the channel sums (2 D); the ranges' sums (2 D parts).
   return 2 * M * int64_t(sizeof(T)) + 2 * (D + D * fused_parts(D)) * int64_t(sizeof(double));
-}
-
-// dst[0, M) = src[0, M) by the block, in 16-byte pieces where both sides allow them (the group
-// starts on a 16-byte boundary and spans whole pieces).
-template <class T>
-__device__ void stage_group(T* __restrict__ dst, const T* __restrict__ src, int64_t M) {
-  const int64_t bytes = M * int64_t(sizeof(T));
-  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | uintptr_t(bytes)) % 16 == 0) {
-    const uint4* s4 = reinterpret_cast<const uint4*>(src);
-    uint4* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d4[i] = s4[i];
-  } else {
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) dst[i] = src[i];
-  }
 }
 
 template <class T>

@@ -2,7 +2,11 @@
 // test_conv_tma_quads_cuda.cpp): a case, the tolerances by precision, the f64 reference copy,
 // and the check that the GPU runs the kernel at all.
 #pragma once
+#include <cstddef>
+#include <string>
+
 #include "common/test_util.h"
+#include "ops/cpu/conv.h"
 #include "ops/cuda/gemm/engine.h"
 
 namespace tg::test::conv_tma {
@@ -32,6 +36,47 @@ inline Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
 inline bool hopper() {
   return cuda::engine_conv_forward_uses_tma(make_conv_shape("probe", {1, 16, 4, 4}, {1, 16, 3, 3}, {}),
                                             Tensor::empty({1, 16, 4, 4}, {.device = kGpu}), Precision::TF32);
+}
+
+// The forward (with a bias) on the TMA kernel for every precision and each policy variant (its
+// tma_quads set to `tma_quads`), against the f64 reference; outputs poisoned first. FP32 runs
+// 128-wide tiles, one block per SM, whatever a variant asks of the width.
+inline void expect_forward_on_tma(const ConvCase& c, const Variant* variants, size_t count, int tma_quads = 0) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu), b = random({s.K}, DType::f32, kGpu);
+  Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
+  cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
+  for (Precision prec : kPrecisions)
+    for (size_t i = 0; i < count; ++i) {
+      cuda::EnginePolicy policy = variants[i].policy;
+      policy.tma_quads = tma_quads;
+      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + variants[i].name;
+      ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, prec, policy)) << where;
+      Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
+      poison(y);
+      cuda::engine_conv_forward(y, x, w, b, s, prec, policy);
+      EXPECT_LE(rel_l2(y, y_ref), tolerance(prec)) << where;
+    }
+}
+
+// Grad-input on the TMA kernel for every precision and each policy variant (its tma_quads set to
+// `tma_quads`), against the f64 reference; outputs poisoned first.
+inline void expect_grad_input_on_tma(const ConvCase& c, const Variant* variants, size_t count, int tma_quads = 0) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
+  cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+  for (Precision prec : kPrecisions)
+    for (size_t i = 0; i < count; ++i) {
+      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + variants[i].name;
+      cuda::EnginePolicy policy = variants[i].policy;
+      policy.tma_quads = tma_quads;
+      ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, policy)) << where;
+      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
+      poison(dx);
+      cuda::engine_conv_grad_input(dx, dy, w, s, prec, policy);
+      EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
+    }
 }
 
 }  // namespace tg::test::conv_tma

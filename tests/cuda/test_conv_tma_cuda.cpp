@@ -58,24 +58,6 @@ const Variant kVariants[] = {
     {"128 wide, split 3, stores through the output map", {.tile = 128, .splits = 3, .tma_store = -1}},
 };
 
-// Grad-input on the TMA kernel for every precision and policy variant, against the f64
-// reference.
-void expect_grad_input_on_tma(const ConvCase& c) {
-  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-  Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-  Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-  cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-  for (Precision prec : kPrecisions)
-    for (const Variant& v : kVariants) {
-      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-      ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, v.policy)) << where;
-      Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-      poison(dx);
-      cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
-      EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
-    }
-}
-
 // Grad-input the TMA kernel leaves to the other kernels, which still give the right answer.
 void expect_grad_input_elsewhere(const ConvCase& c) {
   const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
@@ -91,23 +73,7 @@ void expect_grad_input_elsewhere(const ConvCase& c) {
 
 TEST(ConvTma, ForwardMatchesF64Reference) {
   TG_REQUIRE_TMA();
-  for (const ConvCase& c : tma_cases()) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu);
-    Tensor b = random({s.K}, DType::f32, kGpu);
-    Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
-    cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
-    // FP32 runs 128-wide tiles, one block per SM, whatever the variant asks of the width.
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, prec, v.policy)) << where;
-        Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::f32, .device = kGpu});
-        poison(y);
-        cuda::engine_conv_forward(y, x, w, b, s, prec, v.policy);
-        EXPECT_LE(rel_l2(y, y_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : tma_cases()) expect_forward_on_tma(c, kVariants, std::size(kVariants));
 }
 
 // Without a bias and with one: the bias reaches every output channel exactly once (split
@@ -228,7 +194,7 @@ TEST(ConvTma, GradInputMatchesF64Reference) {
       {"NHWC 3x3 p1", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}},
       {"3d 3x3x3 p1", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}},
   };
-  for (const ConvCase& c : cases) expect_grad_input_on_tma(c);
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c, kVariants, std::size(kVariants));
   // Strided grad-input: StridedGradInputMatchesF64Reference.
   const ConvCase others[] = {
       {"padding past the reach", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {3}}},
@@ -269,7 +235,7 @@ TEST(ConvTma, StridedGradInputMatchesF64Reference) {
       {"3d anisotropic", {2, 16, 5, 9, 6}, {20, 16, 1, 3, 2},
        {.stride = {1, 2, 3}, .padding = {0, 1, 1}, .dilation = {1, 1, 2}}},
   };
-  for (const ConvCase& c : cases) expect_grad_input_on_tma(c);
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c, kVariants, std::size(kVariants));
   // Left to the other kernels, which still give the right answer.
   const ConvCase others[] = {
       {"8 dy channels (most of each 32-channel slice wasted)", {2, 24, 9, 11}, {8, 24, 3, 3},

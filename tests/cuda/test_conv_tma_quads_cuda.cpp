@@ -59,27 +59,9 @@ const Variant kVariants[] = {
 
 // The mode's correctness wherever it can run: tma_quads = 1 (the default takes it only where it
 // pays: DefaultTakesItWhereItPays).
-void expect_forward_on_tma(const ConvCase& c, const Variant* variants, size_t count) {
-  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-  Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu), b = random({s.K}, DType::f32, kGpu);
-  Tensor y_ref = Tensor::empty(s.y_shape(), {.dtype = DType::f64});
-  cpu::conv_forward(y_ref, ref(x), ref(w), ref(b), s);
-  for (Precision prec : kPrecisions)
-    for (size_t i = 0; i < count; ++i) {
-      cuda::EnginePolicy policy = variants[i].policy;
-      policy.tma_quads = 1;
-      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + variants[i].name;
-      ASSERT_TRUE(cuda::engine_conv_forward_uses_tma(s, x, prec, policy)) << where;
-      Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});
-      poison(y);
-      cuda::engine_conv_forward(y, x, w, b, s, prec, policy);
-      EXPECT_LE(rel_l2(y, y_ref), tolerance(prec)) << where;
-    }
-}
-
 TEST(ConvTmaQuads, ForwardMatchesF64Reference) {
   TG_REQUIRE_TMA();
-  for (const ConvCase& c : few_channel_cases()) expect_forward_on_tma(c, kVariants, std::size(kVariants));
+  for (const ConvCase& c : few_channel_cases()) expect_forward_on_tma(c, kVariants, std::size(kVariants), 1);
 }
 
 // tma_quads = 1 takes 16-31 channels too (instead of one 32-channel slice per tap, half zeros).
@@ -90,7 +72,7 @@ TEST(ConvTmaQuads, SixteenToThirtyOneChannelsOnRequest) {
       {"5x5 p2, 31 channels (NCHW pads to 32)", {2, 31, 9, 12}, {40, 31, 5, 5}, {.padding = {2}}},
       {"NHWC 3x3 s2 p1, 20 channels", {2, 13, 10, 20}, {36, 20, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
   };
-  for (const ConvCase& c : cases) expect_forward_on_tma(c, kVariants, std::size(kVariants));
+  for (const ConvCase& c : cases) expect_forward_on_tma(c, kVariants, std::size(kVariants), 1);
 }
 
 // Stride-1 grad-input runs as a forward over dy: few output channels make it a few-channel
@@ -102,23 +84,7 @@ TEST(ConvTmaQuads, GradInputWithFewOutputChannels) {
       {"5x5 p2, 40 -> 1 channel", {2, 40, 8, 13}, {1, 40, 5, 5}, {.padding = {2}}},
       {"3d 3x3x3 p1, 20 -> 6 channels", {2, 20, 5, 6, 7}, {6, 20, 3, 3, 3}, {.padding = {1}}},
   };
-  for (const ConvCase& c : cases) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        cuda::EnginePolicy policy = v.policy;
-        policy.tma_quads = 1;
-        ASSERT_TRUE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec, policy)) << where;
-        Tensor dx = Tensor::empty(c.x, {.device = kGpu});
-        poison(dx);
-        cuda::engine_conv_grad_input(dx, dy, w, s, prec, policy);
-        EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c, kVariants, std::size(kVariants), /*tma_quads=*/1);
 }
 
 // One infinite input: exactly the outputs whose windows hold it are non-finite, as in the f64

@@ -33,6 +33,23 @@ const std::vector<Case> kCases = {
     {{25, 36, 7, 3}, 12, false},   {{300, 2, 64, 64}, 1, true},       {{300, 2, 70, 60}, 1, true},
 };
 
+// A case's GPU tensors: x (requiring grad), gamma and beta (requiring grad; undefined without
+// affine), and the upstream gradient dy.
+struct Inputs {
+  Tensor x, gamma, beta, dy;
+};
+Inputs inputs_of(const Case& k, Device gpu) {
+  const int64_t C = k.shape[1];
+  Inputs in;
+  in.x = random(k.shape, f32, gpu).requires_grad_();
+  if (k.affine) {
+    in.gamma = uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_();
+    in.beta = random({C}, f32, gpu).requires_grad_();
+  }
+  in.dy = random(k.shape, f32, gpu);
+  return in;
+}
+
 GroupNormProblem problem_of(const Tensor& x, int64_t groups) {
   return {.N = x.size(0), .C = x.size(1), .HW = x.numel() / (x.size(0) * x.size(1)), .groups = groups, .eps = 1e-5};
 }
@@ -44,11 +61,7 @@ TEST(GroupNormCuda, ForwardAndEveryGradientMatchCpu) {
   const Device gpu = Device::cuda();
   for (const Case& k : kCases) {
     SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
-    const int64_t C = k.shape[1];
-    Tensor x = random(k.shape, f32, gpu).requires_grad_();
-    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
-    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
-    Tensor dy = random(k.shape, f32, gpu);
+    auto [x, gamma, beta, dy] = inputs_of(k, gpu);
     const int64_t groups = k.groups;
     expect_matches_f64_cpu([groups](const std::vector<Tensor>& in) { return group_norm(in[0], in[1], in[2], groups); },
                            {x, gamma, beta}, dy, kTol);
@@ -180,11 +193,7 @@ TEST(GroupNormCuda, GroupNormReluMatchesCpuAndTheTwoOps) {
   const Device gpu = Device::cuda();
   for (const Case& k : kCases) {
     SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
-    const int64_t C = k.shape[1];
-    Tensor x = random(k.shape, f32, gpu).requires_grad_();
-    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
-    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
-    Tensor dy = random(k.shape, f32, gpu);
+    auto [x, gamma, beta, dy] = inputs_of(k, gpu);
     const int64_t groups = k.groups;
     expect_relu_variant_matches_cpu(x, gamma, beta, Tensor(), dy, groups);
     if (beta.defined()) beta.zero_grad();
@@ -211,11 +220,8 @@ TEST(GroupNormCuda, GroupNormAddReluMatchesCpuAndTheThreeOps) {
   const Device gpu = Device::cuda();
   for (const Case& k : kCases) {
     SCOPED_TRACE(testing::Message() << k.shape << " groups=" << k.groups << " affine=" << k.affine);
-    const int64_t C = k.shape[1];
-    Tensor x = random(k.shape, f32, gpu).requires_grad_(), r = random(k.shape, f32, gpu).requires_grad_();
-    Tensor gamma = k.affine ? uniform({C}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_() : Tensor();
-    Tensor beta = k.affine ? random({C}, f32, gpu).requires_grad_() : Tensor();
-    Tensor dy = random(k.shape, f32, gpu);
+    auto [x, gamma, beta, dy] = inputs_of(k, gpu);
+    Tensor r = random(k.shape, f32, gpu).requires_grad_();
     const int64_t groups = k.groups;
     expect_relu_variant_matches_cpu(x, gamma, beta, r, dy, groups);
     if (gamma.defined()) gamma.zero_grad();

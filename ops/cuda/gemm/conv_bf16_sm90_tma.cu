@@ -43,8 +43,6 @@ __global__ void pack_bf16_taps_kernel(uint16_t* __restrict__ packed, const uint1
   }
 }
 
-const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The channels of the map: C itself for channels-last inputs, C padded to 8 for the scratch.
 int64_t map_channels(const ConvShape& s) { return s.channels_last() ? s.C : round_up(s.C, 8); }
@@ -64,7 +62,7 @@ bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, cons
   if (!tile || policy.arch == 80 || x.dtype() != DType::bf16 || !x.device().is_cuda()) return false;
   if (s.C < kTmaMinChannels || !engine_conv_can_implement(s, DType::f32) || !device_runs_wgmma(x.device().index))
     return false;
-  if (s.channels_last() && (s.C % 8 != 0 || !aligned16(bits(x)))) return false;
+  if (s.channels_last() && (s.C % 8 != 0 || !aligned16(bf16_bits(x)))) return false;
   const int64_t red = s.kernel_volume() * round_up(s.C, kSlice);
   return red <= kIndexLimit && fits(s.N * s.out_volume()) && im2col_map_fits(im2col_geometry(s, map_channels(s)));
 }
@@ -93,14 +91,14 @@ void conv_fprop_bf16_tma(const Tensor& y, const Tensor& x, const Tensor& w, cons
   const int64_t k_rows = round_up(s.K, cols);  // whole B boxes (as the f32 forward)
   Tensor packed = Tensor::empty({k_rows * red}, bf16);
   pack_bf16_taps_kernel<<<grid_for(packed.numel(), kThreads), kThreads, 0, st>>>(
-      static_cast<uint16_t*>(packed.raw_data()), bits(w), s.K, k_rows, s.C, kvol, c_pad, flipped);
+      static_cast<uint16_t*>(packed.raw_data()), bf16_bits(w), s.K, k_rows, s.C, kvol, c_pad, flipped);
   TG_LAUNCH_CHECK();
   Tensor staged;
-  const uint16_t* x_last = bits(x);
+  const uint16_t* x_last = bf16_bits(x);
   if (!s.channels_last()) {
     staged = Tensor::empty({s.N * s.in_volume() * channels}, bf16);
-    transpose_into(static_cast<uint16_t*>(staged.raw_data()), bits(x), s.N, s.C, s.in_volume(), channels, st);
-    x_last = bits(staged);
+    transpose_into(static_cast<uint16_t*>(staged.raw_data()), bf16_bits(x), s.N, s.C, s.in_volume(), channels, st);
+    x_last = bf16_bits(staged);
   }
   const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);
   const MainloopArgs args = conv_forward_args(y.data<float>(), b.defined() ? b.data<float>() : nullptr, s, red);

@@ -59,7 +59,7 @@ template <class T>
 bool phases_apply(const ConvShape& s, const void* dy, int dev) {
   if (s.stride[0] == 1 && s.stride[1] == 1 && s.stride[2] == 1) return false;
   if (s.K < kTmaMinChannels || !device_runs_wgmma(dev)) return false;
-  if (s.channels_last() && (s.K % kPer16<T> != 0 || (reinterpret_cast<uintptr_t>(dy) & 15) != 0)) return false;
+  if (s.channels_last() && (s.K % kPer16<T> != 0 || !aligned16(dy))) return false;
   const int64_t channels = map_channels<T>(s), k_pad = round_up(s.K, kSliceOf<T>);
   bool fit = true;
   for_each_phase(s, [&](const DimPhase (&dims)[3]) {
@@ -174,8 +174,7 @@ bool conv_dgrad_phases_bf16_tma_applies(const ConvShape& s, const Tensor& dy) {
 
 void conv_dgrad_phases_bf16_tma(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                                 const EnginePolicy& policy) {
-  dgrad_phases<uint16_t>(dx, static_cast<const uint16_t*>(dy.raw_data()), static_cast<const uint16_t*>(w.raw_data()),
-                         s, Precision::TF32, policy);
+  dgrad_phases<uint16_t>(dx, bf16_bits(dy), bf16_bits(w), s, Precision::TF32, policy);
 }
 
 }  // namespace tg::cuda::engine

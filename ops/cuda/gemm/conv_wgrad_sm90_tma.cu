@@ -221,8 +221,7 @@ bool conv_wgrad_bf16_tma_applies(const ConvShape& s, int dev, const EnginePolicy
 
 void conv_wgrad_bf16_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                          const EnginePolicy& policy) {
-  wgrad_columns<uint16_t>(dw, static_cast<const uint16_t*>(dy.raw_data()), static_cast<const uint16_t*>(x.raw_data()),
-                          s, Precision::TF32, policy, launch_matmul_tma_bf16);
+  wgrad_columns<uint16_t>(dw, bf16_bits(dy), bf16_bits(x), s, Precision::TF32, policy, launch_matmul_tma_bf16);
 }
 
 }  // namespace tg::cuda::engine

@@ -19,9 +19,6 @@
 namespace tg::cuda {
 namespace {
 
-const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
   TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dtype() == DType::f32 &&
                               (!bias.defined() || bias.dtype() == DType::f32),
@@ -61,8 +58,9 @@ bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProbl
   const bool rows_ok = (!a_in_place && !b_in_place) || p.K % 8 == 0;
   const bool transposable = (a_in_place && b_in_place) || (p.K + 31) / 32 <= 65535;  // the transpose's grid
   return tile && policy.arch != 80 && a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && a.device().is_cuda() &&
-         p.K > 0 && rows_ok && transposable && (p.K + 7) / 8 * 8 <= engine::kIndexLimit && (!a_in_place || aligned16(bf16_bits(a))) &&
-         (!b_in_place || aligned16(bf16_bits(b))) && device_runs_wgmma(a.device().index);
+         p.K > 0 && rows_ok && transposable && (p.K + 7) / 8 * 8 <= engine::kIndexLimit &&
+         (!a_in_place || engine::aligned16(engine::bf16_bits(a))) &&
+         (!b_in_place || engine::aligned16(engine::bf16_bits(b))) && device_runs_wgmma(a.device().index);
 }
 
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
@@ -83,18 +81,18 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   const int64_t red = a_in_place || b_in_place ? p.K : (p.K + 7) / 8 * 8;
   const TensorOptions bf16{.dtype = DType::bf16, .device = c.device()};
   cudaStream_t st = stream(dev);
-  const uint16_t* a_rows = bf16_bits(a);
-  const uint16_t* b_rows = bf16_bits(b);
+  const uint16_t* a_rows = engine::bf16_bits(a);
+  const uint16_t* b_rows = engine::bf16_bits(b);
   Tensor a_scratch, b_scratch;
   if (!a_in_place) {
     a_scratch = Tensor::empty({p.M * red}, bf16);
     engine::transpose_into(static_cast<uint16_t*>(a_scratch.raw_data()), a_rows, 1, p.K, p.M, red, st);
-    a_rows = bf16_bits(a_scratch);
+    a_rows = engine::bf16_bits(a_scratch);
   }
   if (!b_in_place) {
     b_scratch = Tensor::empty({p.N * red}, bf16);
     engine::transpose_into(static_cast<uint16_t*>(b_scratch.raw_data()), b_rows, 1, p.K, p.N, red, st);
-    b_rows = bf16_bits(b_scratch);
+    b_rows = engine::bf16_bits(b_scratch);
   }
   const int cols = policy.tile == 256 ? 256 : policy.tile == 64 || p.N <= 64 ? 64 : 128;
   engine::Plan plan = engine::make_tma_plan(p.M, p.N, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);

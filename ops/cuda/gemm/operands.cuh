@@ -27,7 +27,7 @@
 #include "../arch/fast_divmod.h"
 
 namespace tg::cuda::engine {
-inline bool aligned16(const float* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 }  // namespace tg::cuda::engine
 
 namespace tg::cuda::engine {

@@ -25,6 +25,8 @@ constexpr int64_t kCoordinateLimit = int64_t{1} << 29;
 constexpr int kThreads = 256;  // the engine's elementwise helper kernels
 
 inline bool fits(int64_t v) { return v >= 0 && v <= kIndexLimit; }
+// A bf16 tensor's elements as their bit patterns (Tensor::data has no C++ type for bf16).
+inline const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
 
 // Tiles, kernel (wgmma or mma.sync) and reduction split for one product C[M][N] over red.
 // narrow_ok: B's k is contiguous (the narrow tile's loader needs it).
