@@ -13,6 +13,11 @@ void check_floating(const char* op, const Tensor& t) {
 void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, a);
   check_floating(op, b);
+  check_same_device_and_dtype(op, a, b);
+}
+
+void check_same_device_and_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  TG_CHECK(a.defined() && b.defined(), op, ": an input is an undefined tensor");
   TG_CHECK_AS(DeviceError, a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
   TG_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
 }

@@ -7,5 +7,8 @@ namespace tg {
 
 void check_floating(const char* op, const Tensor& t);                               // DTypeError
 void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b);  // DeviceError / DTypeError
+// The same without the floating check, for the ops whose callers route half tensors to half
+// kernels (conv_bf16, linear_bf16_impl).
+void check_same_device_and_dtype(const char* op, const Tensor& a, const Tensor& b);
 
 }  // namespace tg

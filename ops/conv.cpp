@@ -32,18 +32,21 @@ const char* rank_description(int spatial_dims, Layout layout) {
 }
 
 // Checks x, w (and b when defined): defined, floating, one dtype, one device, ranks.
+// half_kernels: the caller runs bf16 kernels (conv_bf16), so half dtypes pass; elsewhere they are
+// rejected (conv2d routes them to conv_half before this).
 void check_operands(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
-                    const ConvParams& p) {
+                    const ConvParams& p, bool half_kernels = false) {
   TG_CHECK(x.defined(), op, ": the input is an undefined tensor");
   TG_CHECK(w.defined(), op, ": the weight is an undefined tensor");
-  check_same_device_dtype(op, x, w);
+  const auto check_pair = half_kernels ? check_same_device_and_dtype : check_same_device_dtype;
+  check_pair(op, x, w);
   const int64_t rank = spatial_dims + 2;
   TG_CHECK_AS(ShapeError, x.dim() == rank, op, ": expected a ", rank, "-D input ", rank_description(spatial_dims, p.layout),
               ", got ", describe(x));
   TG_CHECK_AS(ShapeError, w.dim() == rank, op, ": expected a ", rank, "-D weight (K, C, ",
               spatial_dims == 3 ? "kd, kh, kw" : "kh, kw", "), got ", describe(w));
   if (b.defined()) {
-    check_same_device_dtype(op, x, b);
+    check_pair(op, x, b);
     TG_CHECK_AS(ShapeError, b.dim() == 1 && b.size(0) == w.size(0), op, ": bias ", describe(b), " does not match weight ",
                 w.shape(), ": expected shape [", w.size(0), "]");
   }
@@ -188,10 +191,8 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
 // bf16 convolution on a GPU (Autocast's): the forward on the engine's BF16 kernel (exact
 // products, f32 accumulation, one rounding to bf16: cuda::conv_forward_bf16); the backward
 // conv_grads_bf16.
-Tensor conv_bf16(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
+Tensor conv_bf16(const char* op, const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b,
                  const ConvParams& p) {
-  check_operands(op, spatial_dims, x, w, b, p);
-  const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
   profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = x.device()});
   cuda::conv_forward_bf16(y, x, w, b, s);
@@ -201,14 +202,17 @@ Tensor conv_bf16(const char* op, int spatial_dims, const Tensor& x, const Tensor
 #endif
 
 // conv2d / conv3d with half inputs or inside an Autocast scope (ops/half_compute.h): bf16
-// operands on a GPU take conv_bf16, the rest matrix_op.
+// operands on a GPU take conv_bf16 (problems within the engine's limits), the rest matrix_op.
 Tensor conv_half(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                  const ConvParams& p) {
   const auto f32_op = [&](const std::vector<Tensor>& v) { return conv_nd(op, spatial_dims, v[0], v[1], v[2], p); };
 #if TG_CUDA
   const std::vector<Tensor> lowered = autocast_lower({x, w, b});
-  if (bf16_conv_on_gpu(lowered[0], lowered[1], lowered[2]))
-    return conv_bf16(op, spatial_dims, lowered[0], lowered[1], lowered[2], p);
+  if (bf16_conv_on_gpu(lowered[0], lowered[1], lowered[2])) {
+    check_operands(op, spatial_dims, lowered[0], lowered[1], lowered[2], p, /*half_kernels=*/true);
+    const ConvShape s = make_conv_shape(op, lowered[0].shape(), lowered[1].shape(), p);
+    if (cuda::conv_bf16_can_implement(s)) return conv_bf16(op, s, lowered[0], lowered[1], lowered[2], p);
+  }
   // Already lowered: matrix_op's own Autocast casts find no f32 operand left.
   return matrix_op(op, lowered, f32_op);
 #else

@@ -263,6 +263,8 @@ void into_bf16(const char* op, const Tensor& out, std::initializer_list<const Te
 
 }  // namespace
 
+bool conv_bf16_can_implement(const ConvShape& s) { return engine_conv_can_implement(s, DType::f32); }
+
 void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
   into_bf16("conv_forward_bf16", y, {&x, &w, &b}, [&](const Tensor& y32) {
     Tensor bias;

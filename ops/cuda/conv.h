@@ -15,6 +15,9 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
                   Precision precision = tg::precision());
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                      Precision precision = tg::precision());
+// Whether the bf16 passes below take this problem (the engine's index limits); where not, the
+// caller computes on f32 copies.
+bool conv_bf16_can_implement(const ConvShape& s);
 // y = conv(x, w) + b with every operand bf16 (b may be undefined): BF16 products accumulated in
 // f32 (engine_conv_forward_bf16), the sum rounded once to bf16.
 void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
