@@ -245,10 +245,8 @@ void conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tenso
 
 namespace {
 
-// The bf16 passes: `pass` writes an f32 buffer of out's shape, rounded once (to nearest even)
-// into out. Every tensor named must be bf16 (or undefined).
-template <class Pass>
-void into_bf16(const char* op, const Tensor& out, std::initializer_list<const Tensor*> operands, Pass&& pass) {
+// The bf16 passes take bf16 tensors only (out and every operand named, or undefined ones).
+void check_bf16(const char* op, const Tensor& out, std::initializer_list<const Tensor*> operands) {
   bool ok = out.dtype() == DType::bf16;
   std::string got;
   for (const Tensor* t : operands) {
@@ -256,9 +254,6 @@ void into_bf16(const char* op, const Tensor& out, std::initializer_list<const Te
     if (t->defined()) got += (got.empty() ? "" : ", ") + describe(*t);
   }
   TG_CHECK_AS(DTypeError, ok, op, ": wants bf16 tensors; got ", got, " -> ", describe(out));
-  Tensor out32 = Tensor::empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
-  pass(out32);
-  cast(out, out32);
 }
 
 }  // namespace
@@ -266,24 +261,26 @@ void into_bf16(const char* op, const Tensor& out, std::initializer_list<const Te
 bool conv_bf16_can_implement(const ConvShape& s) { return engine_conv_can_implement(s, DType::f32); }
 
 void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s) {
-  into_bf16("conv_forward_bf16", y, {&x, &w, &b}, [&](const Tensor& y32) {
-    Tensor bias;
-    if (b.defined()) {
-      bias = Tensor::empty(b.shape(), {.dtype = DType::f32, .device = b.device()});
-      cast(bias, b);  // exact
-    }
-    engine_conv_forward_bf16(y32, x, w, bias, s, kernel_policy().engine);
-  });
+  check_bf16("conv_forward_bf16", y, {&x, &w, &b});
+  Tensor bias;
+  if (b.defined()) {
+    bias = Tensor::empty(b.shape(), {.dtype = DType::f32, .device = b.device()});
+    cast(bias, b);  // exact
+  }
+  engine_conv_forward_bf16(y, x, w, bias, s, kernel_policy().engine);
 }
 
 void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  into_bf16("conv_grad_input_bf16", dx, {&dy, &w},
-            [&](const Tensor& dx32) { engine_conv_grad_input_bf16(dx32, dy, w, s, kernel_policy().engine); });
+  check_bf16("conv_grad_input_bf16", dx, {&dy, &w});
+  engine_conv_grad_input_bf16(dx, dy, w, s, kernel_policy().engine);
 }
 
+// The grad-weight's kernels write f32 (a weight-sized scratch), rounded once into dw.
 void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  into_bf16("conv_grad_weight_bf16", dw, {&dy, &x},
-            [&](const Tensor& dw32) { engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine); });
+  check_bf16("conv_grad_weight_bf16", dw, {&dy, &x});
+  Tensor dw32 = Tensor::empty(dw.shape(), {.dtype = DType::f32, .device = dw.device()});
+  engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine);
+  cast(dw, dw32);
 }
 
 void conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, Precision precision) {

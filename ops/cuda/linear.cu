@@ -251,14 +251,12 @@ void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor
   TG_CHECK_AS(DTypeError, bf16(y) && bf16(x) && bf16(w) && bf16(b), "linear_bf16: wants bf16 x, w, b and y; got ",
               describe(x), ", ", describe(w), b.defined() ? ", " + describe(b) : std::string(), " -> ", describe(y));
   const int64_t B = x.size(0), in = x.size(1), out = w.size(0);
-  const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
-  Tensor bias, y32 = Tensor::empty({B, out}, f32);
+  Tensor bias;
   if (b.defined()) {
-    bias = Tensor::empty({out}, f32);
+    bias = Tensor::empty({out}, {.dtype = DType::f32, .device = y.device()});
     cast(bias, b);  // exact
   }
-  engine_gemm_bf16(y32, x, w, bias, {.M = B, .N = out, .K = in, .transB = true});
-  cast(y, y32);  // rounded once, to nearest even
+  engine_gemm_bf16(y, x, w, bias, {.M = B, .N = out, .K = in, .transB = true});  // each sum rounded once
 }
 
 void linear_bf16_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w) {
@@ -266,17 +264,8 @@ void linear_bf16_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, 
   TG_CHECK_AS(DTypeError, bf16(dx) && bf16(dw) && bf16(dy) && bf16(x) && bf16(w),
               "linear_bf16_backward: wants bf16 tensors; got dy ", describe(dy), ", x ", describe(x), ", w ", describe(w));
   const int64_t B = dy.size(0), out = dy.size(1), in = w.size(1);
-  const TensorOptions f32{.dtype = DType::f32, .device = dy.device()};
-  if (dx.defined()) {
-    Tensor dx32 = Tensor::empty({B, in}, f32);
-    engine_gemm_bf16(dx32, dy, w, Tensor(), {.M = B, .N = in, .K = out});
-    cast(dx, dx32);
-  }
-  if (dw.defined()) {
-    Tensor dw32 = Tensor::empty({out, in}, f32);
-    engine_gemm_bf16(dw32, dy, x, Tensor(), {.M = out, .N = in, .K = B, .transA = true});
-    cast(dw, dw32);
-  }
+  if (dx.defined()) engine_gemm_bf16(dx, dy, w, Tensor(), {.M = B, .N = in, .K = out});
+  if (dw.defined()) engine_gemm_bf16(dw, dy, x, Tensor(), {.M = out, .N = in, .K = B, .transA = true});
 }
 
 void sum_rows(const Tensor& db, const Tensor& dy) {

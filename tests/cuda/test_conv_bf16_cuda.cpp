@@ -8,7 +8,9 @@
 // nearest: within R 2^-23 (relative L2) for a reduction of R = C kvol terms, and at least 1e-5.
 // A kernel that mixed up taps, channels, rows or tiles misses by 1e-3 and more. The ops under
 // Autocast are compared with the CPU's bf16 path: one bf16 rounding apart for the outputs
-// (2^-8), two for the gradients (2^-7). Outputs are NaN-poisoned first. Needs an sm_90a GPU for
+// (2^-8), two for the gradients (2^-7). The forward and grad-input also write bf16 outputs (each
+// sum rounded once, in the kernel's epilogue or from an f32 scratch): exactly the bits of their
+// f32 outputs cast to bf16. Outputs are NaN-poisoned first. Needs an sm_90a GPU for
 // the BF16 kernel; the fallback (the f32 kernels at TF32 on f32 copies) runs on any GPU.
 #include <algorithm>
 #include <cmath>
@@ -18,6 +20,7 @@
 
 #include "autograd/tape.h"
 #include "common/conv_tma_util.h"
+#include "common/half_util.h"
 #include "core/autocast.h"
 #include "core/precision.h"
 #include "ops/conv.h"
@@ -41,7 +44,7 @@ bool bf16_kernel() {
 }
 
 // One case under each policy: f32 output (and f32 bias) against the f64 reference of the same
-// bf16 values.
+// bf16 values, and a bf16 output against the f32 one's bits rounded.
 void expect_forward_matches(const ConvCase& c, const std::vector<Variant>& variants, bool want_tma) {
   const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
   const Tensor x = random(c.x, DType::bf16, kGpu), w = random(c.w, DType::bf16, kGpu);
@@ -55,6 +58,10 @@ void expect_forward_matches(const ConvCase& c, const std::vector<Variant>& varia
     poison(y);
     cuda::engine_conv_forward_bf16(y, x, w, b, s, v.policy);
     EXPECT_LE(rel_l2(y, want), tolerance_for(s)) << where;
+    Tensor y16 = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = kGpu});
+    poison(y16);
+    cuda::engine_conv_forward_bf16(y16, x, w, b, s, v.policy);
+    EXPECT_EQ(half_bits(y16), half_bits(y.to(DType::bf16))) << where << ", bf16 output";
   }
 }
 
@@ -125,6 +132,10 @@ TEST(ConvBf16, GradInputMatchesF64Reference) {
       poison(dx);
       cuda::engine_conv_grad_input_bf16(dx, dy, w, s, v.policy);
       EXPECT_LE(rel_l2(dx, want), std::max(1e-5, double(s.K * s.kernel_volume()) * std::ldexp(1.0, -23))) << where;
+      Tensor dx16 = Tensor::empty(c.x, {.dtype = DType::bf16, .device = kGpu});
+      poison(dx16);
+      cuda::engine_conv_grad_input_bf16(dx16, dy, w, s, v.policy);
+      EXPECT_EQ(half_bits(dx16), half_bits(dx.to(DType::bf16))) << where << ", bf16 output";
     }
   }
 }
@@ -182,6 +193,12 @@ TEST(ConvBf16, ErrorsAreTypedAndNameTheOp) {
   TG_EXPECT_ERROR(cuda::engine_conv_forward_bf16(y, x32, w, Tensor(), s), "engine_conv_forward_bf16", "got f32");
   Tensor y16 = Tensor::empty(s.y_shape(), {.dtype = DType::bf16, .device = kGpu});
   EXPECT_THROW(cuda::conv_forward_bf16(y16, x32, w, Tensor(), s), DTypeError);
+  // Outputs: f32 or bf16 for the forward and grad-input, f32 for the grad-weight's kernels.
+  const Tensor x = random({2, 16, 6, 6}, DType::bf16, kGpu), dy = random(s.y_shape(), DType::bf16, kGpu);
+  Tensor y_f16 = Tensor::empty(s.y_shape(), {.dtype = DType::f16, .device = kGpu});
+  TG_EXPECT_ERROR(cuda::engine_conv_forward_bf16(y_f16, x, w, Tensor(), s), "engine_conv_forward_bf16", "out f16");
+  Tensor dw16 = Tensor::empty({8, 16, 3, 3}, {.dtype = DType::bf16, .device = kGpu});
+  EXPECT_THROW(cuda::engine_conv_grad_weight_bf16(dw16, dy, x, s), DTypeError);
 }
 
 // conv2d and conv3d under Autocast(bf16) on the GPU (forward, grad-input and grad-weight on the

@@ -12,7 +12,9 @@
 // the result to bf16): the two sums differ in order only, so the bf16 results are the same or
 // one rounding apart: relative L2 <= 2^-8 (a bf16 ulp at 1 is 2^-7); the gradients pass two
 // roundings to bf16 (dy at y's cast, the gradient at the op's boundary): 2^-7, as in
-// test_half_ops_cuda.cpp.
+// test_half_ops_cuda.cpp. A bf16 output (each sum rounded once in the epilogue, or from an f32
+// scratch) must hold exactly the bits of the f32 output cast to bf16: the same sums, rounded by
+// the same function.
 // Needs an sm_90a GPU for the BF16 kernel; the fallback (the TF32 engine on f32 copies) on any GPU.
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "common/half_util.h"
 #include "common/test_util.h"
 #include "core/autocast.h"
 #include "core/precision.h"
@@ -55,7 +58,8 @@ struct GemmCase {
 
 using Variant = std::pair<const char*, cuda::EnginePolicy>;
 
-// One case under each policy variant, against one f64 reference.
+// One case under each policy variant, against one f64 reference; and into a bf16 output, against
+// the f32 output's bits rounded.
 void expect_gemm_matches(const GemmCase& c, const std::vector<Variant>& variants, bool want_tma) {
   const GemmProblem p{.M = c.M, .N = c.N, .K = c.K, .transA = c.transA, .transB = c.transB};
   const Tensor a = random({p.a_rows(), p.a_cols()}, DType::bf16, kGpu);
@@ -72,6 +76,10 @@ void expect_gemm_matches(const GemmCase& c, const std::vector<Variant>& variants
     poison(out);
     cuda::engine_gemm_bf16(out, a, b, bias, p, policy);
     EXPECT_LE(rel_l2(out, want), tolerance(c.K)) << where;
+    Tensor out16 = Tensor::empty({c.M, c.N}, {.dtype = DType::bf16, .device = kGpu});
+    poison(out16);
+    cuda::engine_gemm_bf16(out16, a, b, bias, p, policy);
+    EXPECT_EQ(half_bits(out16), half_bits(out.to(DType::bf16))) << where << ", bf16 output";
   }
 }
 
@@ -93,6 +101,7 @@ TEST(GemmBf16, MatchesF64ReferenceOnTheTmaKernel) {
       {"reduction of 8", 257, 129, 8, true},
       {"33 columns (a 64-wide tile)", 500, 33, 520, true},
       {"512 x 384 x 4096", 512, 384, 4096, false},
+      {"1000 columns, bias (bf16 rows: a box past the last column)", 200, 1000, 136, true},
   };
   const std::vector<Variant> variants = {
       {"auto", {}},
@@ -139,6 +148,8 @@ TEST(GemmBf16, ErrorsAreTypedAndNameTheOp) {
   Tensor out = Tensor::empty({4, 8}, {.device = kGpu});
   EXPECT_THROW(cuda::engine_gemm_bf16(out, a32, b, Tensor(), p), DTypeError);
   TG_EXPECT_ERROR(cuda::engine_gemm_bf16(out, a32, b, Tensor(), p), "engine_gemm_bf16", "got a f32");
+  Tensor out16 = Tensor::empty({4, 8}, {.dtype = DType::f16, .device = kGpu});
+  EXPECT_THROW(cuda::engine_gemm_bf16(out16, a, b, Tensor(), p), DTypeError);
   TG_EXPECT_ERROR(cuda::engine_gemm_bf16(out, a, b, Tensor(), {.M = 4, .N = 8, .K = 12, .transB = true}),
                   "engine_gemm_bf16", "4 x 8 x 12");
 }

@@ -3,7 +3,8 @@
 // brings 128 output pixels' inputs at that tap, 64 bf16 channels each (the same 128-byte
 // swizzled rows as 32 f32 channels), and the consumers run m64nNk16 BF16 products on it
 // (tma_mainloop_sm90.cuh). B is the bf16 weights packed per tap, channels padded to 64. The
-// products are exact in f32 and accumulate in f32; the output is f32 (the caller rounds it).
+// products are exact in f32 and accumulate in f32; the output is f32, or bf16 with each sum
+// rounded once in the epilogue (the forward and grad-input).
 //
 // NDHWC inputs with C % 8 == 0 (16-byte rows) are read in place; NCDHW inputs are transposed
 // into a channels-last bf16 scratch first (C padded to 8). Fewer than 16 channels, geometry the
@@ -69,11 +70,15 @@ bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, cons
 
 namespace {
 
-void check_bf16_operands(const char* op, const Tensor& out, const Tensor& a, const Tensor& w, const Tensor& b) {
-  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && w.dtype() == DType::bf16 && out.dtype() == DType::f32 &&
+// out_bf16: the pass also writes a bf16 output.
+void check_bf16_operands(const char* op, const Tensor& out, const Tensor& a, const Tensor& w, const Tensor& b,
+                         bool out_bf16) {
+  const bool out_ok = out.dtype() == DType::f32 || (out_bf16 && out.dtype() == DType::bf16);
+  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && w.dtype() == DType::bf16 && out_ok &&
                               (!b.defined() || b.dtype() == DType::f32),
-              op, ": wants bf16 activations and weights, an f32 output and bias; got ", describe(a), ", w ",
-              describe(w), ", out ", describe(out), b.defined() ? ", b " + describe(b) : std::string());
+              op, ": wants bf16 activations and weights, an f32 ", out_bf16 ? "or bf16 " : "",
+              "output and an f32 bias; got ", describe(a), ", w ", describe(w), ", out ", describe(out),
+              b.defined() ? ", b " + describe(b) : std::string());
 }
 
 // The TMA pass: y = conv(x, w) + b for a problem engine_conv_forward_bf16_uses_tma accepts.
@@ -101,7 +106,7 @@ void conv_fprop_bf16_tma(const Tensor& y, const Tensor& x, const Tensor& w, cons
     x_last = bf16_bits(staged);
   }
   const Plan plan = make_tma_plan(M, s.K, red, cols, dev, policy, Precision::TF32, /*bf16=*/true);
-  const MainloopArgs args = conv_forward_args(y.data<float>(), b.defined() ? b.data<float>() : nullptr, s, red);
+  const MainloopArgs args = conv_forward_args(y, b.defined() ? b.data<float>() : nullptr, s, red);
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   Im2colSlices<true> boxes{};
   boxes.x = bf16_im2col_map(flipped ? "conv grad-input, bf16 (dy)" : "conv forward, bf16 (x)", x_last, geometry_x,
@@ -121,17 +126,27 @@ Tensor widened(const Tensor& t) {
   return out;
 }
 
+// Runs pass(out32) on `out` itself where it is f32, else on an f32 scratch rounded into it
+// once: the f32 dispatcher's kernels write f32 only.
+template <class Pass>
+void into_f32(const Tensor& out, Pass&& pass) {
+  if (out.dtype() == DType::f32) return pass(out);
+  Tensor out32 = Tensor::empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
+  pass(out32);
+  cast(out, out32);
+}
+
 }  // namespace
 
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                               const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_forward_bf16", y, x, w, b);
+  check_bf16_operands("engine_conv_forward_bf16", y, x, w, b, /*out_bf16=*/true);
   TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_forward_bf16: problem x ", s.x_shape(), ", w ",
            s.w_shape(), " is outside the engine's limits");
   set_device(y.device().index);
   if (engine_conv_forward_bf16_uses_tma(s, x, policy)) return conv_fprop_bf16_tma(y, x, w, b, s, policy, false);
   // The same exact products on the f32 dispatcher's TF32 kernels.
-  conv_forward(y, widened(x), widened(w), b, s, Precision::TF32);
+  into_f32(y, [&](const Tensor& y32) { conv_forward(y32, widened(x), widened(w), b, s, Precision::TF32); });
 }
 
 bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy) {
@@ -144,7 +159,7 @@ bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, 
 
 void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                                  const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_grad_input_bf16", dx, dy, w, Tensor());
+  check_bf16_operands("engine_conv_grad_input_bf16", dx, dy, w, Tensor(), /*out_bf16=*/true);
   TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_input_bf16: problem x ", s.x_shape(), ", w ",
            s.w_shape(), " is outside the engine's limits");
   set_device(dx.device().index);
@@ -154,7 +169,7 @@ void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tenso
       return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
     return engine::conv_dgrad_phases_bf16_tma(dx, dy, w, s, policy);
   }
-  conv_grad_input(dx, widened(dy), widened(w), s, Precision::TF32);
+  into_f32(dx, [&](const Tensor& dx32) { conv_grad_input(dx32, widened(dy), widened(w), s, Precision::TF32); });
 }
 
 bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw, const EnginePolicy& policy) {
@@ -165,7 +180,7 @@ bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw,
 
 void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                                   const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_grad_weight_bf16", dw, dy, x, Tensor());
+  check_bf16_operands("engine_conv_grad_weight_bf16", dw, dy, x, Tensor(), /*out_bf16=*/false);
   TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_weight_bf16: problem x ", s.x_shape(), ", w ",
            s.w_shape(), " is outside the engine's limits");
   set_device(dw.device().index);

@@ -71,7 +71,7 @@ bool phases_apply(const ConvShape& s, const void* dy, int dev) {
   return fit;
 }
 
-// dx (f32) from dy and w of element type T (f32, or bf16 with BF16 products).
+// dx (f32, or bf16 for bf16 T) from dy and w of element type T (f32, or bf16 with BF16 products).
 template <class T>
 void dgrad_phases(const Tensor& dx, const T* dy, const T* w, const ConvShape& s, Precision precision,
                   const EnginePolicy& policy) {
@@ -96,7 +96,7 @@ void dgrad_phases(const Tensor& dx, const T* dy, const T* w, const ConvShape& s,
   });
   // Every dx pixel belongs to exactly one phase: zeros first where some phase gets no gradient,
   // and the phases with taps overwrite their own pixels.
-  if (gradless) TG_CUDA_CHECK(cudaMemsetAsync(dx.data<float>(), 0, dx.numel() * sizeof(float), st));
+  if (gradless) TG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.numel() * dtype_size(dx.dtype()), st));
   if (packed_elements == 0) return;
 
   // Scratch freed at the end of this function is stream-ordered: safe once the launches are queued.
@@ -128,7 +128,7 @@ void dgrad_phases(const Tensor& dx, const T* dy, const T* w, const ConvShape& s,
     args.red = int32_t(red);
     // Permuted rows: the kernel stores element by element through the map (tile_store_for);
     // split partial sums reach it in the reduction pass.
-    args.out = phase_output_map(dx.data<float>(), s, phase_geometry(dims));
+    args.out = phase_output_map(dx, s, phase_geometry(dims));
 
     const Im2colGeometry geometry = phase_im2col_geometry(s, dims, channels);
     Im2colSlices<kBf16> boxes{};

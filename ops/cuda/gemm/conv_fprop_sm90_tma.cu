@@ -122,7 +122,7 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   }
 
   const Plan plan = make_tma_plan(s.N * s.out_volume(), s.K, red, cols, dev, policy, precision);
-  const MainloopArgs args = conv_forward_args(y.data<float>(), b.defined() ? b.data<float>() : nullptr, s, red);
+  const MainloopArgs args = conv_forward_args(y, b.defined() ? b.data<float>() : nullptr, s, red);
 
   const Im2colGeometry geometry_x = im2col_geometry(s, channels);
   const char* x_name = flipped ? "conv grad-input (dy)" : "conv forward (x)";

@@ -217,7 +217,7 @@ void engine_conv_grad_input(const Tensor& dx, const Tensor& dy, const Tensor& w,
     args.N = int32_t(s.C);
     args.red = int32_t(red);
     if (!unit_stride) {
-      args.out = engine::phase_output_map(dx.data<float>(), s, ph);  // kPhase
+      args.out = engine::phase_output_map(dx, s, ph);  // kPhase
     } else {
       args.out = output_map(dx.data<float>(), nullptr, rows, s.C);
       if (!s.channels_last()) {

@@ -69,14 +69,15 @@ void engine_conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x
 void engine_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                  Precision precision, const EnginePolicy& policy = {});
 
-// BF16 convolution forward (conv_bf16_sm90_tma.cu): y (f32, s's output) = conv(x, w) + b
-// with x and w bf16, b f32 or undefined: products exact in f32, accumulated in f32. On Hopper's
+// BF16 convolution forward (conv_bf16_sm90_tma.cu): y (s's output, f32 or bf16) = conv(x, w) + b
+// with x and w bf16, b f32 or undefined: products exact in f32, accumulated in f32, a bf16 y
+// rounded once (in the kernel's epilogue, or from an f32 scratch elsewhere). On Hopper's
 // TMA kernel where 16+ input channels, NHWC rows of whole 16 bytes (C % 8 == 0) and the im2col
 // map's ranges allow (_uses_tma); elsewhere the f32 dispatcher at TF32 on f32 copies.
 bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, const EnginePolicy& policy = {});
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                               const EnginePolicy& policy = {});
-// Its grad-input: dx (f32) from dy and w bf16. Stride-1 problems (padding at most the dilated
+// Its grad-input: dx (f32 or bf16, rounded once) from dy and w bf16. Stride-1 problems (padding at most the dilated
 // kernel's reach) run as the BF16 forward of dy with the weights transposed and flipped where
 // that forward takes the TMA kernel (16+ dy channels); strided ones phase by phase as the f32
 // grad-input (16+ dy channels, NHWC dy with K % 8 == 0); the rest on the f32 dispatcher at TF32.
@@ -90,9 +91,9 @@ bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw,
 void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                                   const EnginePolicy& policy = {});
 
-// BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32) = op(a) op(b) (+ bias, f32, per column)
-// with a and b bf16, row-major, transposes as p says (as engine_gemm): products exact in f32,
-// accumulated in f32. On Hopper's TMA kernel, which reads the reduction contiguous: operands
+// BF16 products (matmul_bf16_sm90_tma.cu): c (M x N, f32 or bf16) = op(a) op(b) (+ bias, f32, per
+// column) with a and b bf16, row-major, transposes as p says (as engine_gemm): products exact in
+// f32, accumulated in f32, a bf16 c rounded once. On Hopper's TMA kernel, which reads the reduction contiguous: operands
 // stored the other way are transposed into a scratch first; one read in place needs K % 8 == 0
 // (16-byte rows) and 16-byte alignment; the policy must allow it (not arch 80, not tile 16).
 // _uses_tma says whether; elsewhere the TF32 engine on f32 copies of a and b, the same products.

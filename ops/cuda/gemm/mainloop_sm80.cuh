@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 
+#include "../../../core/half.h"
 #include "../arch/cp_async.cuh"
 #include "../arch/fast_divmod.h"
 #include "../arch/mma_sync.cuh"
@@ -43,7 +44,8 @@ __device__ __forceinline__ int tile_index(int row, int k) {
   return kContiguousK ? row * (kBK + 4) + k : k * (kRows + 8) + row;
 }
 
-// Where each C element goes: the layouts of the convolution outputs, and the bias.
+// Where each C element goes: the layouts of the convolution outputs, the bias, and the element
+// type (f32, or bf16 rounded to nearest even: the BF16 products' outputs).
 struct OutputMap {
   enum Mode : int32_t {
     kPlain,                // out[m * N + n]
@@ -59,7 +61,8 @@ struct OutputMap {
     bool channels_last;
   };
   float* data;
-  const float* bias;  // (N) or null
+  uint16_t* data_bf16;  // set (data null): a bf16 output at the same offsets, each sum rounded once
+  const float* bias;    // (N) or null
   int32_t M, N;
   Mode mode;
   FastDivmod div;  // P (kChannelsFirst) or C (kWeightsChannelsLast)
@@ -89,7 +92,8 @@ struct OutputMap {
   }
   __device__ __forceinline__ void store(int32_t m, int32_t n, float v) const {
     if (bias) v += bias[n];
-    data[offset(m, n)] = v;
+    if (data_bf16) data_bf16[offset(m, n)] = encode_bf16(v);
+    else data[offset(m, n)] = v;
   }
   // Whether consecutive m (pixels) land on consecutive addresses: the channels-first layouts.
   __device__ __forceinline__ bool m_contiguous() const {

@@ -1,4 +1,4 @@
-// The engine's BF16 matrix product: c (f32) = op(a) op(b) + bias with a and b bf16, row-major
+// The engine's BF16 matrix product: c (f32 or bf16) = op(a) op(b) + bias with a and b bf16, row-major
 // (Linear's forward and backward under Autocast). Operands stored with the reduction strided
 // are transposed into a scratch first. On Hopper it is the
 // TMA kernel of the TF32 products (tma_mainloop_sm90.cuh) with bf16 boxes: the same 128-byte
@@ -20,9 +20,11 @@ namespace tg::cuda {
 namespace {
 
 void check_operands(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p) {
-  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dtype() == DType::f32 &&
+  TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && b.dtype() == DType::bf16 &&
+                              (c.dtype() == DType::f32 || c.dtype() == DType::bf16) &&
                               (!bias.defined() || bias.dtype() == DType::f32),
-              "engine_gemm_bf16: wants bf16 a and b, an f32 output and bias; got a ", dtype_name(a.dtype()), ", b ",
+              "engine_gemm_bf16: wants bf16 a and b, an f32 or bf16 output and an f32 bias; got a ",
+              dtype_name(a.dtype()), ", b ",
               dtype_name(b.dtype()), ", c ", dtype_name(c.dtype()),
               bias.defined() ? std::string(", bias ") + dtype_name(bias.dtype()) : std::string());
   TG_CHECK(engine_gemm_can_implement(p, DType::f32), "engine_gemm_bf16: ", p.M, " x ", p.N, " x ", p.K,
@@ -69,12 +71,16 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   const int dev = c.device().index;
   set_device(dev);
   if (!engine_gemm_bf16_uses_tma(a, b, p, policy)) {
-    // The same products on the TF32 engine: bf16 values widen exactly and are exact in TF32.
+    // The same products on the TF32 engine: bf16 values widen exactly and are exact in TF32; a
+    // bf16 c gets the f32 result rounded once.
     const TensorOptions f32{.dtype = DType::f32, .device = c.device()};
     Tensor a32 = Tensor::empty(a.shape(), f32), b32 = Tensor::empty(b.shape(), f32);
     cuda::cast(a32, a);
     cuda::cast(b32, b);
-    return engine_gemm(c, a32, b32, bias, p, Precision::TF32, policy);
+    if (c.dtype() == DType::f32) return engine_gemm(c, a32, b32, bias, p, Precision::TF32, policy);
+    Tensor c32 = Tensor::empty(c.shape(), f32);
+    engine_gemm(c32, a32, b32, bias, p, Precision::TF32, policy);
+    return cuda::cast(c, c32);
   }
   // Operands stored with the reduction strided: transposed, rows padded to 16 bytes.
   const bool a_in_place = !p.transA, b_in_place = p.transB;
@@ -104,7 +110,7 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   args.M = int32_t(p.M);
   args.N = int32_t(p.N);
   args.red = int32_t(red);
-  args.out = engine::output_map(c.data<float>(), bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
+  args.out = engine::output_map(c, bias.defined() ? bias.data<float>() : nullptr, p.M, p.N);
   engine::run_plan(plan, args, c.device(), [&](const engine::MainloopArgs& m, cudaStream_t stm) {
     engine::launch_matmul_tma_bf16(a_rows, b_rows, plan, m, stm);
   });

@@ -247,6 +247,15 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
   return out;
 }
 
+OutputMap output_map(const Tensor& out, const float* bias, int64_t M, int64_t N) {
+  TG_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16, "engine output: f32 or bf16, got ",
+           describe(out));
+  if (out.dtype() == DType::f32) return output_map(out.data<float>(), bias, M, N);
+  OutputMap map = output_map(nullptr, bias, M, N);
+  map.data_bf16 = static_cast<uint16_t*>(out.raw_data());
+  return map;
+}
+
 Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
   Im2colGeometry g{};
   g.dims = s.in[0] == 1 && s.kernel[0] == 1 && s.out[0] == 1 ? 2 : 3;
@@ -263,7 +272,7 @@ Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels) {
   return g;
 }
 
-MainloopArgs conv_forward_args(float* y, const float* bias, const ConvShape& s, int64_t red) {
+MainloopArgs conv_forward_args(const Tensor& y, const float* bias, const ConvShape& s, int64_t red) {
   const int64_t M = s.N * s.out_volume();
   MainloopArgs args{};
   args.M = int32_t(M);
@@ -296,7 +305,7 @@ PhaseGeometry phase_geometry(const DimPhase (&dims)[3]) {
   return ph;
 }
 
-OutputMap phase_output_map(float* dx, const ConvShape& s, const PhaseGeometry& ph) {
+OutputMap phase_output_map(const Tensor& dx, const ConvShape& s, const PhaseGeometry& ph) {
   const int64_t rows = s.N * int64_t(ph.count[0]) * ph.count[1] * ph.count[2];
   OutputMap out = output_map(dx, nullptr, rows, s.C);
   out.mode = OutputMap::kPhase;

@@ -68,14 +68,16 @@ ConvGeometry geometry(const ConvShape& s);
 Im2colGeometry im2col_geometry(const ConvShape& s, int64_t channels);
 // A row-major (M, N) output with an optional per-column bias.
 OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N);
-// A convolution forward's product (output pixels x K over `red`) into y (s's layout, bias
-// optional).
-MainloopArgs conv_forward_args(float* y, const float* bias, const ConvShape& s, int64_t red);
+// The same into `out`, f32 or bf16 (each sum rounded once).
+OutputMap output_map(const Tensor& out, const float* bias, int64_t M, int64_t N);
+// A convolution forward's product (output pixels x K over `red`) into y (s's layout, f32 or
+// bf16; bias optional).
+MainloopArgs conv_forward_args(const Tensor& y, const float* bias, const ConvShape& s, int64_t red);
 // One stride phase of the grad-input (dgrad_phases.h) as the kernels see it: its pixels, taps
 // and their divisors; and its output, rows (img, j) of the phase's pixels scattered into dx
 // (s's layout), columns dx's channels.
 PhaseGeometry phase_geometry(const DimPhase (&dims)[3]);
-OutputMap phase_output_map(float* dx, const ConvShape& s, const PhaseGeometry& ph);
+OutputMap phase_output_map(const Tensor& dx, const ConvShape& s, const PhaseGeometry& ph);
 
 // TF32 or FP32 (split TF32) forward on Hopper through the TMA unit's im2col mode
 // (conv_fprop_sm90_tma.cu): whether it serves this problem (16+ input channels, or fewer where

@@ -1,8 +1,8 @@
 // The TMA kernel's epilogue where the output is a plain row-major matrix (Linear, channels-last
-// convolutions, grad-weight), the split partial sums, or a channels-first activation (NCDHW
-// convolution outputs): the 128 x kBN accumulator tile is staged in the idle stages as 32 x 32
-// or 128 x 32 boxes in the 128-byte swizzle, and one thread hands them to the TMA unit, which
-// clips what lies outside the output. Other outputs take store_tile_staged (epilogue_sm90.cuh):
+// convolutions, grad-weight; f32 or bf16), the split partial sums, or a channels-first f32
+// activation (NCDHW convolution outputs): the 128 x kBN accumulator tile is staged in the idle
+// stages as 32 x 32 or 128 x 32 f32 boxes (128 x 64 bf16 ones) in the 128-byte swizzle, and one
+// thread hands them to the TMA unit, which clips what lies outside the output. Other outputs take store_tile_staged (epilogue_sm90.cuh):
 // one store per element through the OutputMap. Design note: docs/kernels/gemm_tma.md.
 #pragma once
 #include <cuda.h>
@@ -21,13 +21,14 @@ struct TileStore {
     kSplits,  // map: splits planes of M x N partial sums (args.partials), plane blockIdx.y
     kChannelsFirst,  // map: the output as M / P images of N x P (args.out, channels-first mode;
                      // the bias added here)
+    kRowsBf16,       // map: the M x N bf16 output (args.out.data_bf16, plain; the bias added here)
   };
   CUtensorMap map;  // kRows, kSplits: boxes of 128 rows x 32 columns; kChannelsFirst: 32 channels
-                    // x 32 pixels of one image; 128-byte swizzle
+                    // x 32 pixels of one image; kRowsBf16: 128 rows x 64 columns; 128-byte swizzle
   Kind kind = kScalar;
 };
 
-constexpr int kStoreBoxBytes = 128 * 32 * 4;  // one 128 x 32 box: 16 KB, 1024-byte aligned in the stages
+constexpr int kStoreBoxBytes = 128 * 32 * 4;  // one 128 x 32 box (128 x 64 bf16): 16 KB, 1024-byte aligned
 
 // Channels-first staging: box (i, j) holds pixels 32 i.. (rows of the tile) of channels 32 j..
 // (columns), one 128-byte line per channel, so that the TMA unit writes runs of 32 pixels.
@@ -126,6 +127,33 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[kBN / 2], unsigned
   }
 }
 
+// The same for a bf16 output: box j holds columns 64 j.. of all 128 rows, one 128-byte line per
+// row, each sum (plus its bias) rounded once to nearest even.
+template <int kBN>
+__device__ __forceinline__ void stage_rows_bf16(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t n0,
+                                                const float* bias, int32_t N) {
+  // Element (r, c) goes to box c / 64, line r, 16-byte chunk (c % 64) / 8 XOR r % 8, bytes
+  // 2 (c % 8).. : a warp's 4-byte writes (8 rows, 4 column pairs) land in 32 distinct banks.
+  const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int col = 8 * j + 2 * t;
+    float b0 = 0.f, b1 = 0.f;
+    if (bias) {
+      if (n0 + col < N) b0 = bias[n0 + col];
+      if (n0 + col + 1 < N) b1 = bias[n0 + col + 1];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + g + 8 * h;
+      const int chunk = ((col % 64) / 8) ^ (row % 8);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(stage + (col / 64) * kStoreBoxBytes + row * 128 + chunk * 16 +
+                                                  (col % 8) * 2);
+      *dst = uint32_t(encode_bf16(acc[4 * j + 2 * h] + b0)) | (uint32_t(encode_bf16(acc[4 * j + 2 * h + 1] + b1)) << 16);
+    }
+  }
+}
+
 // Called by the 256 consumer threads once every wgmma of the block has retired and no copy into
 // `stage` (1024-byte aligned, room for the 128 x kBN tile) is pending; syncs them on named
 // barrier 1. acc[4 j + 2 h + e] holds C[row0 + g + 8 h][8 j + 2 t + e] (wgmma's layout).
@@ -135,6 +163,8 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
   named_barrier_sync(1, 256);  // both warpgroups are done with the stages' operands
   if (store.kind == TileStore::kChannelsFirst)
     stage_channels_first<kBN>(acc, stage, tid, n0, args);
+  else if (store.kind == TileStore::kRowsBf16)
+    stage_rows_bf16<kBN>(acc, stage, tid, n0, args.out.bias, args.N);
   else
     stage_rows<kBN>(acc, stage, tid, n0, store.kind == TileStore::kRows ? args.out.bias : nullptr, args.N);
   wgmma::fence_proxy_async();  // the plain shared-memory writes, for the TMA unit
@@ -142,6 +172,10 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
   if (store.kind == TileStore::kChannelsFirst) {
     if (tid == 0) issue_channels_first<kBN>(stage, m0, n0, args, store);
     store_straddling_rows<kBN>(stage, tid, m0, n0, args);
+  } else if (store.kind == TileStore::kRowsBf16) {
+    if (tid == 0)
+      for (int b = 0; b < kBN / 64 && n0 + 64 * b < args.N; ++b)
+        tma::store_box(&store.map, stage + b * kStoreBoxBytes, n0 + 64 * b, m0);
   } else if (tid == 0) {
     for (int b = 0; b < kBN / 32 && n0 + 32 * b < args.N; ++b) {
       if (store.kind == TileStore::kRows)

@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
 
 // How the launch's tiles leave (TileStore): TMA stores where plan.tma_store allows and the
 // destination's rows (pixel runs, for channels-first outputs) are whole 16-byte units at a
-// 16-byte-aligned address; else element-wise stores.
+// 16-byte-aligned address; else element-wise stores. bf16 outputs: plain ones through the TMA
+// unit, the other layouts element-wise (split partial sums stay f32, rounded in the reduction).
 inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
   TileStore store{};
   store.kind = TileStore::kScalar;
@@ -278,6 +279,11 @@ inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
     if (args.N % 4 != 0 || !aligned(args.partials)) return store;
     store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N, kRowBox);
     store.kind = TileStore::kSplits;
+  } else if (args.out.data_bf16) {
+    constexpr TmaBox kBf16RowBox{.rows = 128, .cols = 64, .swizzle128 = true};  // kStoreBoxBytes
+    if (args.out.mode != OutputMap::kPlain || args.N % 8 != 0 || !aligned(args.out.data_bf16)) return store;
+    store.map = bf16_matrix_map("engine output, bf16", args.out.data_bf16, args.M, args.N, kBf16RowBox);
+    store.kind = TileStore::kRowsBf16;
   } else if (args.out.mode == OutputMap::kPlain) {
     if (args.N % 4 != 0 || !aligned(args.out.data)) return store;
     store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, kRowBox);
