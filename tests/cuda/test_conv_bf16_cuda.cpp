@@ -89,6 +89,11 @@ TEST(ConvBf16, ForwardMatchesF64ReferenceOnTheTmaKernel) {
        {.stride = {2}, .padding = {3}, .layout = Layout::NHWC}},
       {"3d 3x3x3 p1, 20 channels", {2, 20, 6, 7, 5}, {9, 20, 3, 3, 3}, {.padding = {1}}},
       {"3d s2 d2 p2, 72 channels", {2, 72, 9, 10, 11}, {24, 72, 3, 3, 3}, {.stride = {2}, .padding = {2}, .dilation = {2}}},
+      // Images of whole 16-byte pixel runs: bf16 outputs leave as 64-pixel TMA boxes, some of
+      // them running into the next image.
+      {"3x3 p1, 40 -> 72, 10 x 8 images", {3, 40, 10, 8}, {72, 40, 3, 3}, {.padding = {1}}},
+      {"3x3 p1, 24 -> 136, 16 x 12 images", {2, 24, 16, 12}, {136, 24, 3, 3}, {.padding = {1}}},
+      {"3x3 p1, 32 -> 48, 8 x 8 images", {3, 32, 8, 8}, {48, 32, 3, 3}, {.padding = {1}}},
   };
   const std::vector<Variant> variants = {
       {"auto", {}},
@@ -108,6 +113,7 @@ TEST(ConvBf16, GradInputMatchesF64Reference) {
   TG_REQUIRE_BF16_TMA();
   const std::pair<ConvCase, bool> cases[] = {
       {{"3x3 p1, 24 <- 32 channels", {2, 24, 9, 11}, {32, 24, 3, 3}, {.padding = {1}}}, true},
+      {{"3x3 p1, 40 <- 64, 12 x 10 images", {2, 40, 12, 10}, {64, 40, 3, 3}, {.padding = {1}}}, true},
       {{"5x5 p1 (padding under the reach), 16 <- 72", {2, 16, 11, 9}, {72, 16, 5, 5}, {.padding = {1}}}, true},
       {{"NHWC 3x3 p1, 12 <- 16", {2, 8, 7, 12}, {16, 12, 3, 3}, {.padding = {1}, .layout = Layout::NHWC}}, true},
       {{"3d 3x3x3 p1, 12 <- 20", {2, 12, 5, 6, 7}, {20, 12, 3, 3, 3}, {.padding = {1}}}, true},

@@ -70,6 +70,11 @@ CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t plane
   return encode(op_name, 3, data, 4, planes, rows, cols, box);
 }
 
+CUtensorMap bf16_planes_map(const char* op_name, const uint16_t* data, int64_t planes, int64_t rows, int64_t cols,
+                            TmaBox box) {
+  return encode(op_name, 3, data, 2, planes, rows, cols, box);
+}
+
 // The im2col corners and tap offsets are narrow fields whose width shrinks with the rank: for a
 // rank-4 map (2 spatial dims) corners lie in [-128, 127], for rank 5 in [-16, 15] (CUDA driver
 // API, cuTensorMapEncodeIm2col); the tap offsets are kept to the same magnitude. Traversal

@@ -32,6 +32,8 @@ CUtensorMap bf16_matrix_map(const char* op_name, const uint16_t* data, int64_t r
 // outside (zeros / skipped), never the next plane's.
 CUtensorMap f32_planes_map(const char* op_name, const float* data, int64_t planes, int64_t rows, int64_t cols,
                            TmaBox box);
+CUtensorMap bf16_planes_map(const char* op_name, const uint16_t* data, int64_t planes, int64_t rows, int64_t cols,
+                            TmaBox box);
 
 // A channels-last activation (N, [D,] H, W, C) read through the TMA unit's im2col mode: one
 // request brings `pixels` consecutive output pixels' inputs at one kernel tap, `channels`

@@ -1,8 +1,9 @@
 // The TMA kernel's epilogue where the output is a plain row-major matrix (Linear, channels-last
-// convolutions, grad-weight; f32 or bf16), the split partial sums, or a channels-first f32
-// activation (NCDHW convolution outputs): the 128 x kBN accumulator tile is staged in the idle
-// stages as 32 x 32 or 128 x 32 f32 boxes (128 x 64 bf16 ones) in the 128-byte swizzle, and one
-// thread hands them to the TMA unit, which clips what lies outside the output. Other outputs take store_tile_staged (epilogue_sm90.cuh):
+// convolutions, grad-weight; f32 or bf16), the split partial sums, or a channels-first
+// activation (NCDHW convolution outputs, f32 or bf16): the 128 x kBN accumulator tile is staged
+// in the idle stages as 32 x 32 or 128 x 32 f32 boxes (32 x 64, 128 x 64 bf16 ones) in the
+// 128-byte swizzle, and one thread hands them to the TMA unit, which clips what lies outside the
+// output. Other outputs take store_tile_staged (epilogue_sm90.cuh):
 // one store per element through the OutputMap. Design note: docs/kernels/gemm_tma.md.
 #pragma once
 #include <cuda.h>
@@ -22,24 +23,38 @@ struct TileStore {
     kChannelsFirst,  // map: the output as M / P images of N x P (args.out, channels-first mode;
                      // the bias added here)
     kRowsBf16,       // map: the M x N bf16 output (args.out.data_bf16, plain; the bias added here)
+    kChannelsFirstBf16,  // map: as kChannelsFirst over args.out.data_bf16
   };
   CUtensorMap map;  // kRows, kSplits: boxes of 128 rows x 32 columns; kChannelsFirst: 32 channels
-                    // x 32 pixels of one image; kRowsBf16: 128 rows x 64 columns; 128-byte swizzle
+                    // x 32 pixels of one image (64 for kChannelsFirstBf16); kRowsBf16: 128 rows x 64
+                    // columns; 128-byte swizzle
   Kind kind = kScalar;
 };
 
 constexpr int kStoreBoxBytes = 128 * 32 * 4;  // one 128 x 32 box (128 x 64 bf16): 16 KB, 1024-byte aligned
 
-// Channels-first staging: box (i, j) holds pixels 32 i.. (rows of the tile) of channels 32 j..
-// (columns), one 128-byte line per channel, so that the TMA unit writes runs of 32 pixels.
-constexpr int kPixelBoxBytes = 32 * 32 * 4;
+// Channels-first staging: box (i, j) holds pixels kPix i.. (rows of the tile) of channels 32 j..
+// (columns), one 128-byte line per channel, so that the TMA unit writes runs of kPix pixels:
+// 32 f32 or 64 bf16 (each sum plus its bias rounded once).
+constexpr int kPixelBoxBytes = 32 * 128;
+template <bool kBf16>
+constexpr int kBoxPixels = kBf16 ? 64 : 32;
 
-template <int kBN>
+// Byte offset of element (r, c) of the tile in the channels-first staging: box (r / kPix, c / 32),
+// line c % 32, 16-byte chunk (r % kPix) / (16 / size) XOR c % 8.
+template <int kBN, bool kBf16>
+__device__ __forceinline__ int channels_first_offset(int r, int c) {
+  constexpr int kPix = kBoxPixels<kBf16>, kSize = kBf16 ? 2 : 4, kPerChunk = 16 / kSize;
+  const int chunk = ((r % kPix) / kPerChunk) ^ (c % 8);
+  return ((r / kPix) * (kBN / 32) + c / 32) * kPixelBoxBytes + (c % 32) * 128 + chunk * 16 + (r % kPerChunk) * kSize;
+}
+
+template <int kBN, bool kBf16>
 __device__ __forceinline__ void stage_channels_first(const float (&acc)[kBN / 2], unsigned char* stage, int tid,
                                                      int32_t n0, const MainloopArgs& args) {
-  // Element (r, c) goes to box (r / 32, c / 32), line c % 32, 16-byte chunk (r % 32) / 4 XOR
-  // c % 8. A warp's 4-byte writes for one register: 8 consecutive rows (two chunks) times 4
-  // columns of one parity (four XOR patterns), 32 distinct banks.
+  // A warp's writes for one register: 8 consecutive rows (one chunk, or two for f32) times 4
+  // columns of one parity (four XOR patterns): 32 distinct banks (f32), or 16 banks with two
+  // lanes' halves of each word (bf16).
   const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
   // The bias of column 32 k + lane sits in lane's bias_of[k] and reaches the other lanes by
   // shuffles: loading each of the thread's kBN / 2 columns' own would hold them all in registers
@@ -56,11 +71,9 @@ __device__ __forceinline__ void stage_channels_first(const float (&acc)[kBN / 2]
       const float b = __shfl_sync(0xffffffffu, bias_of[j / 4], col % 32);  // col / 32 == j / 4
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = row0 + g + 8 * h;
-        const int chunk = ((row % 32) / 4) ^ (col % 8);
-        float* dst = reinterpret_cast<float*>(stage + ((row / 32) * (kBN / 32) + col / 32) * kPixelBoxBytes +
-                                              (col % 32) * 128 + chunk * 16 + (row % 4) * 4);
-        *dst = acc[4 * j + 2 * h + e] + b;
+        unsigned char* dst = stage + channels_first_offset<kBN, kBf16>(row0 + g + 8 * h, col);
+        if constexpr (kBf16) *reinterpret_cast<uint16_t*>(dst) = encode_bf16(acc[4 * j + 2 * h + e] + b);
+        else *reinterpret_cast<float*>(dst) = acc[4 * j + 2 * h + e] + b;
       }
     }
   }
@@ -70,34 +83,36 @@ __device__ __forceinline__ void stage_channels_first(const float (&acc)[kBN / 2]
 // image's last pixel. The unit refuses a store that starts at a negative coordinate (an illegal
 // instruction: dev/tma_store_probe.cu), so the rows of a box that run into the next images go
 // out in store_straddling_rows.
-template <int kBN>
+template <int kBN, bool kBf16>
 __device__ __forceinline__ void issue_channels_first(const unsigned char* stage, int32_t m0, int32_t n0,
                                                      const MainloopArgs& args, const TileStore& store) {
-  for (int i = 0; i < 4 && m0 + 32 * i < args.M; ++i) {
+  constexpr int kPix = kBoxPixels<kBf16>;
+  for (int i = 0; i < 128 / kPix && m0 + kPix * i < args.M; ++i) {
     uint32_t image, pixel;
-    args.out.div.divmod(uint32_t(m0 + 32 * i), image, pixel);
+    args.out.div.divmod(uint32_t(m0 + kPix * i), image, pixel);
     for (int j = 0; j < kBN / 32 && n0 + 32 * j < args.N; ++j)
       tma::store_box_3d(&store.map, stage + (i * (kBN / 32) + j) * kPixelBoxBytes, int(pixel), n0 + 32 * j, int(image));
   }
 }
 
-// The rows of each 32-pixel box past its first image's last pixel (none where the image size is
-// a multiple of 32), stored element by element through the output map by the 256 consumer
+// The rows of each kPix-pixel box past its first image's last pixel (none where the image size is
+// a multiple of kPix), stored element by element through the output map by the 256 consumer
 // threads: consecutive threads take consecutive pixels of one channel.
-template <int kBN>
+template <int kBN, bool kBf16>
 __device__ __forceinline__ void store_straddling_rows(const unsigned char* stage, int tid, int32_t m0, int32_t n0,
                                                       const MainloopArgs& args) {
+  constexpr int kPix = kBoxPixels<kBf16>;
   const int32_t pixels = int32_t(args.out.div.divisor);
-  for (int i = 0; i < 4 && m0 + 32 * i < args.M; ++i) {
-    const int32_t first = pixels - int32_t(uint32_t(m0 + 32 * i) % uint32_t(pixels));  // rows in the first image
-    if (first >= 32) continue;
-    const int32_t rows = min(32, args.M - (m0 + 32 * i)) - first, cols = min(kBN, args.N - n0);
+  for (int i = 0; i < 128 / kPix && m0 + kPix * i < args.M; ++i) {
+    const int32_t first = pixels - int32_t(uint32_t(m0 + kPix * i) % uint32_t(pixels));  // rows in the first image
+    if (first >= kPix) continue;
+    const int32_t rows = min(kPix, args.M - (m0 + kPix * i)) - first, cols = min(kBN, args.N - n0);
     for (int32_t idx = tid; idx < rows * cols; idx += 256) {
       const int32_t r = first + idx % rows, c = idx / rows;
-      const int chunk = (r / 4) ^ (c % 8);
-      const float v = *reinterpret_cast<const float*>(stage + (i * (kBN / 32) + c / 32) * kPixelBoxBytes +
-                                                      (c % 32) * 128 + chunk * 16 + (r % 4) * 4);
-      args.out.data[args.out.offset(m0 + 32 * i + r, n0 + c)] = v;
+      const unsigned char* src = stage + channels_first_offset<kBN, kBf16>(kPix * i + r, c);
+      const int64_t at = args.out.offset(m0 + kPix * i + r, n0 + c);
+      if constexpr (kBf16) args.out.data_bf16[at] = *reinterpret_cast<const uint16_t*>(src);
+      else args.out.data[at] = *reinterpret_cast<const float*>(src);
     }
   }
 }
@@ -162,7 +177,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
                                                int32_t n0, const MainloopArgs& args, const TileStore& store) {
   named_barrier_sync(1, 256);  // both warpgroups are done with the stages' operands
   if (store.kind == TileStore::kChannelsFirst)
-    stage_channels_first<kBN>(acc, stage, tid, n0, args);
+    stage_channels_first<kBN, false>(acc, stage, tid, n0, args);
+  else if (store.kind == TileStore::kChannelsFirstBf16)
+    stage_channels_first<kBN, true>(acc, stage, tid, n0, args);
   else if (store.kind == TileStore::kRowsBf16)
     stage_rows_bf16<kBN>(acc, stage, tid, n0, args.out.bias, args.N);
   else
@@ -170,8 +187,11 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
   wgmma::fence_proxy_async();  // the plain shared-memory writes, for the TMA unit
   named_barrier_sync(1, 256);
   if (store.kind == TileStore::kChannelsFirst) {
-    if (tid == 0) issue_channels_first<kBN>(stage, m0, n0, args, store);
-    store_straddling_rows<kBN>(stage, tid, m0, n0, args);
+    if (tid == 0) issue_channels_first<kBN, false>(stage, m0, n0, args, store);
+    store_straddling_rows<kBN, false>(stage, tid, m0, n0, args);
+  } else if (store.kind == TileStore::kChannelsFirstBf16) {
+    if (tid == 0) issue_channels_first<kBN, true>(stage, m0, n0, args, store);
+    store_straddling_rows<kBN, true>(stage, tid, m0, n0, args);
   } else if (store.kind == TileStore::kRowsBf16) {
     if (tid == 0)
       for (int b = 0; b < kBN / 64 && n0 + 64 * b < args.N; ++b)

@@ -266,8 +266,8 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
 
 // How the launch's tiles leave (TileStore): TMA stores where plan.tma_store allows and the
 // destination's rows (pixel runs, for channels-first outputs) are whole 16-byte units at a
-// 16-byte-aligned address; else element-wise stores. bf16 outputs: plain ones through the TMA
-// unit, the other layouts element-wise (split partial sums stay f32, rounded in the reduction).
+// 16-byte-aligned address; else element-wise stores. bf16 outputs the same (plain and
+// channels-first ones; split partial sums stay f32, rounded in the reduction).
 inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
   TileStore store{};
   store.kind = TileStore::kScalar;
@@ -280,10 +280,20 @@ inline TileStore tile_store_for(const Plan& plan, const MainloopArgs& args) {
     store.map = f32_planes_map("engine partial sums", args.partials, plan.splits, args.M, args.N, kRowBox);
     store.kind = TileStore::kSplits;
   } else if (args.out.data_bf16) {
-    constexpr TmaBox kBf16RowBox{.rows = 128, .cols = 64, .swizzle128 = true};  // kStoreBoxBytes
-    if (args.out.mode != OutputMap::kPlain || args.N % 8 != 0 || !aligned(args.out.data_bf16)) return store;
-    store.map = bf16_matrix_map("engine output, bf16", args.out.data_bf16, args.M, args.N, kBf16RowBox);
-    store.kind = TileStore::kRowsBf16;
+    constexpr TmaBox kBf16RowBox{.rows = 128, .cols = 64, .swizzle128 = true};    // kStoreBoxBytes
+    constexpr TmaBox kBf16PixelBox{.rows = 32, .cols = 64, .swizzle128 = true};  // kPixelBoxBytes
+    if (!aligned(args.out.data_bf16)) return store;
+    if (args.out.mode == OutputMap::kPlain) {
+      if (args.N % 8 != 0) return store;
+      store.map = bf16_matrix_map("engine output, bf16", args.out.data_bf16, args.M, args.N, kBf16RowBox);
+      store.kind = TileStore::kRowsBf16;
+    } else if (args.out.mode == OutputMap::kChannelsFirst) {
+      const int64_t pixels = args.out.div.divisor;
+      if (pixels % 8 != 0 || args.M % pixels != 0) return store;
+      store.map = bf16_planes_map("engine output, bf16", args.out.data_bf16, args.M / pixels, args.N, pixels,
+                                  kBf16PixelBox);
+      store.kind = TileStore::kChannelsFirstBf16;
+    }
   } else if (args.out.mode == OutputMap::kPlain) {
     if (args.N % 4 != 0 || !aligned(args.out.data)) return store;
     store.map = f32_matrix_map("engine output", args.out.data, args.M, args.N, kRowBox);
