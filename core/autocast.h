@@ -15,7 +15,8 @@
 //
 // Thread-local, nestable (the innermost scope wins; Autocast(dtype, false) switches it off
 // inside another). CPU and CUDA tensors alike; on the GPU the half products run on the f32
-// kernels (operands rounded to the half type, result rounded once) until BF16 kernels exist.
+// kernels (operands rounded to the half type, result rounded once), except bf16 linear,
+// conv2d and conv3d on Hopper, which run on the engine's BF16 kernels (docs/dtypes.md).
 #pragma once
 #include "dtype.h"
 
