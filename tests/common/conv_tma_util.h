@@ -30,6 +30,17 @@ struct Variant {
   cuda::EnginePolicy policy;
 };
 
+// The tilings the TMA convolution tests run under: the automatic plan, each tile width, split and
+// unsplit reductions, two blocks per SM, and the element-wise stores.
+inline const Variant kTilingVariants[] = {
+    {"auto", {}},
+    {"128 wide, unsplit", {.tile = 128, .splits = 1}},
+    {"128 wide, split 3", {.tile = 128, .splits = 3}},
+    {"256 wide, split 2", {.tile = 256, .splits = 2}},
+    {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
+    {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
+};
+
 inline Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
 
 // Whether the engine's TMA convolution kernel runs on this GPU (an sm_90a device).

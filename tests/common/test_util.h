@@ -71,4 +71,12 @@ inline Tensor rows_of(const Tensor& t, int64_t begin, int64_t end, Device device
     if (!::tg::cuda_available()) GTEST_SKIP() << "no usable CUDA device"; \
   } while (0)
 
+// For the tests of an sm_90a kernel: skips by the device, then insists that the kernel takes a
+// plain shape there (`takes_plain_shape`), so that a broken _uses_tma check fails the tests
+// instead of skipping them. The caller includes ops/cuda/arch/hopper.h.
+#define TG_REQUIRE_SM90A_KERNEL(kernel, takes_plain_shape)                                      \
+  TG_REQUIRE_GPU();                                                                             \
+  if (!::tg::cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the " kernel " needs an sm_90a GPU"; \
+  ASSERT_TRUE(takes_plain_shape) << "an sm_90a device, but the " kernel " refuses a plain shape"
+
 }  // namespace tg::test

@@ -65,12 +65,7 @@ void expect_forward_matches(const ConvCase& c, const std::vector<Variant>& varia
   }
 }
 
-// Skips by the device, then insists that the kernel takes a plain shape there: a broken
-// _uses_tma check fails here instead of skipping the tests.
-#define TG_REQUIRE_BF16_TMA()                                                                     \
-  TG_REQUIRE_GPU();                                                                               \
-  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU";     \
-  ASSERT_TRUE(bf16_kernel()) << "an sm_90a device, but the BF16 TMA kernel refuses a plain shape"
+#define TG_REQUIRE_BF16_TMA() TG_REQUIRE_SM90A_KERNEL("BF16 TMA kernel", bf16_kernel())
 
 // Channels that are not a multiple of the 64-channel k-tile (NCHW pads the scratch to 8),
 // tiles of 128 output pixels across rows and images, strides, dilations, paddings past the
@@ -95,14 +90,7 @@ TEST(ConvBf16, ForwardMatchesF64ReferenceOnTheTmaKernel) {
       {"3x3 p1, 24 -> 136, 16 x 12 images", {2, 24, 16, 12}, {136, 24, 3, 3}, {.padding = {1}}},
       {"3x3 p1, 32 -> 48, 8 x 8 images", {3, 32, 8, 8}, {48, 32, 3, 3}, {.padding = {1}}},
   };
-  const std::vector<Variant> variants = {
-      {"auto", {}},
-      {"128 wide, unsplit", {.tile = 128, .splits = 1}},
-      {"128 wide, split 3", {.tile = 128, .splits = 3}},
-      {"256 wide, split 2", {.tile = 256, .splits = 2}},
-      {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
-      {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
-  };
+  const std::vector<Variant> variants(std::begin(kTilingVariants), std::end(kTilingVariants));
   for (const ConvCase& c : cases) expect_forward_matches(c, variants, true);
 }
 

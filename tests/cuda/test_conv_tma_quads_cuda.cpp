@@ -48,20 +48,11 @@ std::vector<ConvCase> few_channel_cases() {
   };
 }
 
-const Variant kVariants[] = {
-    {"auto", {}},
-    {"128 wide, unsplit", {.tile = 128, .splits = 1}},
-    {"128 wide, split 3", {.tile = 128, .splits = 3}},
-    {"256 wide, split 2", {.tile = 256, .splits = 2}},
-    {"128 wide, two blocks per SM", {.tile = 128, .splits = 1, .blocks_per_sm = 2}},
-    {"128 wide, split 2, stores through the output map", {.tile = 128, .splits = 2, .tma_store = -1}},
-};
-
 // The mode's correctness wherever it can run: tma_quads = 1 (the default takes it only where it
 // pays: DefaultTakesItWhereItPays).
 TEST(ConvTmaQuads, ForwardMatchesF64Reference) {
   TG_REQUIRE_TMA();
-  for (const ConvCase& c : few_channel_cases()) expect_forward_on_tma(c, kVariants, std::size(kVariants), 1);
+  for (const ConvCase& c : few_channel_cases()) expect_forward_on_tma(c, kTilingVariants, std::size(kTilingVariants), 1);
 }
 
 // tma_quads = 1 takes 16-31 channels too (instead of one 32-channel slice per tap, half zeros).
@@ -72,7 +63,7 @@ TEST(ConvTmaQuads, SixteenToThirtyOneChannelsOnRequest) {
       {"5x5 p2, 31 channels (NCHW pads to 32)", {2, 31, 9, 12}, {40, 31, 5, 5}, {.padding = {2}}},
       {"NHWC 3x3 s2 p1, 20 channels", {2, 13, 10, 20}, {36, 20, 3, 3}, {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
   };
-  for (const ConvCase& c : cases) expect_forward_on_tma(c, kVariants, std::size(kVariants), 1);
+  for (const ConvCase& c : cases) expect_forward_on_tma(c, kTilingVariants, std::size(kTilingVariants), 1);
 }
 
 // Stride-1 grad-input runs as a forward over dy: few output channels make it a few-channel
@@ -84,7 +75,7 @@ TEST(ConvTmaQuads, GradInputWithFewOutputChannels) {
       {"5x5 p2, 40 -> 1 channel", {2, 40, 8, 13}, {1, 40, 5, 5}, {.padding = {2}}},
       {"3d 3x3x3 p1, 20 -> 6 channels", {2, 20, 5, 6, 7}, {6, 20, 3, 3, 3}, {.padding = {1}}},
   };
-  for (const ConvCase& c : cases) expect_grad_input_on_tma(c, kVariants, std::size(kVariants), /*tma_quads=*/1);
+  for (const ConvCase& c : cases) expect_grad_input_on_tma(c, kTilingVariants, std::size(kTilingVariants), /*tma_quads=*/1);
 }
 
 // One infinite input: exactly the outputs whose windows hold it are non-finite, as in the f64
@@ -105,7 +96,7 @@ TEST(ConvTmaQuads, AnInfiniteInputReachesOnlyItsWindows) {
     cpu::conv_forward(y_ref, ref(x), ref(w), Tensor(), s);
     const std::vector<double> want = y_ref.to_vector<double>();
     for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
+      for (const Variant& v : kTilingVariants) {
         cuda::EnginePolicy policy = v.policy;
         policy.tma_quads = 1;
         Tensor y = Tensor::empty(s.y_shape(), {.device = kGpu});

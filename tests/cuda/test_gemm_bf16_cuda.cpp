@@ -83,12 +83,7 @@ void expect_gemm_matches(const GemmCase& c, const std::vector<Variant>& variants
   }
 }
 
-// Skips by the device, then insists that the kernel takes a plain shape there (a broken
-// _uses_tma check fails instead of skipping).
-#define TG_REQUIRE_HOPPER()                                                                       \
-  TG_REQUIRE_GPU();                                                                               \
-  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the BF16 TMA kernel needs an sm_90a GPU";     \
-  ASSERT_TRUE(hopper()) << "an sm_90a device, but the BF16 TMA kernel refuses a plain shape"
+#define TG_REQUIRE_HOPPER() TG_REQUIRE_SM90A_KERNEL("BF16 TMA kernel", hopper())
 
 // Odd sizes: rows and columns past whole tiles, reductions that end inside a 64-deep k-tile
 // (8: one eighth of one), one row, 64 columns or fewer (64-wide tiles), bias or none.

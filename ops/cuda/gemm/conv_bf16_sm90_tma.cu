@@ -70,15 +70,20 @@ bool engine_conv_forward_bf16_uses_tma(const ConvShape& s, const Tensor& x, cons
 
 namespace {
 
-// out_bf16: the pass also writes a bf16 output.
-void check_bf16_operands(const char* op, const Tensor& out, const Tensor& a, const Tensor& w, const Tensor& b,
-                         bool out_bf16) {
+// Every pass's checks before any work, then its device: bf16 activations and weights, an f32
+// output (or bf16 where out_bf16: the forward and grad-input), an f32 bias, a problem within the
+// engine's limits.
+void begin_bf16_pass(const char* op, const Tensor& out, const Tensor& a, const Tensor& w, const Tensor& b,
+                     const ConvShape& s, bool out_bf16) {
   const bool out_ok = out.dtype() == DType::f32 || (out_bf16 && out.dtype() == DType::bf16);
   TG_CHECK_AS(DTypeError, a.dtype() == DType::bf16 && w.dtype() == DType::bf16 && out_ok &&
                               (!b.defined() || b.dtype() == DType::f32),
               op, ": wants bf16 activations and weights, an f32 ", out_bf16 ? "or bf16 " : "",
               "output and an f32 bias; got ", describe(a), ", w ", describe(w), ", out ", describe(out),
               b.defined() ? ", b " + describe(b) : std::string());
+  TG_CHECK(engine_conv_can_implement(s, DType::f32), op, ": problem x ", s.x_shape(), ", w ", s.w_shape(),
+           " is outside the engine's limits");
+  set_device(out.device().index);
 }
 
 // The TMA pass: y = conv(x, w) + b for a problem engine_conv_forward_bf16_uses_tma accepts.
@@ -140,10 +145,7 @@ void into_f32(const Tensor& out, Pass&& pass) {
 
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                               const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_forward_bf16", y, x, w, b, /*out_bf16=*/true);
-  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_forward_bf16: problem x ", s.x_shape(), ", w ",
-           s.w_shape(), " is outside the engine's limits");
-  set_device(y.device().index);
+  begin_bf16_pass("engine_conv_forward_bf16", y, x, w, b, s, /*out_bf16=*/true);
   if (engine_conv_forward_bf16_uses_tma(s, x, policy)) return conv_fprop_bf16_tma(y, x, w, b, s, policy, false);
   // The same exact products on the f32 dispatcher's TF32 kernels.
   into_f32(y, [&](const Tensor& y32) { conv_forward(y32, widened(x), widened(w), b, s, Precision::TF32); });
@@ -159,10 +161,7 @@ bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, 
 
 void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                                  const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_grad_input_bf16", dx, dy, w, Tensor(), /*out_bf16=*/true);
-  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_input_bf16: problem x ", s.x_shape(), ", w ",
-           s.w_shape(), " is outside the engine's limits");
-  set_device(dx.device().index);
+  begin_bf16_pass("engine_conv_grad_input_bf16", dx, dy, w, Tensor(), s, /*out_bf16=*/true);
   if (engine_conv_grad_input_bf16_uses_tma(s, dy, policy)) {
     ConvShape forward;
     if (engine::grad_input_as_forward(s, forward))
@@ -180,10 +179,7 @@ bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw,
 
 void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                                   const EnginePolicy& policy) {
-  check_bf16_operands("engine_conv_grad_weight_bf16", dw, dy, x, Tensor(), /*out_bf16=*/false);
-  TG_CHECK(engine_conv_can_implement(s, DType::f32), "engine_conv_grad_weight_bf16: problem x ", s.x_shape(), ", w ",
-           s.w_shape(), " is outside the engine's limits");
-  set_device(dw.device().index);
+  begin_bf16_pass("engine_conv_grad_weight_bf16", dw, dy, x, Tensor(), s, /*out_bf16=*/false);
   if (engine_conv_grad_weight_bf16_uses_tma(s, dw, policy)) return engine::conv_wgrad_bf16_tma(dw, dy, x, s, policy);
   conv_grad_weight(dw, widened(dy), widened(x), s, Precision::TF32);
 }

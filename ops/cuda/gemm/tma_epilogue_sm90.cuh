@@ -117,12 +117,14 @@ __device__ __forceinline__ void store_straddling_rows(const unsigned char* stage
   }
 }
 
-// Row-major staging: box j holds columns 32 j.. of all 128 rows, one 128-byte line per row.
-template <int kBN>
+// Row-major staging: box j holds columns kCols j.. of all 128 rows, one 128-byte line per row:
+// 32 f32 columns, or 64 bf16 ones (each sum plus its bias rounded once to nearest even).
+template <int kBN, bool kBf16>
 __device__ __forceinline__ void stage_rows(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t n0,
                                            const float* bias, int32_t N) {
-  // Element (r, c) goes to box c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8: a warp's
-  // 8-byte writes land in 32 distinct banks.
+  // Element (r, c) goes to box c / kCols, line r, 16-byte chunk (c % kCols) / (16 / size) XOR
+  // r % 8: a warp's writes of one column pair (8 bytes f32, 4 bf16) land in 32 distinct banks.
+  constexpr int kCols = kBf16 ? 64 : 32, kSize = kBf16 ? 2 : 4, kPerChunk = 16 / kSize;
   const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < kBN / 8; ++j) {
@@ -135,36 +137,13 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[kBN / 2], unsigned
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + g + 8 * h;
-      const int chunk = ((col % 32) / 4) ^ (row % 8);
-      float2* dst = reinterpret_cast<float2*>(stage + (col / 32) * kStoreBoxBytes + row * 128 + chunk * 16 + (col % 4) * 4);
-      *dst = make_float2(acc[4 * j + 2 * h] + b0, acc[4 * j + 2 * h + 1] + b1);
-    }
-  }
-}
-
-// The same for a bf16 output: box j holds columns 64 j.. of all 128 rows, one 128-byte line per
-// row, each sum (plus its bias) rounded once to nearest even.
-template <int kBN>
-__device__ __forceinline__ void stage_rows_bf16(const float (&acc)[kBN / 2], unsigned char* stage, int tid, int32_t n0,
-                                                const float* bias, int32_t N) {
-  // Element (r, c) goes to box c / 64, line r, 16-byte chunk (c % 64) / 8 XOR r % 8, bytes
-  // 2 (c % 8).. : a warp's 4-byte writes (8 rows, 4 column pairs) land in 32 distinct banks.
-  const int lane = tid % 32, row0 = (tid / 32) * 16, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int col = 8 * j + 2 * t;
-    float b0 = 0.f, b1 = 0.f;
-    if (bias) {
-      if (n0 + col < N) b0 = bias[n0 + col];
-      if (n0 + col + 1 < N) b1 = bias[n0 + col + 1];
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + g + 8 * h;
-      const int chunk = ((col % 64) / 8) ^ (row % 8);
-      uint32_t* dst = reinterpret_cast<uint32_t*>(stage + (col / 64) * kStoreBoxBytes + row * 128 + chunk * 16 +
-                                                  (col % 8) * 2);
-      *dst = uint32_t(encode_bf16(acc[4 * j + 2 * h] + b0)) | (uint32_t(encode_bf16(acc[4 * j + 2 * h + 1] + b1)) << 16);
+      const int chunk = ((col % kCols) / kPerChunk) ^ (row % 8);
+      unsigned char* dst = stage + (col / kCols) * kStoreBoxBytes + row * 128 + chunk * 16 + (col % kPerChunk) * kSize;
+      const float v0 = acc[4 * j + 2 * h] + b0, v1 = acc[4 * j + 2 * h + 1] + b1;
+      if constexpr (kBf16)
+        *reinterpret_cast<uint32_t*>(dst) = uint32_t(encode_bf16(v0)) | (uint32_t(encode_bf16(v1)) << 16);
+      else
+        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
     }
   }
 }
@@ -181,9 +160,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[kBN / 2], unsi
   else if (store.kind == TileStore::kChannelsFirstBf16)
     stage_channels_first<kBN, true>(acc, stage, tid, n0, args);
   else if (store.kind == TileStore::kRowsBf16)
-    stage_rows_bf16<kBN>(acc, stage, tid, n0, args.out.bias, args.N);
+    stage_rows<kBN, true>(acc, stage, tid, n0, args.out.bias, args.N);
   else
-    stage_rows<kBN>(acc, stage, tid, n0, store.kind == TileStore::kRows ? args.out.bias : nullptr, args.N);
+    stage_rows<kBN, false>(acc, stage, tid, n0, store.kind == TileStore::kRows ? args.out.bias : nullptr, args.N);
   wgmma::fence_proxy_async();  // the plain shared-memory writes, for the TMA unit
   named_barrier_sync(1, 256);
   if (store.kind == TileStore::kChannelsFirst) {
