@@ -5,7 +5,8 @@
 // dispatcher row that implements the problem (the 3x3 kernels, the 1x1 kernels). For 16-31
 // channels also quads against one 32-channel slice per tap (tma_quads 1 against 0). Last, the
 // backward passes of the zoo rows whose forward+backward still loses to cuDNN (the 7x7 stem,
-// 5x5 32 -> 64, Conv3d 1 -> 32), each pass on its own, to find which one does.
+// 5x5 32 -> 64, Conv3d 1 -> 32), each pass on its own, to find which one does; for their
+// few-channel grad-inputs the direct kernels as well.
 // Per problem and precision: each row's time (median of 10 timings of 4 queued launches, ms),
 // the row the default order takes, and each row's relative L2 distance from the default's
 // output when above the precision's tolerance.
@@ -83,8 +84,12 @@ void measure(const Problem& pr) {
     time_row("engine-no-quads", no_quads);
     if (pr.pass != cuda::ConvPass::GradWeight && (pr.pass == cuda::ConvPass::Forward ? s.C : s.K) >= 16)
       time_row("engine-quads-to-31", wide_quads);
+    // The direct (FFMA) kernels too for grad-inputs into 8 or fewer channels, which the engine
+    // runs as a columns product (K deep, C kvol wide) and a gather.
+    const bool direct_too = pr.pass == cuda::ConvPass::GradInput && s.C <= 8;
     for (const auto& row : cuda::conv_variants()) {
-      if (row.name == "direct" || row.name == "engine" || !row.can_implement(problem, operands)) continue;
+      if ((row.name == "direct" && !direct_too) || row.name == "engine" || !row.can_implement(problem, operands))
+        continue;
       cuda::KernelPolicy forced;
       forced.conv_variant = row.name;
       time_row(std::string(row.name).c_str(), forced);
