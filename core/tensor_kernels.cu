@@ -99,8 +99,9 @@ __global__ void half4_to_f32_kernel(const uint2* __restrict__ in, float4* __rest
 }
 
 // f32 <-> half through the four-element kernels where both buffers allow it (f32 16-byte and
-// half 8-byte aligned: every tensor's own buffer), the last n % 4 elements by the scalar ones.
-// Returns false (nothing launched) where the alignment does not hold.
+// half 8-byte aligned: every tensor's own buffer, as tensors have no storage offset), the last
+// n % 4 elements by the scalar ones. Returns false (nothing launched) where the alignment does
+// not hold, and the caller takes the scalar kernels.
 bool cast_f32_half4(const void* in, void* out, int64_t n, bool to_half_type, bool bf16, cudaStream_t st) {
   const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   const void* f32 = to_half_type ? in : out;
