@@ -153,6 +153,34 @@ TEST(HalfCuda, EveryCastMatchesTheCpuBitForBit) {
   }
 }
 
+// f32 <-> half casts run four elements per step, the last n % 4 one by one: every length from 1
+// to 9 and a few long ones (the last past one pass of the grid-stride loop), whose elements
+// cycle through the specials and random values within f16's range, must give the CPU's bits in
+// both directions.
+TEST(HalfCuda, CastsOfEveryLengthMatchTheCpu) {
+  TG_REQUIRE_GPU();
+  const std::vector<float> specials = special_f32();
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-6e4f, 6e4f);
+  for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 1027, 262147, 4325379}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i % 3 == 0 ? specials[(i / 3) % specials.size()] : dist(gen);
+    const Tensor src = from_vector(v, {n});
+    const Tensor src_gpu = src.to(kGpu);
+    for (DType h : kHalves) {
+      const std::string what = "f32 <-> " + std::string(dtype_name(h)) + ", " + std::to_string(n) + " elements";
+      SCOPED_TRACE(what);
+      const Tensor want = src.to(h);
+      Tensor half_out = poisoned_gpu(src.shape(), h);
+      cuda::cast(half_out, src_gpu);
+      expect_same_bits(half_out, want, what + " (to the half type)");
+      Tensor f32_out = poisoned_gpu(src.shape(), DType::f32);
+      cuda::cast(f32_out, half_out);
+      expect_same_bits(f32_out, want.to(DType::f32), what + " (back to f32)");
+    }
+  }
+}
+
 // Half -> i64 of a value without an i64 (NaN, +-inf, past 2^63) is the CPU's DTypeError,
 // naming the same (first) element.
 TEST(HalfCuda, HalfToI64RefusesTheSameElement) {
