@@ -23,6 +23,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "core/cuda_context.h"
+#include "core/cupti_activity.h"
 #endif
 
 namespace tg {
@@ -43,6 +44,13 @@ struct Profiler::State {
   std::vector<cudaEvent_t> pool[kMaxCudaDevices];  // finished events, for reuse
   cudaEvent_t ref[kMaxCudaDevices] = {};        // a completed event at host time ref_us
   double ref_us[kMaxCudaDevices] = {};
+  // Device times from CUPTI's activity records instead of events (core/cupti_activity.h):
+  // per record, the summed durations of its activities and the first one's start.
+  bool cupti = false, cupti_running = false;
+  uint64_t cupti_t0_ns = 0;  // CUPTI's clock at t0
+  std::vector<double> device_ms;
+  std::vector<uint64_t> first_ns;
+  uint64_t tag(size_t slot) const { return (serial << 32) | (slot + 1); }
 #endif
   ~State();
   void resolve();
@@ -148,8 +156,13 @@ void OpScope::start_record(const char* name, const OpInfo& info) {
   s->cpu_begin.push_back(Clock::now());
 #if TG_CUDA
   s->events.emplace_back();
+  s->device_ms.push_back(0);
+  s->first_ns.push_back(0);
   const Device d = s->records.back().device;
-  if (d.is_cuda()) {
+  if (d.is_cuda() && s->cupti) {
+    profile::cupti::push(s->tag(static_cast<size_t>(slot_)));  // popped in end()
+    state_ |= 8;
+  } else if (d.is_cuda()) {
     cuda::set_device(d.index);
     cudaStream_t stream = cuda::stream(d.index);
     if (!s->ref[d.index]) {  // the time origin of this GPU: an event completed at a known host time
@@ -183,6 +196,7 @@ void OpScope::start_record(const char* name, const OpInfo& info) {
 void OpScope::end() noexcept {
 #if TG_CUDA
   if (state_ & 4) nvtxRangePop();
+  if (state_ & 8) profile::cupti::pop();
 #endif
   --t_depth;
   if (!(state_ & 2)) return;
@@ -208,7 +222,7 @@ void OpScope::end() noexcept {
     }
   }
   // Bounded pending events: past this many, wait for them (the oldest are done long ago).
-  if (s->records.size() % 4096 == 0) {
+  if (!s->cupti && s->records.size() % 4096 == 0) {
     try {
       s->resolve();
     } catch (...) {
@@ -221,6 +235,27 @@ void OpScope::end() noexcept {
 
 void Profiler::State::resolve() {
 #if TG_CUDA
+  if (cupti) {
+    if (cupti_running) {
+      std::vector<int> devices;
+      for (const Record& r : records)
+        if (r.device.is_cuda() && std::find(devices.begin(), devices.end(), r.device.index) == devices.end())
+          devices.push_back(r.device.index);
+      for (const auto& [id, span] : profile::cupti::collect(devices)) {
+        const uint64_t slot = (id & 0xffffffffu) - 1;
+        if ((id >> 32) != serial || slot >= records.size()) continue;
+        device_ms[slot] += span.ms;
+        first_ns[slot] = first_ns[slot] == 0 ? span.first_ns : std::min(first_ns[slot], span.first_ns);
+      }
+    }
+    for (size_t i = 0; i < records.size(); ++i) {
+      Record& r = records[i];
+      if (!r.device.is_cuda() || r.ms < 0) continue;  // host ops keep their wall time; open ones wait
+      r.ms = device_ms[i];
+      if (first_ns[i] != 0) r.start_us = (double(first_ns[i]) - double(cupti_t0_ns)) * 1e-3;
+    }
+    return;
+  }
   for (size_t i = 0; i < events.size(); ++i) {
     Events& ev = events[i];
     if (!ev.start || (records[i].ms < 0)) continue;
@@ -260,19 +295,31 @@ Profiler::Profiler() : state_(std::make_unique<State>()) {
   std::lock_guard<std::mutex> lock(profile::g_mutex);
   TG_CHECK(profile::g_state == nullptr,
            "Profiler: another tg::Profiler is active; only one may record at a time (destroy or stop() it first)");
-  profile::g_state = state_.get();
   state_->serial = ++profile::g_serial;
+#if TG_CUDA
+  // CUPTI's activity records time the GPU ops unless TG_PROFILER_EVENTS=1 asks for events, or
+  // CUPTI cannot be had (not installed, or held by another tool such as a sanitizer).
+  const char* events_env = std::getenv("TG_PROFILER_EVENTS");
+  if (!(events_env && std::strcmp(events_env, "1") == 0) && cuda_available() && profile::cupti::start()) {
+    state_->cupti = state_->cupti_running = true;
+    state_->cupti_t0_ns = profile::cupti::now_ns();
+    state_->t0 = Clock::now();
+  }
+#endif
+  profile::g_state = state_.get();
   profile::detail::g_enabled.fetch_or(profile::kProfilerOn, std::memory_order_relaxed);
 }
 
 Profiler::~Profiler() {
   try {
-    stop();
+    stop_recording(/*keep_device_times=*/false);
   } catch (...) {
   }
 }
 
-void Profiler::stop() {
+void Profiler::stop() { stop_recording(/*keep_device_times=*/true); }
+
+void Profiler::stop_recording([[maybe_unused]] bool keep_device_times) {
   std::lock_guard<std::mutex> lock(profile::g_mutex);
   if (state_->stopped) return;
   state_->stopped = true;
@@ -280,6 +327,23 @@ void Profiler::stop() {
     profile::g_state = nullptr;
     profile::detail::g_enabled.fetch_and(~profile::kProfilerOn, std::memory_order_relaxed);
   }
+#if TG_CUDA
+  // CUPTI collects for one profiler at a time: what the recorded ops ran is collected (waiting
+  // for the GPUs) before it stops, unless the profiler is going away.
+  if (state_->cupti_running) {
+    if (keep_device_times) state_->resolve();
+    state_->cupti_running = false;
+    profile::cupti::stop();
+  }
+#endif
+}
+
+bool Profiler::device_times_from_cupti() const {
+#if TG_CUDA
+  return state_->cupti;
+#else
+  return false;
+#endif
 }
 
 const std::vector<Profiler::Record>& Profiler::records() {
@@ -382,6 +446,9 @@ void Profiler::report(std::ostream& os) {
     os << "roofline cuda:" << d << " (" << c.gpu << "): copy " << fmt("%.0f", c.copy_gbps) << " GB/s, FP32 matmul "
        << fmt("%.1f", c.fp32_tflops) << " TFLOP/s, TF32 matmul " << fmt("%.1f", c.tf32_tflops)
        << " TFLOP/s; cached in " << ceilings_path(c.gpu) << "\n";
+  if (!have_peaks.empty())
+    os << "GPU device times: " << (device_times_from_cupti() ? "CUPTI activity records (each op's kernels, copies and memsets)"
+                                                              : "CUDA events around each op") << "\n";
 }
 
 void Profiler::write_trace(const std::string& path) {

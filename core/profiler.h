@@ -16,9 +16,10 @@
 // sum_to) are attributed to the outermost one only, so every op is counted once.
 //
 // Each record holds the op's name, device, phase (forward; backward = inside
-// Tape::backward; optimizer = inside Optimizer::step), input shapes, device time (CUDA
-// events on tapegrad's stream around the op; on the CPU, wall time), and the FLOPs and
-// minimum bytes the op family declares (inputs read once, outputs written once).
+// Tape::backward; optimizer = inside Optimizer::step), input shapes, device time (on a GPU the
+// summed durations of the kernels, copies and memsets the op ran, from CUPTI's activity
+// records, or CUDA events around the op where CUPTI cannot be had; on the CPU, wall time), and
+// the FLOPs and minimum bytes the op family declares (inputs read once, outputs written once).
 //
 // The roofline column of report() compares each op's time with the bound
 // max(flops / peak, bytes / copy bandwidth) of this GPU. The peaks are measured once per GPU
@@ -108,7 +109,8 @@ class OpScope {
   void begin(const char* name, const OpInfo& info);
   void start_record(const char* name, const OpInfo& info);
   void end() noexcept;
-  int state_ = 0;    // 0: off; else bits: 1 nested depth taken, 2 recording, 4 NVTX range pushed
+  int state_ = 0;    // 0: off; else bits: 1 nested depth taken, 2 recording, 4 NVTX range pushed,
+                     // 8 CUPTI tag pushed
   int64_t slot_ = -1;  // the profiler's pending record
   uint64_t profiler_ = 0;  // which profiler (its serial number) holds that record
 };
@@ -141,7 +143,7 @@ class Profiler {
     Device device;
     profile::Phase phase = profile::Phase::forward;
     std::vector<Shape> input_shapes;
-    double ms = 0;            // device time (GPU: events on tapegrad's stream; CPU: wall)
+    double ms = 0;            // device time (GPU: see device_times_from_cupti; CPU: wall)
     double start_us = 0;      // since the profiler started (for the trace)
     double flops = 0, bytes = 0;
     bool matrix = false;      // bound by the matrix peak
@@ -149,8 +151,14 @@ class Profiler {
     int thread = 0;           // small per-thread index, in order of first appearance
   };
 
-  // Stops recording early (the records stay readable); the destructor does it otherwise.
+  // Stops recording early (the records stay readable; waits for the GPUs where CUPTI times
+  // them); the destructor does it otherwise.
   void stop();
+  // GPU ops' device times: true, the summed durations of the kernels, copies and memsets each
+  // op ran, from CUPTI's activity records (core/cupti_activity.h); false, CUDA events on
+  // tapegrad's stream around each op (TG_PROFILER_EVENTS=1 in the environment asks for them;
+  // they are the fallback where CUPTI cannot be loaded or is held by another tool).
+  bool device_times_from_cupti() const;
   // Every op recorded so far, in the order they started; GPU times are resolved first
   // (waits for the recorded events). Read it after stop(), or while no op runs: recording
   // appends to this vector.
@@ -175,6 +183,7 @@ class Profiler {
   struct State;  // profiler.cpp
 
  private:
+  void stop_recording(bool keep_device_times);
   std::unique_ptr<State> state_;
 };
 

@@ -1,5 +1,8 @@
-// tg::Profiler on the GPU: event times are positive, the counts match the CPU's, the
-// ceilings are measured, written to the cache and read back, and the report has a roofline.
+// tg::Profiler on the GPU: device times (from CUPTI's activity records, and from events where
+// TG_PROFILER_EVENTS=1 asks for them) are positive for ops that run kernels, the counts match the
+// CPU's, the ceilings are measured, written to the cache and read back, and the report has a
+// roofline.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,9 +51,34 @@ std::map<std::string, std::pair<int, double>> counts(const std::vector<Profiler:
 
 }  // namespace
 
-TEST(ProfilerCuda, GpuTimesArePositiveAndCountsMatchTheCpu) {
-  TG_REQUIRE_GPU();
+namespace {
+
+// Sets an environment variable for the scope (the profiler reads TG_PROFILER_EVENTS when it starts).
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~EnvGuard() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// Events time every GPU op (an event pair brackets even one that launches nothing). CUPTI sums
+// the activities an op ran: the convolutions and linears, which always launch kernels, must get
+// positive times, every op a finite, non-negative one, and the first kernel cannot start before
+// the profiler did.
+void check_device_times(bool events) {
   std::map<std::string, std::pair<int, double>> per_device[2];
+  bool from_cupti = false;
   for (int k = 0; k < 2; ++k) {
     const Device d = k == 0 ? Device::cpu() : Device::cuda();
     manual_seed(7);
@@ -58,19 +86,48 @@ TEST(ProfilerCuda, GpuTimesArePositiveAndCountsMatchTheCpu) {
     Tensor x = randn({4, 3, 16, 16}).to(d), target = randn({4, 4}).to(d);
     nn::SGD opt(model->parameters(), {.lr = 0.01});
     train_step(d, *model, opt, x, target);  // warm-up
+    EnvGuard env("TG_PROFILER_EVENTS", events ? "1" : nullptr);
     Profiler prof;
     train_step(d, *model, opt, x, target);
     prof.stop();
+    if (d.is_cuda()) from_cupti = prof.device_times_from_cupti();
     ASSERT_FALSE(prof.records().empty());
+    double conv_and_linear = 0;
     for (const auto& r : prof.records()) {
       EXPECT_EQ(r.device, d) << r.op;
-      if (d.is_cuda()) {
+      if (!d.is_cuda()) continue;
+      EXPECT_TRUE(std::isfinite(r.ms) && r.ms >= 0) << r.op << ": " << r.ms;
+      if (events || r.op.rfind("conv2d", 0) == 0 || r.op.rfind("linear", 0) == 0) {
         EXPECT_GT(r.ms, 0) << r.op;
       }
+      if (r.op.rfind("conv2d", 0) == 0 || r.op.rfind("linear", 0) == 0) conv_and_linear += r.ms;
+      if (from_cupti && r.ms > 0) {
+        EXPECT_GE(r.start_us, 0) << r.op;
+      }
+    }
+    if (d.is_cuda()) {
+      EXPECT_GT(conv_and_linear, 0);
     }
     per_device[k] = counts(prof.records());
   }
   EXPECT_EQ(per_device[0], per_device[1]);
+  if (events) {
+    EXPECT_FALSE(from_cupti) << "TG_PROFILER_EVENTS=1 must give event times";
+  } else if (!from_cupti) {
+    std::printf("CUPTI could not be had here (another tool holds it?): the events were checked\n");
+  }
+}
+
+}  // namespace
+
+TEST(ProfilerCuda, GpuTimesArePositiveAndCountsMatchTheCpu) {
+  TG_REQUIRE_GPU();
+  check_device_times(/*events=*/false);
+}
+
+TEST(ProfilerCuda, EventTimesWhereAskedFor) {
+  TG_REQUIRE_GPU();
+  check_device_times(/*events=*/true);
 }
 
 TEST(ProfilerCuda, CeilingsAreMeasuredCachedAndReadBack) {
