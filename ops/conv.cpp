@@ -206,18 +206,16 @@ Tensor conv_bf16(const char* op, const ConvShape& s, const Tensor& x, const Tens
 Tensor conv_half(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                  const ConvParams& p) {
   const auto f32_op = [&](const std::vector<Tensor>& v) { return conv_nd(op, spatial_dims, v[0], v[1], v[2], p); };
-#if TG_CUDA
   const std::vector<Tensor> lowered = autocast_lower({x, w, b});
+#if TG_CUDA
   if (bf16_conv_on_gpu(lowered[0], lowered[1], lowered[2])) {
     check_operands(op, spatial_dims, lowered[0], lowered[1], lowered[2], p, /*half_kernels=*/true);
     const ConvShape s = make_conv_shape(op, lowered[0].shape(), lowered[1].shape(), p);
     if (cuda::conv_bf16_can_implement(s)) return conv_bf16(op, s, lowered[0], lowered[1], lowered[2], p);
   }
+#endif
   // Already lowered: matrix_op's own Autocast casts find no f32 operand left.
   return matrix_op(op, lowered, f32_op);
-#else
-  return matrix_op(op, {x, w, b}, f32_op);
-#endif
 }
 
 }  // namespace

@@ -142,12 +142,13 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 #if TG_CUDA
 // Whether linear's bf16 operands (after Autocast's casts) take linear_bf16_impl: a batch of rows
-// on a GPU, shapes that fit (else the f32 path reports them), nothing empty.
+// on a GPU, shapes that fit (else the f32 path reports them) within the engine's limits (else
+// f32 copies), nothing empty.
 bool bf16_linear_on_gpu(const Tensor& x, const Tensor& w, const Tensor& b) {
   const auto bf16 = [&](const Tensor& t) { return t.dtype() == DType::bf16 && t.device() == x.device(); };
   return x.device().is_cuda() && bf16(x) && bf16(w) && (!b.defined() || (bf16(b) && b.dim() == 1)) &&
          x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && (!b.defined() || b.size(0) == w.size(0)) &&
-         x.numel() > 0 && w.numel() > 0;
+         x.numel() > 0 && w.numel() > 0 && cuda::linear_bf16_can_implement(x.size(0), x.size(1), w.size(0));
 }
 
 // bf16 linear on a GPU (Autocast's): the forward's and the backward's products on the engine's
@@ -199,14 +200,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (!needs_matrix_half_path(x, w, b)) return linear_impl(x, w, b);
-#if TG_CUDA
   const std::vector<Tensor> lowered = autocast_lower({x, w, b});
+#if TG_CUDA
   if (bf16_linear_on_gpu(lowered[0], lowered[1], lowered[2])) return linear_bf16_impl(lowered[0], lowered[1], lowered[2]);
+#endif
   // Already lowered: matrix_op's own Autocast casts find no f32 operand left.
   return matrix_op("linear", lowered, [](const std::vector<Tensor>& v) { return linear_impl(v[0], v[1], v[2]); });
-#else
-  return matrix_op("linear", {x, w, b}, [](const std::vector<Tensor>& v) { return linear_impl(v[0], v[1], v[2]); });
-#endif
 }
 
 }  // namespace tg

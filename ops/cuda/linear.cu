@@ -246,6 +246,11 @@ void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& 
   gemm(dw, dy, x, Tensor(), for_dw);
 }
 
+bool linear_bf16_can_implement(int64_t B, int64_t in, int64_t out) {
+  return engine_gemm_can_implement({.M = B, .N = out, .K = in}, DType::f32) &&
+         engine_gemm_can_implement({.M = out, .N = in, .K = B}, DType::f32);
+}
+
 void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
   const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::bf16; };
   TG_CHECK_AS(DTypeError, bf16(y) && bf16(x) && bf16(w) && bf16(b), "linear_bf16: wants bf16 x, w, b and y; got ",

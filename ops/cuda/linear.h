@@ -12,6 +12,9 @@ void sum_rows(const Tensor& db, const Tensor& dy);
 // dx (B, in) = dy w and dw (out, in) = dy^T x; one pass over dy for 1x1-convolution shapes.
 void linear_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                               const Tensor& w);
+// Whether linear_bf16 and its backward take these sizes (the engine's index limits); where not,
+// the caller computes on f32 copies.
+bool linear_bf16_can_implement(int64_t B, int64_t in, int64_t out);
 // y (B, out, bf16) = x (B, in) w (out, in)^T + b (out, or undefined), all bf16: BF16 products
 // accumulated in f32 (the engine's engine_gemm_bf16), the sum rounded once to bf16.
 void linear_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "common/autocast_compare.h"
 #include "common/conv_tma_util.h"
 #include "common/half_util.h"
 #include "core/autocast.h"
@@ -216,32 +217,11 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
       EXPECT_TRUE(cuda::engine_conv_grad_input_bf16_uses_tma(s, Tensor::empty(s.y_shape(), bf16))) << c.name;
       EXPECT_TRUE(cuda::engine_conv_grad_weight_bf16_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}))) << c.name;
     }
-    const Tensor x0 = random(c.x, DType::f32), w0 = random(c.w, DType::f32), b0 = random({s.K}, DType::f32);
-    const Tensor up = random(s.y_shape(), DType::f32);
-    Tensor ys[2], grads[2][3];
-    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
-      const Device d = on_gpu ? kGpu : Device::cpu();
-      Tensor x = x0.to(d).requires_grad_(), w = w0.to(d).requires_grad_(), b = b0.to(d).requires_grad_();
-      Tensor y;
-      {
-        Tape tape;
-        {
-          Autocast ac(DType::bf16);
-          y = s.spatial_dims == 3 ? conv3d(x, w, b, c.p) : conv2d(x, w, b, c.p);
-        }
-        tape.backward(sum(mul(y.to(DType::f32), up.to(d))));
-      }
-      ys[on_gpu] = y;
-      grads[on_gpu][0] = x.grad();
-      grads[on_gpu][1] = w.grad();
-      grads[on_gpu][2] = b.grad();
-    }
-    ASSERT_EQ(ys[1].dtype(), DType::bf16) << c.name;
-    EXPECT_LE(rel_l2(ys[1].to(DType::f32), ys[0].to(DType::f32)), std::ldexp(1.0, -8)) << c.name;
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_EQ(grads[1][i].dtype(), DType::f32) << c.name << ", gradient " << i;
-      EXPECT_LE(rel_l2(grads[1][i], grads[0][i]), std::ldexp(1.0, -7)) << c.name << ", gradient " << i;
-    }
+    expect_autocast_gpu_matches_cpu(
+        c.name, random(c.x, DType::f32), random(c.w, DType::f32), random({s.K}, DType::f32),
+        random(s.y_shape(), DType::f32), [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+          return s.spatial_dims == 3 ? conv3d(x, w, b, c.p) : conv2d(x, w, b, c.p);
+        });
   }
 }
 

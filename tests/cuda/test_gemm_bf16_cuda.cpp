@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "common/autocast_compare.h"
 #include "common/half_util.h"
 #include "common/test_util.h"
 #include "core/autocast.h"
@@ -161,32 +162,10 @@ TEST(GemmBf16, LinearUnderAutocastMatchesTheCpuPath) {
   for (const Shape3& s : {Shape3{37, 72, 50}, Shape3{256, 1024, 384}, Shape3{5, 20, 3}}) {
     const std::string where =
         std::to_string(s.B) + " x " + std::to_string(s.in) + " -> " + std::to_string(s.out);
-    const Tensor x0 = random({s.B, s.in}, DType::f32), w0 = random({s.out, s.in}, DType::f32);
-    const Tensor b0 = random({s.out}, DType::f32), up = random({s.B, s.out}, DType::f32);
-    Tensor ys[2], grads[2][3];
-    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
-      const Device d = on_gpu ? kGpu : Device::cpu();
-      Tensor x = x0.to(d).requires_grad_(), w = w0.to(d).requires_grad_(), b = b0.to(d).requires_grad_();
-      Tensor y;
-      {
-        Tape tape;
-        {
-          Autocast ac(DType::bf16);
-          y = linear(x, w, b);
-        }
-        tape.backward(sum(mul(y.to(DType::f32), up.to(d))));
-      }
-      ys[on_gpu] = y;
-      grads[on_gpu][0] = x.grad();
-      grads[on_gpu][1] = w.grad();
-      grads[on_gpu][2] = b.grad();
-    }
-    ASSERT_EQ(ys[1].dtype(), DType::bf16) << where;
-    EXPECT_LE(rel_l2(ys[1].to(DType::f32), ys[0].to(DType::f32)), std::ldexp(1.0, -8)) << where;
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_EQ(grads[1][i].dtype(), DType::f32) << where << ", gradient " << i;
-      EXPECT_LE(rel_l2(grads[1][i], grads[0][i]), std::ldexp(1.0, -7)) << where << ", gradient " << i;
-    }
+    expect_autocast_gpu_matches_cpu(
+        where, random({s.B, s.in}, DType::f32), random({s.out, s.in}, DType::f32), random({s.out}, DType::f32),
+        random({s.B, s.out}, DType::f32),
+        [](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b); });
   }
 }
 

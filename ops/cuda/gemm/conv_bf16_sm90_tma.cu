@@ -124,23 +124,6 @@ void conv_fprop_bf16_tma(const Tensor& y, const Tensor& x, const Tensor& w, cons
            [&](const MainloopArgs& a, cudaStream_t stm) { launch_im2col_tma(boxes, plan, a, stm); });
 }
 
-// An f32 copy of a bf16 tensor.
-Tensor widened(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
-  cast(out, t);
-  return out;
-}
-
-// Runs pass(out32) on `out` itself where it is f32, else on an f32 scratch rounded into it
-// once: the f32 dispatcher's kernels write f32 only.
-template <class Pass>
-void into_f32(const Tensor& out, Pass&& pass) {
-  if (out.dtype() == DType::f32) return pass(out);
-  Tensor out32 = Tensor::empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
-  pass(out32);
-  cast(out, out32);
-}
-
 }  // namespace
 
 void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
@@ -148,7 +131,9 @@ void engine_conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w,
   begin_bf16_pass("engine_conv_forward_bf16", y, x, w, b, s, /*out_bf16=*/true);
   if (engine_conv_forward_bf16_uses_tma(s, x, policy)) return conv_fprop_bf16_tma(y, x, w, b, s, policy, false);
   // The same exact products on the f32 dispatcher's TF32 kernels.
-  into_f32(y, [&](const Tensor& y32) { conv_forward(y32, widened(x), widened(w), b, s, Precision::TF32); });
+  engine::into_f32(y, [&](const Tensor& y32) {
+    conv_forward(y32, engine::widened(x), engine::widened(w), b, s, Precision::TF32);
+  });
 }
 
 bool engine_conv_grad_input_bf16_uses_tma(const ConvShape& s, const Tensor& dy, const EnginePolicy& policy) {
@@ -168,7 +153,9 @@ void engine_conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tenso
       return conv_fprop_bf16_tma(dx, dy, w, Tensor(), forward, policy, /*flipped=*/true);
     return engine::conv_dgrad_phases_bf16_tma(dx, dy, w, s, policy);
   }
-  into_f32(dx, [&](const Tensor& dx32) { conv_grad_input(dx32, widened(dy), widened(w), s, Precision::TF32); });
+  engine::into_f32(dx, [&](const Tensor& dx32) {
+    conv_grad_input(dx32, engine::widened(dy), engine::widened(w), s, Precision::TF32);
+  });
 }
 
 bool engine_conv_grad_weight_bf16_uses_tma(const ConvShape& s, const Tensor& dw, const EnginePolicy& policy) {
@@ -181,7 +168,7 @@ void engine_conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tens
                                   const EnginePolicy& policy) {
   begin_bf16_pass("engine_conv_grad_weight_bf16", dw, dy, x, Tensor(), s, /*out_bf16=*/false);
   if (engine_conv_grad_weight_bf16_uses_tma(s, dw, policy)) return engine::conv_wgrad_bf16_tma(dw, dy, x, s, policy);
-  conv_grad_weight(dw, widened(dy), widened(x), s, Precision::TF32);
+  conv_grad_weight(dw, engine::widened(dy), engine::widened(x), s, Precision::TF32);
 }
 
 }  // namespace tg::cuda

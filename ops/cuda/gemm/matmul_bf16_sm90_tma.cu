@@ -73,14 +73,9 @@ void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const T
   if (!engine_gemm_bf16_uses_tma(a, b, p, policy)) {
     // The same products on the TF32 engine: bf16 values widen exactly and are exact in TF32; a
     // bf16 c gets the f32 result rounded once.
-    const TensorOptions f32{.dtype = DType::f32, .device = c.device()};
-    Tensor a32 = Tensor::empty(a.shape(), f32), b32 = Tensor::empty(b.shape(), f32);
-    cuda::cast(a32, a);
-    cuda::cast(b32, b);
-    if (c.dtype() == DType::f32) return engine_gemm(c, a32, b32, bias, p, Precision::TF32, policy);
-    Tensor c32 = Tensor::empty(c.shape(), f32);
-    engine_gemm(c32, a32, b32, bias, p, Precision::TF32, policy);
-    return cuda::cast(c, c32);
+    return engine::into_f32(c, [&](const Tensor& c32) {
+      engine_gemm(c32, engine::widened(a), engine::widened(b), bias, p, Precision::TF32, policy);
+    });
   }
   // Operands stored with the reduction strided: transposed, rows padded to 16 bytes.
   const bool a_in_place = !p.transA, b_in_place = p.transB;

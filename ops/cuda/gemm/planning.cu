@@ -247,6 +247,12 @@ OutputMap output_map(float* data, const float* bias, int64_t M, int64_t N) {
   return out;
 }
 
+Tensor widened(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
+  cast(out, t);
+  return out;
+}
+
 OutputMap output_map(const Tensor& out, const float* bias, int64_t M, int64_t N) {
   TG_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16, "engine output: f32 or bf16, got ",
            describe(out));

@@ -11,6 +11,7 @@
 
 #include "../../../core/precision.h"
 #include "../../../core/tensor.h"
+#include "../../../core/tensor_kernels.h"
 #include "../../conv.h"
 #include "../arch/tensor_map.h"
 #include "dgrad_phases.h"
@@ -55,6 +56,19 @@ void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, 
 // The same over bf16 bit patterns (zeros: +0).
 void transpose_into(uint16_t* out, const uint16_t* in, int64_t batches, int64_t rows, int64_t cols,
                     int64_t padded_rows, cudaStream_t stream);
+
+// An f32 copy of t (bf16 widens exactly) made as a kernel's scratch: unlike Tensor::to, not
+// recorded on an active tape.
+Tensor widened(const Tensor& t);
+// Runs pass(out32) on `out` itself where it is f32, else on an f32 scratch rounded into it once
+// (to nearest even): for the f32 kernels, which write f32 only, under a bf16 pass.
+template <class Pass>
+void into_f32(const Tensor& out, Pass&& pass) {
+  if (out.dtype() == DType::f32) return pass(out);
+  Tensor out32 = Tensor::empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
+  pass(out32);
+  cast(out, out32);
+}
 
 // Runs one planned launch: straight into args.out, or into partial sums (a workspace) that one
 // fixed-order pass reduces into args.out.
