@@ -63,7 +63,11 @@ const Api& api() {
   return a;
 }
 
-constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+// CUPTI writes an external-correlation record only ahead of an API record (cupti_activity.h,
+// cuptiActivityPushExternalCorrelationId): the runtime and driver API kinds must be on for the
+// op tags to reach the kernels, copies and memsets those calls start. Their records are skipped.
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_RUNTIME,
+                                         CUPTI_ACTIVITY_KIND_DRIVER,
                                          CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                          CUPTI_ACTIVITY_KIND_MEMSET};
 constexpr size_t kBufferBytes = size_t{8} << 20;
