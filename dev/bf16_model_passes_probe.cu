@@ -21,6 +21,7 @@
 #include "core/tensor_kernels.h"
 #include "ops/conv.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/gemm/engine.h"
 #include "probe_common.h"
 
 namespace {
@@ -44,11 +45,7 @@ float time_ms(F&& f) {
   return probe_common::median_ms(20, f, 4, cuda::stream(0));
 }
 
-Tensor widened(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
-  cuda::cast(out, t);
-  return out;
-}
+using cuda::engine::widened;
 
 void measure(const char* name, int count, const Shape& x_shape, const Shape& w_shape, const ConvParams& p) {
   const Device gpu = Device::cuda(0);

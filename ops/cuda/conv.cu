@@ -275,11 +275,35 @@ void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, c
   engine_conv_grad_input_bf16(dx, dy, w, s, kernel_policy().engine);
 }
 
+// The engine's bf16 grad-weight writes the input's columns (C kvol rows over every output
+// pixel) before its product. The 3x3 kernels read x in place: where the f32 table sends the TF32
+// grad-weight to them, their pass on f32 copies of dy and x costs less than the bf16 columns
+// (dev/bf16_model_passes_probe.cu, H200, the ResNet-style model at batch 64: 64 channels at
+// 64x64 0.23 ms against 0.65, 128 at 32x32 0.19 against 0.34); where the table keeps the engine
+// (256 channels at 16x16, 512 at 8x8, strides 2, 1x1) the bf16 columns win (0.20 against 0.26,
+// 0.15 against 0.19, 0.06-0.20 against 0.07-0.27). The products are the same: bf16 values are
+// exact in TF32. A policy that forces a row by name forces it here too.
+namespace {
+bool grad_weight_on_f32_copies(const ConvShape& s, const Tensor& dw32) {
+  const ConvVariant& conv3x3 = kVariants[1];
+  if (const std::string_view forced = kernel_policy().conv_variant; !forced.empty()) return forced == conv3x3.name;
+  const ConvProblem tf32 = conv_problem(s, DType::f32, ConvPass::GradWeight, Precision::TF32);
+  return &choose_conv_variant(tf32, {.out = dw32}) == &conv3x3;
+}
+}  // namespace
+
+bool conv_grad_weight_bf16_on_f32_copies(const ConvShape& s, const Device& device) {
+  return grad_weight_on_f32_copies(s, Tensor::empty(s.w_shape(), {.dtype = DType::f32, .device = device}));
+}
+
 // The grad-weight's kernels write f32 (a weight-sized scratch), rounded once into dw.
 void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s) {
   check_bf16("conv_grad_weight_bf16", dw, {&dy, &x});
   Tensor dw32 = Tensor::empty(dw.shape(), {.dtype = DType::f32, .device = dw.device()});
-  engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine);
+  if (grad_weight_on_f32_copies(s, dw32))
+    conv_grad_weight(dw32, engine::widened(dy), engine::widened(x), s, Precision::TF32);
+  else
+    engine_conv_grad_weight_bf16(dw32, dy, x, s, kernel_policy().engine);
   cast(dw, dw32);
 }
 

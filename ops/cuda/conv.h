@@ -23,7 +23,10 @@ bool conv_bf16_can_implement(const ConvShape& s);
 void conv_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s);
 // dx = its grad-input with dx, dy and w bf16 (engine_conv_grad_input_bf16), rounded once.
 void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s);
-// dw = its grad-weight with dw, dy and x bf16 (engine_conv_grad_weight_bf16), rounded once.
+// dw = its grad-weight with dw, dy and x bf16, rounded once: the engine's bf16 pass
+// (engine_conv_grad_weight_bf16), or the f32 table's TF32 pass on f32 copies of dy and x where
+// conv_grad_weight_bf16_on_f32_copies says that is faster (the 3x3 kernels take it).
+bool conv_grad_weight_bf16_on_f32_copies(const ConvShape& s, const Device& device);
 void conv_grad_weight_bf16(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s);
 void conv_grad_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                       Precision precision = tg::precision());

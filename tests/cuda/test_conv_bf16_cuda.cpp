@@ -207,15 +207,22 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
       {"conv2d 3x3 s2 p1, 20 -> 24 (NHWC, a fallback)", {2, 9, 10, 20}, {24, 20, 3, 3},
        {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
       {"conv3d 3x3x3 p1, 16 -> 8", {2, 16, 5, 6, 7}, {8, 16, 3, 3, 3}, {.padding = {1}}},
-      {"conv2d 3x3 p1, 64 -> 64 (every pass on the BF16 kernels)", {2, 64, 9, 10}, {64, 64, 3, 3}, {.padding = {1}}},
+      {"conv2d 3x3 p1, 96 -> 96 (every pass on the BF16 kernels)", {2, 96, 9, 10}, {96, 96, 3, 3}, {.padding = {1}}},
+      {"conv2d 3x3 p1, 64 -> 64 at 33x34 (grad-weight: the 3x3 kernels on f32 copies)", {2, 64, 33, 34},
+       {64, 64, 3, 3}, {.padding = {1}}},
   };
   for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    if (std::string(c.name).find("every pass") != std::string::npos && cuda::device_runs_wgmma(0)) {
+    const std::string name = c.name;
+    if (name.find("every pass") != std::string::npos && cuda::device_runs_wgmma(0)) {
       const TensorOptions bf16{.dtype = DType::bf16, .device = kGpu};
       EXPECT_TRUE(cuda::engine_conv_forward_bf16_uses_tma(s, Tensor::empty(c.x, bf16))) << c.name;
       EXPECT_TRUE(cuda::engine_conv_grad_input_bf16_uses_tma(s, Tensor::empty(s.y_shape(), bf16))) << c.name;
       EXPECT_TRUE(cuda::engine_conv_grad_weight_bf16_uses_tma(s, Tensor::empty(c.w, {.device = kGpu}))) << c.name;
+      EXPECT_FALSE(cuda::conv_grad_weight_bf16_on_f32_copies(s, kGpu)) << c.name;
+    }
+    if (name.find("f32 copies") != std::string::npos && cuda::device_runs_wgmma(0)) {
+      EXPECT_TRUE(cuda::conv_grad_weight_bf16_on_f32_copies(s, kGpu)) << c.name;
     }
     expect_autocast_gpu_matches_cpu(
         c.name, random(c.x, DType::f32), random(c.w, DType::f32), random({s.K}, DType::f32),

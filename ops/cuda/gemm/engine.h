@@ -101,4 +101,10 @@ bool engine_gemm_bf16_uses_tma(const Tensor& a, const Tensor& b, const GemmProbl
 void engine_gemm_bf16(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmProblem& p,
                       const EnginePolicy& policy = {});
 
+namespace engine {
+// An f32 copy of t (bf16 widens exactly) made as a kernel's scratch: unlike Tensor::to, not
+// recorded on an active tape. The bf16 passes run the f32 kernels on such copies where those win.
+Tensor widened(const Tensor& t);
+}  // namespace engine
+
 }  // namespace tg::cuda

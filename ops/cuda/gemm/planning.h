@@ -57,9 +57,6 @@ void transpose_into(float* out, const float* in, int64_t batches, int64_t rows, 
 void transpose_into(uint16_t* out, const uint16_t* in, int64_t batches, int64_t rows, int64_t cols,
                     int64_t padded_rows, cudaStream_t stream);
 
-// An f32 copy of t (bf16 widens exactly) made as a kernel's scratch: unlike Tensor::to, not
-// recorded on an active tape.
-Tensor widened(const Tensor& t);
 // Runs pass(out32) on `out` itself where it is f32, else on an f32 scratch rounded into it once
 // (to nearest even): for the f32 kernels, which write f32 only, under a bf16 pass.
 template <class Pass>
