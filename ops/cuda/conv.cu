@@ -281,12 +281,15 @@ void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, c
 // (dev/bf16_model_passes_probe.cu, H200, the ResNet-style model at batch 64: 64 channels at
 // 64x64 0.23 ms against 0.65, 128 at 32x32 0.19 against 0.34); where the table keeps the engine
 // (256 channels at 16x16, 512 at 8x8, strides 2, 1x1) the bf16 columns win (0.20 against 0.26,
-// 0.15 against 0.19, 0.06-0.20 against 0.07-0.27). The products are the same: bf16 values are
-// exact in TF32. A policy that forces a row by name forces it here too.
+// 0.15 against 0.19, 0.06-0.20 against 0.07-0.27), and so do they where the columns are narrow
+// (C kvol <= 64: the RGB stem 3 -> 64 at 64x64, 0.11 against 0.13). The products are the same:
+// bf16 values are exact in TF32. A policy that forces a row by name forces it here too.
+constexpr int64_t kNarrowBf16Columns = 64;
 namespace {
 bool grad_weight_on_f32_copies(const ConvShape& s, const Tensor& dw32) {
   const ConvVariant& conv3x3 = kVariants[1];
   if (const std::string_view forced = kernel_policy().conv_variant; !forced.empty()) return forced == conv3x3.name;
+  if (s.C * s.kernel_volume() <= kNarrowBf16Columns) return false;
   const ConvProblem tf32 = conv_problem(s, DType::f32, ConvPass::GradWeight, Precision::TF32);
   return &choose_conv_variant(tf32, {.out = dw32}) == &conv3x3;
 }

@@ -210,6 +210,8 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
       {"conv2d 3x3 p1, 96 -> 96 (every pass on the BF16 kernels)", {2, 96, 9, 10}, {96, 96, 3, 3}, {.padding = {1}}},
       {"conv2d 3x3 p1, 64 -> 64 at 33x34 (grad-weight: the 3x3 kernels on f32 copies)", {2, 64, 33, 34},
        {64, 64, 3, 3}, {.padding = {1}}},
+      {"conv2d 3x3 p1, 3 -> 64 at 40x40 (narrow columns: the bf16 grad-weight)", {2, 3, 40, 40}, {64, 3, 3, 3},
+       {.padding = {1}}},
   };
   for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
@@ -223,6 +225,9 @@ TEST(ConvBf16, ConvUnderAutocastMatchesTheCpuPath) {
     }
     if (name.find("f32 copies") != std::string::npos && cuda::device_runs_wgmma(0)) {
       EXPECT_TRUE(cuda::conv_grad_weight_bf16_on_f32_copies(s, kGpu)) << c.name;
+    }
+    if (name.find("narrow columns") != std::string::npos) {
+      EXPECT_FALSE(cuda::conv_grad_weight_bf16_on_f32_copies(s, kGpu)) << c.name;
     }
     expect_autocast_gpu_matches_cpu(
         c.name, random(c.x, DType::f32), random(c.w, DType::f32), random({s.K}, DType::f32),
