@@ -9,7 +9,9 @@ then times PyTorch eager on the same shapes, passes and precision:
   backward_dx  (C) the same with the input gradient
   step         forward + MSE against a fixed target + backward + SGD step + zero_grad
 with torch.backends.cudnn.benchmark = True, TF32 switched on or off to match each row
-(torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32), CUDA events,
+(torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32; bf16 rows run
+under torch.autocast("cuda", torch.bfloat16) with TF32 on, as tg_bench's tg::Autocast rows,
+their upstream gradient made bf16 beforehand on both sides), CUDA events,
 warm-up, and the median of the same number of repeats tg_bench used (>= 20 unless --quick).
 Prints one markdown table; --out FILE writes it with the GPU name, the date and the command.
 Workload C is the fused layer in tapegrad (nn::Conv3dGroupNormMean, one op); its peer here is
@@ -38,7 +40,7 @@ def parse_args():
     p.add_argument("--tg-json", help="reuse this tg_bench --json output instead of running tg_bench")
     p.add_argument("--workloads", default="A,B,C,D")
     p.add_argument("--layout", default="both", choices=["nchw", "nhwc", "both"], help="for B")
-    p.add_argument("--precision", default="fp32,tf32")
+    p.add_argument("--precision", default="fp32,tf32", help="any of fp32, tf32, bf16 (A and B only)")
     p.add_argument("--passes", default="forward,backward,backward_dx,step",
                    help="backward_dx makes rows only for C (A, B, D's backward already has dx)")
     p.add_argument("--quick", action="store_true", help="fewer repeats (5) on both sides")
@@ -83,7 +85,7 @@ def own_table(tg):
             lines.append(f'| {r["workload"]} | {r["layout"]} | {r["pass"]} | {r["precision"]} | check failed: '
                          f'{r.get("failed", "")} | | | | | | |')
             continue
-        peak = c["tf32_tflops"] if r["precision"] == "tf32" else c["fp32_tflops"]
+        peak = c["fp32_tflops"] if r["precision"] == "fp32" else c["tf32_tflops"]
         copy = r["gbps"] / c["copy_gbps"]
         target = COPY_TARGETS.get((r["workload"], r["pass"]))
         verdict = "" if target is None else f'>= {100 * target:.0f}% of copy: {"met" if copy >= target else "missed"}'
@@ -124,11 +126,12 @@ def write_results(path, tg, torch, table, probe, repeats):
         f.write("- passes: `forward` (no autograd), `backward` (input and parameter gradients; for C the parameters "
                 "only, `backward_dx` adds x), `step` (forward + MSE + backward + SGD), `fwd+bwd` (derived: forward + "
                 "backward on each side). FP32 means FP32-accurate results (tapegrad: split-TF32 on tensor cores or "
-                "FFMA; PyTorch: TF32 off). The last column marks the issues' targets.\n\n")
+                "FFMA; PyTorch: TF32 off); bf16 means autocast (tg::Autocast / torch.autocast, bfloat16) with TF32 on. "
+                "The last column marks the issues' targets.\n\n")
         f.write(table + "\n\n## tapegrad's own numbers (same run)\n\n")
         f.write(own_table(tg) + "\n\nTFLOP/s and GB/s count the work and the bytes each pass must do; % of peak is "
                 "against the FP32 or TF32 ceiling (split-TF32 FP32 rows can exceed the FFMA ceiling because they "
-                "run on tensor cores); % of copy against the copy bandwidth (a read-only pass can exceed it).\n")
+                "run on tensor cores; bf16 rows are set against the TF32 one); % of copy against the copy bandwidth (a read-only pass can exceed it).\n")
         if probe:
             f.write("\n## The memory system's ceiling for workload B's traffic (tg_stream_probe, same run)\n\n")
             f.write("```\n" + probe + "```\n")
@@ -207,8 +210,11 @@ def time_events(torch, warmup, repeats, run):
     return statistics.median(times)
 
 
-def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
+def time_torch(torch, w, pass_name, x_grad, warmup, repeats, autocast=False):
     params = list(w.model.parameters())
+
+    def scope():
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast)
 
     def zero_grads():
         for p in params:
@@ -217,7 +223,7 @@ def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
 
     if pass_name == "forward":
         def run(start, end):
-            with torch.no_grad():
+            with torch.no_grad(), scope():
                 start.record()
                 w.forward(w.x)
                 end.record()
@@ -225,12 +231,14 @@ def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
 
     if pass_name in ("backward", "backward_dx"):
         w.x.requires_grad_(x_grad)
+        dy = w.dy.to(torch.bfloat16) if autocast else w.dy
 
         def run(start, end):
             zero_grads()
-            y = w.forward(w.x)  # recorded, not timed
+            with scope():
+                y = w.forward(w.x)  # recorded, not timed
             start.record()
-            y.backward(w.dy)
+            y.backward(dy)
             end.record()
         ms = time_events(torch, warmup, repeats, run)
         zero_grads()
@@ -241,7 +249,8 @@ def time_torch(torch, w, pass_name, x_grad, warmup, repeats):
 
     def run(start, end):
         start.record()
-        loss = torch.nn.functional.mse_loss(w.forward(w.x), w.target)
+        with scope():
+            loss = torch.nn.functional.mse_loss(w.forward(w.x), w.target)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -259,6 +268,7 @@ TARGETS = {
     ("B", "nchw", "fwd+bwd", "fp32"): 0.35,
     ("C", None, "forward", None): 0.20, ("C", None, "step", None): 0.25,
     ("D", None, "fwd+bwd", None): 0.85,
+    ("A", None, "forward", "bf16"): 0.55, ("A", None, "fwd+bwd", "bf16"): 0.50,
 }
 # Targets as fractions of the measured copy bandwidth (tapegrad's own table).
 COPY_TARGETS = {("B", "forward"): 0.90, ("D", "forward"): 0.95, ("D", "backward"): 0.90}
@@ -311,11 +321,11 @@ def main():
         print(f"PyTorch: workload {wid} ({layout})", file=sys.stderr, flush=True)
         w = TorchWorkload(torch, wid, layout)
         for r in rows:
-            set_tf32(torch, r["precision"] == "tf32")
+            set_tf32(torch, r["precision"] in ("tf32", "bf16"))
             # cudnn.benchmark picks algorithms during the warm-up: give it a little more.
             # Older tg_bench JSON has no x_grad: its backward rows all had the input gradient.
             x_grad = r.get("x_grad", r["pass"] in ("backward", "backward_dx"))
-            ms = time_torch(torch, w, r["pass"], x_grad, warmup + 2, repeats)
+            ms = time_torch(torch, w, r["pass"], x_grad, warmup + 2, repeats, autocast=r["precision"] == "bf16")
             results.append((r, ms))
             tg_ms = f'{r["ms"]:.3f}' if r.get("ok") else "check failed"
             print(f'  {r["pass"]:11s} {r["precision"]}: PyTorch {ms:.3f} ms, tapegrad {tg_ms}', file=sys.stderr,

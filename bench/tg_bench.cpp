@@ -1,7 +1,9 @@
 // tg_bench: times workloads A-D on the GPU -- forward, backward (A, B, D: input and parameter
 // gradients; C: parameter gradients, and input too in a backward_dx row) and a whole training
-// step (forward + MSE + backward + SGD, no input gradient) -- at FP32 and TF32,
-// each row only after a correctness check of that same configuration against sampled f64
+// step (forward + MSE + backward + SGD, no input gradient) -- at FP32 and TF32, and for the
+// convolution workloads (A, B) also under tg::Autocast(bf16) ("bf16": BF16 products, f32
+// master weights, TF32 elsewhere), each row only after a correctness check of that same
+// configuration against sampled f64
 // references (a row whose check fails is reported and not timed). Achieved TFLOP/s and GB/s
 // are printed beside the machine's ceilings, measured at start: device-to-device copy
 // bandwidth and cuBLAS FP32 / TF32 GEMM rates. Workload C runs as the fused layer
@@ -9,6 +11,7 @@
 //
 //   tg_bench                                  # everything: A, B (NCHW and NHWC), C, D
 //   tg_bench --workloads A,D --precision fp32 --quick
+//   tg_bench --workloads A --precision bf16     # Autocast rows: checked within 1e-2 (bf16 operands)
 //   tg_bench --json > rows.json               # one JSON object (bench/compare_torch.py reads it)
 //   tg_bench --workloads B --passes backward --repeats 30 --verbose   # checks and every repeat's time
 #include <cmath>
@@ -51,20 +54,36 @@ double streamed_mse(const tg::Tensor& y, const tg::Tensor& t) {
   return sum / double(n);
 }
 
+// The checks read f32 values: a bf16 output (Autocast's) is widened first.
+tg::Tensor as_f32(const tg::Tensor& t) { return t.dtype() == tg::DType::f32 ? t : t.to(tg::DType::f32); }
+
+// The upstream gradient in the output's dtype (bf16 under Autocast), made before any timing.
+tg::Tensor seed_for(const bench::Workload& w, bool autocast) {
+  return autocast ? w.dy.to(tg::DType::bf16) : w.dy;
+}
+
+// Relative error allowed in a row's checks. bf16 rows: x, w and dy are rounded to bf16 (2^-9
+// relative each) and so is each output; summed over hundreds to millions of random-sign
+// products those roundings stay near 2^-9 relative (~2e-3), so 1e-2 holds with margin while a
+// wrong tap, channel or tile misses by far more.
+double row_tolerance(bool autocast) { return autocast ? 1e-2 : ex::tolerance(tg::precision()); }
+
 void zero_grads(bench::Workload& w) {
   for (const tg::Tensor& p : w.parameters()) p.zero_grad();
   w.x.zero_grad();
 }
 
 // The correctness check of one (workload, precision, pass), run exactly as it will be timed.
-std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
-  if (pass == Pass::forward) return w.check_forward(w.forward(w.x));
+std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass, bool autocast) {
+  const tg::Autocast scope(tg::DType::bf16, autocast);
+  if (pass == Pass::forward) return w.check_forward(as_f32(w.forward(w.x)));
   if (pass == Pass::backward || pass == Pass::backward_dx) {
     const bool dx = w.input_grad(pass);
+    const tg::Tensor seed = seed_for(w, autocast);
     w.x.requires_grad_(dx);
     {
       tg::Tape tape;
-      tape.backward(w.forward(w.x), w.dy);
+      tape.backward(w.forward(w.x), seed);
     }
     auto checks = w.check_backward(dx ? w.x.grad() : tg::Tensor());
     zero_grads(w);
@@ -80,8 +99,9 @@ std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
     loss = tg::mse_loss(y, w.target);
     tape.backward(loss);
   }
+  y = as_f32(y);
   checks = w.check_forward(y);
-  checks.push_back({"loss", ex::compare({loss.item()}, {streamed_mse(y, w.target)})});
+  checks.push_back({"loss", ex::compare({as_f32(loss).item()}, {streamed_mse(y, w.target)})});
   y = tg::Tensor();
   std::vector<std::vector<int64_t>> idx;
   std::vector<std::vector<double>> before, grads;
@@ -114,8 +134,9 @@ std::vector<bench::NamedCheck> check(bench::Workload& w, Pass pass) {
   return checks;
 }
 
-bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats, int idle_ms) {
+bench::Timing time_pass(bench::Workload& w, Pass pass, bool autocast, int warmup, int repeats, int idle_ms) {
   cudaStream_t stream = tg::cuda::stream(w.x.device().index);
+  const tg::Autocast scope(tg::DType::bf16, autocast);
   if (pass == Pass::forward)
     return bench::measure(stream, warmup, repeats, [&](bench::EventPair& e) {
       e.start();
@@ -123,13 +144,14 @@ bench::Timing time_pass(bench::Workload& w, Pass pass, int warmup, int repeats, 
       e.stop();
     }, idle_ms);
   if (pass == Pass::backward || pass == Pass::backward_dx) {
+    const tg::Tensor seed = seed_for(w, autocast);
     w.x.requires_grad_(w.input_grad(pass));
     auto t = bench::measure(stream, warmup, repeats, [&](bench::EventPair& e) {
       zero_grads(w);  // fresh gradients each time, as PyTorch's set_to_none: no accumulation
       tg::Tape tape;
       tg::Tensor y = w.forward(w.x);  // recorded, not timed
       e.start();
-      tape.backward(y, w.dy);
+      tape.backward(y, seed);
       e.stop();
     }, idle_ms);
     zero_grads(w);
@@ -171,7 +193,7 @@ int main(int argc, char** argv) {
     // --device cpu tests the benchmark's own checks on a machine without a GPU.
     const bool small = args.has("small"), check_only = args.has("check-only"), verbose = args.has("verbose");
     const tg::Device device = tg::parse_device(args.get("device", "cuda"));
-    args.finish("[--workloads A,B,C,D] [--layout nchw|nhwc|both] [--precision fp32,tf32] "
+    args.finish("[--workloads A,B,C,D] [--layout nchw|nhwc|both] [--precision fp32,tf32,bf16] "
                 "[--passes forward,backward,backward_dx,step] [--quick] [--repeats N] [--warmup N] [--idle-ms N] "
                 "[--json] [--small] [--check-only] [--device cuda|cpu] [--verbose]");
     TG_CHECK(check_only || (device.is_cuda() && tg::cuda_available()), "tg_bench needs a GPU (or --check-only)");
@@ -186,7 +208,8 @@ int main(int argc, char** argv) {
         }
       TG_CHECK(known, "--passes: forward, backward, backward_dx, step; got ", p);
     }
-    for (const auto& p : precisions) TG_CHECK(p == "fp32" || p == "tf32", "--precision: fp32 and/or tf32; got ", p);
+    for (const auto& p : precisions)
+      TG_CHECK(p == "fp32" || p == "tf32" || p == "bf16", "--precision: fp32, tf32 and/or bf16; got ", p);
 
     // Progress goes to stderr so that --json leaves stdout to the JSON object.
     std::ostream& log = json ? std::cerr : std::cout;
@@ -212,8 +235,10 @@ int main(int argc, char** argv) {
         tg::manual_seed(1);
         auto w = bench::make_workload(id, layout, device, small);
         for (const std::string& prec : precisions) {
-          tg::set_precision(prec == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32);
-          const double tol = ex::tolerance(tg::precision());
+          const bool autocast = prec == "bf16";
+          if (autocast && !w->autocast_rows()) continue;
+          tg::set_precision(prec == "fp32" ? tg::Precision::FP32 : tg::Precision::TF32);
+          const double tol = row_tolerance(autocast);
           for (Pass pass : passes) {
             if (!w->has_pass(pass)) continue;
             Row r;
@@ -225,7 +250,7 @@ int main(int argc, char** argv) {
             r.x_grad = w->input_grad(pass);
             r.cost = w->cost(pass);
             r.ok = true;
-            for (const auto& c : check(*w, pass)) {
+            for (const auto& c : check(*w, pass, autocast)) {
               if (verbose)
                 log << "    check " << c.what << ": rel error " << c.result.rel_error << " over " << c.result.count
                     << " elements\n";
@@ -239,8 +264,9 @@ int main(int argc, char** argv) {
               std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e  (check only)\n", r.workload.c_str(),
                             r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.check_error);
             } else if (r.ok) {
-              r.timing = time_pass(*w, pass, warmup, repeats, idle_ms);
-              const double s = r.timing.median_ms * 1e-3, peak = prec == "tf32" ? ceil.tf32_tflops : ceil.fp32_tflops;
+              r.timing = time_pass(*w, pass, autocast, warmup, repeats, idle_ms);
+              // bf16 rows against the TF32 ceiling too (no BF16 GEMM ceiling is measured).
+              const double s = r.timing.median_ms * 1e-3, peak = prec == "fp32" ? ceil.fp32_tflops : ceil.tf32_tflops;
               const double tflops = r.cost.flops / s / 1e12, gbps = r.cost.bytes / s / 1e9;
               std::snprintf(line, sizeof line, "%-3s %-5s %-11s %-5s %10.2e %10.3f %9.2f %5.0f%% %9.0f %5.0f%%\n",
                             r.workload.c_str(), r.layout.c_str(), r.pass.c_str(), r.precision.c_str(), r.check_error,

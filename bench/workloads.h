@@ -66,6 +66,8 @@ class Workload {
   virtual std::vector<NamedCheck> check_backward(const tg::Tensor& dx) = 0;
   // Called when the parameters change (an optimizer step): cached references are stale.
   virtual void parameters_changed() {}
+  // Whether the workload has bf16 rows (under tg::Autocast): the convolutions A and B.
+  virtual bool autocast_rows() const { return false; }
 };
 
 constexpr int64_t kSamples = 256;      // sampled outputs / input-gradient elements per check
@@ -91,6 +93,7 @@ class ConvWorkload : public Workload {
   }
   tg::Tensor forward(const tg::Tensor& in) override { return conv_(in); }
   std::vector<tg::Tensor> parameters() override { return conv_.parameters(); }
+  bool autocast_rows() const override { return true; }
 
   Cost cost(Pass p) const override {
     const double macs = geometry_.macs(), xb = 4.0 * x.numel(), yb = 4.0 * target.numel(),
