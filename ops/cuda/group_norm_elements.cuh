@@ -4,7 +4,30 @@
 #pragma once
 #include <cstdint>
 
+#include "core/half.h"
+
 namespace tg::cuda::group_norm_detail {
+
+// x's storage: T itself, or a half type under Autocast (bf16 / f16 bit patterns, distinct
+// types so that the kernels are instantiated per format). A half x is widened exactly on load
+// (the values the f32 kernels would read from an f32 copy) and its gradient is rounded once,
+// to nearest even, from the f32 result (as the cast's backward rounds it).
+struct Bf16Bits {
+  uint16_t bits;
+};
+struct F16Bits {
+  uint16_t bits;
+};
+
+template <class T>
+__device__ __forceinline__ T load_x(const T* __restrict__ p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_x(const Bf16Bits* __restrict__ p, int64_t i) { return decode_bf16(p[i].bits); }
+__device__ __forceinline__ float load_x(const F16Bits* __restrict__ p, int64_t i) { return decode_f16(p[i].bits); }
+
+template <class T>
+__device__ __forceinline__ void store_x(T* __restrict__ p, int64_t i, T v) { p[i] = v; }
+__device__ __forceinline__ void store_x(Bf16Bits* __restrict__ p, int64_t i, float v) { p[i].bits = encode_bf16(v); }
+__device__ __forceinline__ void store_x(F16Bits* __restrict__ p, int64_t i, float v) { p[i].bits = encode_f16(v); }
 
 // Sums (a, b) over a 1-D block whose size is a multiple of 32; every thread gets the totals.
 __device__ inline void block_sum2(double& a, double& b) {

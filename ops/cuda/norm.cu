@@ -16,7 +16,10 @@
 // dy only where y > 0 (masked_grad): one op, the ReLU's own passes over the activation gone.
 // The formulas are those of the CPU reference (ops/cpu/norm.cpp); the element-level pieces
 // (block sums, statistics, the ReLU mask, the dx formula) are in group_norm_elements.cuh.
+// Under Autocast x (and so dx) may be bf16 or f16 while y, dy, the parameters and the
+// statistics are f32: the kernels are instantiated per x storage (load_x / store_x).
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_context.h"
 #include "core/dtype_dispatch.h"
@@ -40,8 +43,8 @@ int threads_for(int64_t n) {
 // y over elements [lo, hi) of group ng (D channels of HW, contiguous): x normalized with
 // (mu, rs), then gamma and beta per channel, then the group's residual rg (or null) added, then
 // the ReLU where `relu`.
-template <class T>
-__device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, const T* __restrict__ gamma,
+template <class T, class X>
+__device__ void normalize_range(T* __restrict__ yg, const X* __restrict__ xg, const T* __restrict__ gamma,
                                 const T* __restrict__ beta, const T* __restrict__ rg, int64_t g, int64_t D,
                                 int64_t HW, int64_t lo, int64_t hi, double mu, double rs, bool relu) {
   const T mu_t = static_cast<T>(mu);
@@ -52,7 +55,7 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
       const T shift = beta ? beta[c] : T(0);
       const int64_t end = min((d + 1) * HW, hi);
       for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x) {
-        T v = (xg[i] - mu_t) * scale + shift;
+        T v = (T(load_x(xg, i)) - mu_t) * scale + shift;
         if (rg) v = v + rg[i];  // rounded first, as the separate add would get it
         yg[i] = relu_if(relu, v);
       }
@@ -61,7 +64,7 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const int64_t c = g * D + i / HW;
       const T scale = static_cast<T>(rs * (gamma ? double(gamma[c]) : 1.0));
-      T v = (xg[i] - mu_t) * scale + (beta ? beta[c] : T(0));
+      T v = (T(load_x(xg, i)) - mu_t) * scale + (beta ? beta[c] : T(0));
       if (rg) v = v + rg[i];
       yg[i] = relu_if(relu, v);
     }
@@ -70,16 +73,16 @@ __device__ void normalize_range(T* __restrict__ yg, const T* __restrict__ xg, co
 
 // One block per (n, g) when there are enough groups to fill the GPU: the sums in one read of
 // the (contiguous) group, then the normalize pass over the same group, still in L2.
-template <class T>
+template <class T, class X>
 __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
-                               const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                               const X* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
                                const T* __restrict__ residual, int64_t G, int64_t D, int64_t HW, double eps,
                                bool relu) {
   const int64_t ng = blockIdx.x, M = D * HW;
-  const T* xg = x + ng * M;
+  const X* xg = x + ng * M;
   double s = 0, ss = 0;
   for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-    const double v = xg[i];
+    const double v = load_x(xg, i);
     s += v;
     ss += v * v;
   }
@@ -96,15 +99,15 @@ __global__ void forward_kernel(T* __restrict__ y, T* __restrict__ mean, T* __res
 
 // Few groups (fewer than the SMs): each group is cut into `slices` ranges, one block each.
 // (a) the sums of each range ...
-template <class T>
-__global__ void slice_sums_kernel(double2* __restrict__ partial, const T* __restrict__ x, int64_t M,
+template <class X>
+__global__ void slice_sums_kernel(double2* __restrict__ partial, const X* __restrict__ x, int64_t M,
                                   int64_t slice_len) {
   const int64_t ng = blockIdx.x, slice = blockIdx.y;
-  const T* xg = x + ng * M;
+  const X* xg = x + ng * M;
   const int64_t lo = slice * slice_len, hi = min(M, lo + slice_len);
   double s = 0, ss = 0;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const double v = xg[i];
+    const double v = load_x(xg, i);
     s += v;
     ss += v * v;
   }
@@ -114,9 +117,9 @@ __global__ void slice_sums_kernel(double2* __restrict__ partial, const T* __rest
 
 // (b) ... then every block adds its group's partial sums in slice order (the same order in
 // every block: one result) and normalizes its range.
-template <class T>
+template <class T, class X>
 __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, T* __restrict__ rstd,
-                                       const T* __restrict__ x, const T* __restrict__ gamma,
+                                       const X* __restrict__ x, const T* __restrict__ gamma,
                                        const T* __restrict__ beta, const T* __restrict__ residual,
                                        const double2* __restrict__ partial, int64_t G, int64_t D, int64_t HW,
                                        int64_t slice_len, double eps, bool relu) {
@@ -138,20 +141,20 @@ __global__ void slice_normalize_kernel(T* __restrict__ y, T* __restrict__ mean, 
 }
 
 // (1) per (n, c): db = sum_hw dy, ds = sum_hw dy (x - mean)
-template <class T>
+template <class T, class X>
 __global__ void channel_sums_kernel(double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
-                                    const T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ mean,
+                                    const T* __restrict__ y, const X* __restrict__ x, const T* __restrict__ mean,
                                     int64_t C, int64_t G, int64_t D, int64_t HW) {
   const int64_t nc = blockIdx.x, n = nc / C, c = nc % C;
   const double mu = mean[n * G + c / D];
-  const T* xc = x + nc * HW;
+  const X* xc = x + nc * HW;
   const T* dyc = dy + nc * HW;
   const T* yc = y ? y + nc * HW : nullptr;
   double b = 0, s = 0;
   for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) {
     const double g = masked_grad(yc, dyc, i);
     b += g;
-    s += g * (double(xc[i]) - mu);
+    s += g * (double(load_x(xc, i)) - mu);
   }
   block_sum2(b, s);
   if (threadIdx.x == 0) {
@@ -197,9 +200,9 @@ __global__ void __launch_bounds__(kParamChannels * kParamRows)
 // (3) per (n, g): dx = rstd (g_c dy - A - xhat B), A = sum(g_c dy)/M, B = sum(g_c dy xhat)/M.
 // Block (ng, slice) writes elements [slice * slice_len, ...) of the group (every block of a
 // group computes A and B alike).
-template <class T>
-__global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ y,
-                          const T* __restrict__ x,
+template <class T, class X>
+__global__ void dx_kernel(X* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ y,
+                          const X* __restrict__ x,
                           const T* __restrict__ gamma, const T* __restrict__ mean, const T* __restrict__ rstd,
                           const double* __restrict__ db, const double* __restrict__ ds,
                           int64_t C, int64_t G, int64_t D, int64_t HW, int64_t slice_len) {
@@ -217,27 +220,27 @@ __global__ void dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T*
   const double A = sum_g / double(M), B = rs * sum_gx / double(M);
   // dx_value's operands, rounded to T once.
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
-  const T* xg = x + ng * M;  // (D, HW)
+  const X* xg = x + ng * M;  // (D, HW)
   const T* dyg = dy + ng * M;
   const T* yg = y ? y + ng * M : nullptr;
-  T* dxg = dx + ng * M;
+  X* dxg = dx + ng * M;
   if (HW >= 32) {
     for (int64_t d = lo / HW; d < D && d * HW < hi; ++d) {
       const T gc = gamma ? gamma[g * D + d] : T(1);
       const int64_t end = min((d + 1) * HW, hi);
       for (int64_t i = max(d * HW, lo) + threadIdx.x; i < end; i += blockDim.x)
-        dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), xg[i]);
+        store_x(dxg, i, dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), T(load_x(xg, i))));
     }
   } else {
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const T gc = gamma ? gamma[g * D + i / HW] : T(1);
-      dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), xg[i]);
+      store_x(dxg, i, dx_value(rs_t, A_t, B_t, mu_t, gc, masked_grad(yg, dyg, i), T(load_x(xg, i))));
     }
   }
 }
 
-// (1) and (3) in one block per (n, g), the group's x and dy staged in shared memory (2 M
-// elements, then the sums in doubles): the per-channel sums (written out for (2)), the group's
+// (1) and (3) in one block per (n, g), the group's dy and x staged in shared memory (M
+// elements each, then the sums in doubles): the per-channel sums (written out for (2)), the group's
 // coefficients from them in channel order by every thread, then dx. With fewer channels than
 // warps (a CNN's GroupNorm has 2-16 channels per group) each channel's pixels are cut into
 // `parts` ranges, one warp each, so that every warp sums; the ranges' sums are then added in
@@ -248,22 +251,28 @@ constexpr int kFusedThreads = 256, kFusedWarps = kFusedThreads / 32;
 
 __host__ __device__ inline int64_t fused_parts(int64_t D) { return D < kFusedWarps ? kFusedWarps / D : 1; }
 
-template <class T>
-int64_t fused_smem_bytes(int64_t M, int64_t D) {
-  // x, dy; the channel sums (2 D); the ranges' sums (2 D parts).
-  return 2 * M * int64_t(sizeof(T)) + 2 * (D + D * fused_parts(D)) * int64_t(sizeof(double));
+// Bytes of the staged dy and x, rounded up to whole doubles (the sums follow them).
+template <class T, class X>
+__host__ __device__ inline int64_t fused_staged_bytes(int64_t M) {
+  return (M * int64_t(sizeof(T) + sizeof(X)) + 7) / 8 * 8;
 }
 
-template <class T>
+template <class T, class X>
+int64_t fused_smem_bytes(int64_t M, int64_t D) {
+  // dy, x; the channel sums (2 D); the ranges' sums (2 D parts).
+  return fused_staged_bytes<T, X>(M) + 2 * (D + D * fused_parts(D)) * int64_t(sizeof(double));
+}
+
+template <class T, class X>
 __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
-    T* __restrict__ dx, double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
-    const T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ mean,
+    X* __restrict__ dx, double* __restrict__ db, double* __restrict__ ds, const T* __restrict__ dy,
+    const T* __restrict__ y, const X* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ mean,
     const T* __restrict__ rstd, int64_t C, int64_t G, int64_t D, int64_t HW) {
   extern __shared__ double fused_smem[];  // double: aligned for every part
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, M = D * HW;
-  T* sx = reinterpret_cast<T*>(fused_smem);
-  T* sdy = sx + M;
-  double* sums = reinterpret_cast<double*>(sdy + M);  // 2 M sizeof(T) bytes: a multiple of 8
+  T* sdy = reinterpret_cast<T*>(fused_smem);  // first: T's alignment whatever X's size
+  X* sx = reinterpret_cast<X*>(sdy + M);
+  double* sums = reinterpret_cast<double*>(reinterpret_cast<char*>(fused_smem) + fused_staged_bytes<T, X>(M));
   const int64_t parts = fused_parts(D), tasks = D * parts;
   double* part_sums = sums + 2 * D;  // (b, s) of task t = d parts + p at 2 t, 2 t + 1
   stage_group(sx, x + ng * M, M);
@@ -285,7 +294,7 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
     for (int64_t i = lo + lane; i < hi; i += 32) {
       const double gy = sdy[i];
       b += gy;
-      s += gy * (double(sx[i]) - mu);
+      s += gy * (double(load_x(sx, i)) - mu);
     }
     for (int o = 16; o > 0; o >>= 1) {
       b += __shfl_down_sync(0xffffffffu, b, o);
@@ -317,11 +326,11 @@ __global__ void __launch_bounds__(kFusedThreads) fused_backward_kernel(
   }
   const double A = sum_g / double(M), B = rs * sum_gx / double(M);
   const T A_t = static_cast<T>(A), B_t = static_cast<T>(B), rs_t = static_cast<T>(rs), mu_t = static_cast<T>(mu);
-  T* dxg = dx + ng * M;
+  X* dxg = dx + ng * M;
   const int hw = static_cast<int>(HW);  // M <= kFusedMaxElements: 32-bit division
   for (int i = threadIdx.x; i < static_cast<int>(M); i += blockDim.x) {
     const T gc = gamma ? gamma[g * D + i / hw] : T(1);
-    dxg[i] = dx_value(rs_t, A_t, B_t, mu_t, gc, sdy[i], sx[i]);
+    store_x(dxg, i, dx_value(rs_t, A_t, B_t, mu_t, gc, sdy[i], T(load_x(sx, i))));
   }
 }
 
@@ -329,6 +338,21 @@ template <class T>
 const T* data_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 template <class T>
 T* mutable_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+// x or dx as X (T, or a half type's bit patterns: the checks have matched X to the dtype).
+template <class X>
+X* x_data(const Tensor& t) { return static_cast<X*>(t.raw_data()); }
+
+// Calls f(T*, X*), null pointers as type tags: T the type of everything but x and dx (f32 or
+// f64), X the storage of x and dx (T, or with a half x, its bits, the values f32).
+template <class F>
+void dispatch_types(DType x_dtype, F&& f) {
+  if (x_dtype == DType::bf16) return f(static_cast<float*>(nullptr), static_cast<Bf16Bits*>(nullptr));
+  if (x_dtype == DType::f16) return f(static_cast<float*>(nullptr), static_cast<F16Bits*>(nullptr));
+  dispatch_floating("group_norm (CUDA)", x_dtype, [&](auto* tag) {
+    using T = TG_ELEMENT_TYPE(tag);
+    f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+  });
+}
 
 // Ranges per group so that the blocks fill the GPU: 1 when there are groups enough, else up
 // to one block per SM per group, each range at least kMinSliceElements long.
@@ -359,11 +383,12 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
   const int64_t M = p.group_size(), slices = slices_for(p.N * G, M, dev);
   const int64_t slice_len = (M + slices - 1) / slices;
   cudaStream_t s = stream(dev);
-  dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
-    using T = TG_ELEMENT_TYPE(tag);
+  dispatch_types(x.dtype(), [&](auto* t_tag, auto* x_tag) {
+    using T = std::remove_pointer_t<decltype(t_tag)>;
+    using X = std::remove_pointer_t<decltype(x_tag)>;
     if (slices == 1) {
-      forward_kernel<T><<<blocks_checked(p.N * G, "groups"), threads_for(M), 0, s>>>(
-          y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
+      forward_kernel<T, X><<<blocks_checked(p.N * G, "groups"), threads_for(M), 0, s>>>(
+          y.data<T>(), mean.data<T>(), rstd.data<T>(), x_data<const X>(x), data_or_null<T>(gamma), data_or_null<T>(beta),
           data_or_null<T>(residual), G, D, p.HW, p.eps, p.relu);
       TG_LAUNCH_CHECK();
       return;
@@ -371,10 +396,10 @@ void group_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     Tensor partial = Tensor::empty({p.N * G * slices * 2}, {.dtype = DType::f64, .device = x.device()});
     double2* part = reinterpret_cast<double2*>(partial.data<double>());
     const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
-    slice_sums_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(part, x.data<T>(), M, slice_len);
+    slice_sums_kernel<X><<<grid, threads_for(slice_len), 0, s>>>(part, x_data<const X>(x), M, slice_len);
     TG_LAUNCH_CHECK();
-    slice_normalize_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(
-        y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(gamma), data_or_null<T>(beta),
+    slice_normalize_kernel<T, X><<<grid, threads_for(slice_len), 0, s>>>(
+        y.data<T>(), mean.data<T>(), rstd.data<T>(), x_data<const X>(x), data_or_null<T>(gamma), data_or_null<T>(beta),
         data_or_null<T>(residual), part, G, D, p.HW, slice_len, p.eps, p.relu);
     TG_LAUNCH_CHECK();
   });
@@ -393,22 +418,23 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
   Tensor sums = Tensor::empty({2, p.N * p.C}, {.dtype = DType::f64, .device = x.device()});
   double* db = sums.data<double>();
   double* ds = db + p.N * p.C;
-  dispatch_floating("group_norm (CUDA)", x.dtype(), [&](auto* tag) {
-    using T = TG_ELEMENT_TYPE(tag);
+  dispatch_types(x.dtype(), [&](auto* t_tag, auto* x_tag) {
+    using T = std::remove_pointer_t<decltype(t_tag)>;
+    using X = std::remove_pointer_t<decltype(x_tag)>;
     const int64_t M = p.group_size();
     const T* masked_by = p.relu ? y.data<T>() : nullptr;  // the ReLU's output, or none
     const bool fused = dx.defined() && p.N > 0 && M <= kFusedMaxElements &&
-                       fused_smem_bytes<T>(M, D) <= kFusedMaxBytes && slices_for(p.N * G, M, dev) == 1;
+                       fused_smem_bytes<T, X>(M, D) <= kFusedMaxBytes && slices_for(p.N * G, M, dev) == 1;
     if (fused) {
-      const int64_t bytes = fused_smem_bytes<T>(M, D);
-      allow_dynamic_smem(fused_backward_kernel<T>, static_cast<int>(bytes));
-      fused_backward_kernel<T><<<blocks_checked(p.N * G, "groups"), kFusedThreads, static_cast<size_t>(bytes), s>>>(
-          dx.data<T>(), db, ds, dy.data<T>(), masked_by, x.data<T>(), data_or_null<T>(gamma), mean.data<T>(),
+      const int64_t bytes = fused_smem_bytes<T, X>(M, D);
+      allow_dynamic_smem(fused_backward_kernel<T, X>, static_cast<int>(bytes));
+      fused_backward_kernel<T, X><<<blocks_checked(p.N * G, "groups"), kFusedThreads, static_cast<size_t>(bytes), s>>>(
+          x_data<X>(dx), db, ds, dy.data<T>(), masked_by, x_data<const X>(x), data_or_null<T>(gamma), mean.data<T>(),
           rstd.data<T>(), p.C, G, D, p.HW);
       TG_LAUNCH_CHECK();
     } else if (p.N > 0) {
-      channel_sums_kernel<T><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
-          db, ds, dy.data<T>(), masked_by, x.data<T>(), mean.data<T>(), p.C, G, D, p.HW);
+      channel_sums_kernel<T, X><<<blocks_checked(p.N * p.C, "channels"), threads_for(p.HW), 0, s>>>(
+          db, ds, dy.data<T>(), masked_by, x_data<const X>(x), mean.data<T>(), p.C, G, D, p.HW);
       TG_LAUNCH_CHECK();
     }
     if (dgamma.defined() || dbeta.defined()) {
@@ -421,7 +447,7 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
       const int64_t slices = slices_for(p.N * G, M, dev);
       const int64_t slice_len = (M + slices - 1) / slices;
       const dim3 grid(blocks_checked(p.N * G, "groups"), static_cast<unsigned>(slices));
-      dx_kernel<T><<<grid, threads_for(slice_len), 0, s>>>(dx.data<T>(), dy.data<T>(), masked_by, x.data<T>(),
+      dx_kernel<T, X><<<grid, threads_for(slice_len), 0, s>>>(x_data<X>(dx), dy.data<T>(), masked_by, x_data<const X>(x),
                                                            data_or_null<T>(gamma), mean.data<T>(), rstd.data<T>(),
                                                            db, ds, p.C, G, D, p.HW, slice_len);
       TG_LAUNCH_CHECK();

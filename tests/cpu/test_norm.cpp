@@ -230,3 +230,40 @@ TEST(GroupNorm, GroupNormAddReluGradAndErrors) {
   nn::GroupNorm with_relu(nn::GroupNormOptions{.num_groups = 3, .num_channels = 6, .relu = true});
   TG_EXPECT_ERROR(with_relu.forward_add_relu(random({2, 6, 5}, f32), random({2, 6, 5}, f32)), "forward_add_relu");
 }
+
+// The CPU launchers take one dtype: a half x with f32 statistics (what the CUDA kernels read
+// under Autocast) is a DTypeError before any work. Under Autocast the op gives a half CPU
+// activation an f32 copy: the results and gradients of that copy.
+TEST(GroupNorm, CpuLaunchersTakeOneDtype) {
+  const GroupNormProblem p{.N = 2, .C = 4, .HW = 5, .groups = 2};
+  const Tensor xh = random({2, 4, 5}, f32).to(DType::bf16);
+  Tensor y = Tensor::empty({2, 4, 5}, {.dtype = f32}), mean = Tensor::empty({2, 2}, {.dtype = f32});
+  Tensor rstd = Tensor::empty({2, 2}, {.dtype = f32});
+  EXPECT_THROW(cpu::group_norm_forward(y, mean, rstd, xh, Tensor(), Tensor(), p), DTypeError);
+  TG_EXPECT_ERROR(cpu::group_norm_forward(y, mean, rstd, xh, Tensor(), Tensor(), p), "group_norm_forward",
+                  "CUDA kernels only");
+  Tensor dx = Tensor::empty({2, 4, 5}, {.dtype = DType::bf16});
+  EXPECT_THROW(cpu::group_norm_backward(dx, Tensor(), Tensor(), y, xh, Tensor(), mean, rstd, p), DTypeError);
+
+  Tensor x = random({2, 4, 5}, f32).requires_grad_(), gamma = param({4}, f32);
+  const Tensor dy = random({2, 4, 5}, f32);
+  std::vector<float> results[2][3];
+  for (int autocast = 0; autocast < 2; ++autocast) {
+    x.zero_grad();
+    gamma.zero_grad();
+    Tape tape;
+    Tensor out;
+    if (autocast) {
+      Autocast ac(DType::bf16);
+      out = group_norm_relu(x.to(DType::bf16), gamma, Tensor(), 2);
+    } else {
+      out = group_norm_relu(x.to(DType::bf16).to(f32), gamma, Tensor(), 2);
+    }
+    ASSERT_EQ(out.dtype(), f32);
+    tape.backward(out, dy);
+    results[autocast][0] = out.to_vector<float>();
+    results[autocast][1] = x.grad().to_vector<float>();
+    results[autocast][2] = gamma.grad().to_vector<float>();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(results[0][i], results[1][i]) << "output " << i;
+}

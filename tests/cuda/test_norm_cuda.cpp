@@ -1,8 +1,11 @@
 // The CUDA group_norm against the CPU reference (computed in f64 from the same f32 values):
 // forward, dx, dgamma and dbeta, at ranks 3-5, both normalize paths (HW < 32 and >= 32),
-// groups=1 and groups=C, with and without affine, and outputs poisoned with NaN.
+// groups=1 and groups=C, with and without affine, and outputs poisoned with NaN. Under
+// Autocast a bf16 / f16 x is read as it is: the same bits as the f32 launchers on its values.
 #include "common/cuda_compare.h"
+#include "common/half_util.h"
 #include "common/test_util.h"
+#include "core/autocast.h"
 #include "ops/cuda/norm.h"
 
 using namespace tg;
@@ -240,5 +243,104 @@ TEST(GroupNormCuda, GroupNormAddReluMatchesCpuAndTheThreeOps) {
       out[2] = r.grad().to_vector<float>();
     }
     for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  }
+}
+
+// The launchers with a half x (f32 values elsewhere) against the same launchers on its exact
+// f32 copy: y, the statistics and the parameter gradients bit for bit, dx the f32 copy's dx
+// rounded once to the half type. Every case (sliced forward, fused and unfused backward),
+// plain, with the ReLU and with a residual; outputs poisoned.
+TEST(GroupNormCuda, HalfInputGivesTheF32ResultsOfItsValues) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  const TensorOptions o{.dtype = f32, .device = gpu};
+  for (DType half : kHalves) {
+    for (const Case& k : kCases) {
+      for (int variant = 0; variant < 3; ++variant) {  // plain, ReLU, residual + ReLU
+        SCOPED_TRACE(testing::Message() << half << " " << k.shape << " groups=" << k.groups << " variant=" << variant);
+        const int64_t C = k.shape[1];
+        const Tensor xh = random(k.shape, f32, gpu).to(half), xf = xh.to(f32);
+        Tensor gamma, beta;
+        if (k.affine) {
+          gamma = uniform({C}, 0.5, 1.5, o);
+          beta = random({C}, f32, gpu);
+        }
+        const Tensor residual = variant == 2 ? random(k.shape, f32, gpu) : Tensor();
+        GroupNormProblem p = problem_of(xh, k.groups);
+        p.relu = variant > 0;
+        Tensor y[2], mean[2], rstd[2];
+        for (int i = 0; i < 2; ++i) {
+          y[i] = poisoned_gpu(k.shape);
+          mean[i] = poisoned_gpu({p.N, p.groups});
+          rstd[i] = poisoned_gpu({p.N, p.groups});
+          cuda::group_norm_forward(y[i], mean[i], rstd[i], i ? xf : xh, gamma, beta, p, residual);
+        }
+        EXPECT_EQ(y[0].to_vector<float>(), y[1].to_vector<float>()) << "y";
+        EXPECT_EQ(mean[0].to_vector<float>(), mean[1].to_vector<float>()) << "mean";
+        EXPECT_EQ(rstd[0].to_vector<float>(), rstd[1].to_vector<float>()) << "rstd";
+
+        // The backward of group_norm (the residual's ReLU is applied before it, by the op).
+        GroupNormProblem pb = p;
+        pb.relu = variant == 1;
+        const Tensor dy = random(k.shape, f32, gpu);
+        Tensor dxh = poisoned_gpu(k.shape, half), dxf = poisoned_gpu(k.shape);
+        Tensor dg[2], db[2];
+        for (int i = 0; i < 2; ++i) {
+          if (k.affine) dg[i] = poisoned_gpu({C});
+          db[i] = poisoned_gpu({C});
+          cuda::group_norm_backward(i ? dxf : dxh, dg[i], db[i], dy, i ? xf : xh, gamma, mean[i], rstd[i], pb,
+                                    pb.relu ? y[i] : Tensor());
+        }
+        EXPECT_EQ(half_bits(dxh), half_bits(dxf.to(half))) << "dx";
+        if (k.affine) EXPECT_EQ(dg[0].to_vector<float>(), dg[1].to_vector<float>()) << "dgamma";
+        EXPECT_EQ(db[0].to_vector<float>(), db[1].to_vector<float>()) << "dbeta";
+      }
+    }
+  }
+}
+
+// group_norm, group_norm_relu and group_norm_add_relu under Autocast on a half activation: an
+// f32 result and the gradients of an explicit f32 copy of it (outside the scope), bit for bit.
+TEST(GroupNormCuda, AutocastReadsHalfActivationsAsTheyAre) {
+  TG_REQUIRE_GPU();
+  const Device gpu = Device::cuda();
+  const Shape shape{6, 32, 9, 11};
+  const int64_t groups = 8;
+  for (DType half : kHalves) {
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(testing::Message() << half << " variant=" << variant);
+      Tensor x = random(shape, f32, gpu).requires_grad_();
+      Tensor gamma = uniform({32}, 0.5, 1.5, {.dtype = f32, .device = gpu}).requires_grad_();
+      Tensor beta = random({32}, f32, gpu).requires_grad_();
+      Tensor r = random(shape, f32, gpu).requires_grad_();
+      const Tensor dy = random(shape, f32, gpu);
+      auto op = [&](const Tensor& a) {
+        return variant == 0   ? group_norm(a, gamma, beta, groups)
+               : variant == 1 ? group_norm_relu(a, gamma, beta, groups)
+                              : group_norm_add_relu(a, gamma, beta, groups, r);
+      };
+      std::vector<float> got[5];
+      for (int direct = 1; direct >= 0; --direct) {
+        for (Tensor* t : {&x, &gamma, &beta, &r}) t->zero_grad();
+        Tape tape;
+        Tensor y;
+        if (direct) {
+          Autocast ac(half);
+          y = op(x.to(half));  // the half activation, read by the kernels
+        } else {
+          y = op(x.to(half).to(f32));
+        }
+        ASSERT_EQ(y.dtype(), f32);
+        tape.backward(y, dy);
+        const std::vector<float> now[5] = {y.to_vector<float>(), x.grad().to_vector<float>(),
+                                           gamma.grad().to_vector<float>(), beta.grad().to_vector<float>(),
+                                           variant == 2 ? r.grad().to_vector<float>() : std::vector<float>()};
+        if (direct) {
+          for (int i = 0; i < 5; ++i) got[i] = now[i];
+        } else {
+          for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i], now[i]) << "output " << i;
+        }
+      }
+    }
   }
 }
