@@ -81,23 +81,27 @@ profile::OpInfo conv_backward_info(const ConvShape& s, const BackwardArgs& a, DT
   return info;
 }
 
-// The gradients the backward pass needs (input, weight, bias) from dy and the saved x and w.
-std::vector<Tensor> conv_grads(const char* op, const ConvParams& p, const Shape& x_shape, const Shape& w_shape,
-                               const Tensor& dy, const Tensor& saved_x, const Tensor& saved_w,
+// `saved`, which the backward must read for `grad` ("input's" / "weight's"): a clear error when
+// requires_grad was switched on after the forward pass, which then saved nothing for it.
+const Tensor& saved_for(const char* op, const char* grad, const char* what, const Tensor& saved) {
+  TG_CHECK(saved.defined(), op, ": the ", grad, " gradient is needed but the ", what,
+           " was not saved (requires_grad was switched on after the forward pass)");
+  return saved;
+}
+
+// The gradients the backward pass needs (input, weight, bias) from dy and the saved x and w
+// (the ConvGrads signature below; the shape s is not needed here).
+std::vector<Tensor> conv_grads(const char* op, const ConvParams& p, const ConvShape&, const Shape& x_shape,
+                               const Shape& w_shape, const Tensor& dy, const Tensor& saved_x, const Tensor& saved_w,
                                const std::vector<bool>& needs) {
   std::vector<Tensor> grads(3);
   if (needs[0] && needs[1] && saved_x.defined() && saved_w.defined()) {
     std::tie(grads[0], grads[1]) = conv_backward_input_weight(dy, saved_x, saved_w, p);
   } else if (needs[0]) {
-    TG_CHECK(saved_w.defined(), op, ": the input's gradient is needed but the weight was not "
-             "saved (requires_grad was switched on after the forward pass)");
-    grads[0] = conv_backward_input(dy, saved_w, x_shape, p);
+    grads[0] = conv_backward_input(dy, saved_for(op, "input's", "weight", saved_w), x_shape, p);
   }
-  if (needs[1] && !grads[1].defined()) {
-    TG_CHECK(saved_x.defined(), op, ": the weight's gradient is needed but the input was not "
-             "saved (requires_grad was switched on after the forward pass)");
-    grads[1] = conv_backward_weight(dy, saved_x, w_shape, p);
-  }
+  if (needs[1] && !grads[1].defined())
+    grads[1] = conv_backward_weight(dy, saved_for(op, "weight's", "input", saved_x), w_shape, p);
   if (needs[2]) grads[2] = conv_backward_bias(dy, p.layout);
   return grads;
 }
@@ -112,11 +116,6 @@ profile::OpInfo conv_forward_info(const ConvShape& s, const Tensor& x, const Ten
 using ConvGrads = std::vector<Tensor> (*)(const char* op, const ConvParams& p, const ConvShape& s, const Shape& x_shape,
                                           const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
                                           const Tensor& saved_w, const std::vector<bool>& needs);
-std::vector<Tensor> conv_grads_same_type(const char* op, const ConvParams& p, const ConvShape&, const Shape& x_shape,
-                                         const Shape& w_shape, const Tensor& dy, const Tensor& saved_x,
-                                         const Tensor& saved_w, const std::vector<bool>& needs) {
-  return conv_grads(op, p, x_shape, w_shape, dy, saved_x, saved_w, needs);
-}
 
 // Records y = conv(x, w, b) on the tape. Saves only what backward will read: x for dw, w for dx.
 void record_conv(const char* op, const ConvParams& p, const ConvShape& s, const Tensor& x, const Tensor& w,
@@ -139,7 +138,7 @@ Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& 
   profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
   Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
   TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
-  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, conv_grads_same_type);
+  if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, conv_grads);
   return y;
 }
 
@@ -165,8 +164,7 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
     return dy32;
   };
   if (needs[0]) {
-    TG_CHECK(saved_w.defined(), op, ": the input's gradient is needed but the weight was not "
-             "saved (requires_grad was switched on after the forward pass)");
+    saved_for(op, "input's", "weight", saved_w);
     if (dy.dtype() == DType::bf16) {
       grads[0] = Tensor::empty(x_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_input_bf16(grads[0], dy, saved_w, s);
@@ -175,8 +173,7 @@ std::vector<Tensor> conv_grads_bf16(const char* op, const ConvParams& p, const C
     }
   }
   if (needs[1]) {
-    TG_CHECK(saved_x.defined(), op, ": the weight's gradient is needed but the input was not "
-             "saved (requires_grad was switched on after the forward pass)");
+    saved_for(op, "weight's", "input", saved_x);
     if (dy.dtype() == DType::bf16) {
       grads[1] = Tensor::empty(w_shape, {.dtype = DType::bf16, .device = dy.device()});
       cuda::conv_grad_weight_bf16(grads[1], dy, saved_x, s);
