@@ -1,6 +1,7 @@
 // The CUDA convolution dispatcher: the ordered table of conv_variants.h and the launchers of
 // conv.h that walk it. Rows: the 1x1 kernels (ops/cuda/conv1x1/) and the 3x3 kernels
-// (ops/cuda/conv3x3/) for the shapes where they were measured fastest, then the implicit-GEMM
+// (ops/cuda/conv3x3/) and the few-tap forward (conv_few_channels.cu) for the shapes where they
+// were measured fastest, then the implicit-GEMM
 // engine (ops/cuda/gemm/), then the direct FFMA kernels (conv_direct.cu), which implement
 // everything. KernelPolicy (policy.h) can skip the specialised rows, force the direct kernels,
 // or force one row by name.
@@ -13,6 +14,7 @@
 #include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
 #include "ops/cuda/conv_direct.h"
+#include "ops/cuda/conv_few_channels.h"
 #include "ops/cuda/conv_variants.h"
 #include "ops/cuda/gemm/engine.h"
 #include "ops/cuda/policy.h"
@@ -179,6 +181,21 @@ void conv3x3_run(const ConvProblem& p, const ConvOperands& o) {
   }
 }
 
+// ---- few taps: the FMA forward against the tensor-core rows ----
+// A first layer (1-4 input channels, a kernel wider than 1x1) reduces each output over C kvol
+// <= kFewMaxTaps values: the tensor-core tiles spend more on filling and writing than on their
+// short k-loop, and the FMA kernel's time is close to its output's bytes.
+constexpr int64_t kFewMaxInputChannels = 4;
+bool few_channels_can_implement(const ConvProblem& p, const ConvOperands&) {
+  return p.dtype == DType::f32 && p.pass == ConvPass::Forward && few_channels_forward_applies(p.shape);
+}
+bool few_channels_preferred(const ConvProblem& p, const ConvOperands& o) {
+  return few_channels_can_implement(p, o) && p.shape.C <= kFewMaxInputChannels && p.shape.kernel_volume() > 1;
+}
+void few_channels_run(const ConvProblem& p, const ConvOperands& o) {
+  few_channels_conv_forward(o.out, o.x, o.w, o.b, p.shape);
+}
+
 bool engine_can_implement(const ConvProblem& p, const ConvOperands&) {
   return engine_conv_can_implement(p.shape, p.dtype);
 }
@@ -200,8 +217,9 @@ void direct_run(const ConvProblem& p, const ConvOperands& o) {
   }
 }
 
-constexpr std::array<ConvVariant, 4> kVariants{{
+constexpr std::array<ConvVariant, 5> kVariants{{
     {"pointwise", "sm_80+ (TMA forward on sm_90a)", true, pointwise_can_implement, pointwise_preferred, pointwise_run},
+    {"few_channels", "every GPU", true, few_channels_can_implement, few_channels_preferred, few_channels_run},
     {"conv3x3", "sm_80+ (wgmma on sm_90a)", true, conv3x3_can_implement, conv3x3_preferred, conv3x3_run},
     {"engine", "sm_80+ (wgmma and TMA on sm_90a)", false, engine_can_implement, engine_can_implement, engine_run},
     {"direct", "every GPU", false, always, always, direct_run},

@@ -31,7 +31,7 @@ struct ConvOperands {
   Tensor out{}, x{}, w{}, b{}, dy{};  // default-initialised: designated initialisers may name a few
 };
 
-// A row of the table ("pointwise", "conv3x3", "engine", "direct"): variant_table.h.
+// A row of the table ("pointwise", "few_channels", "conv3x3", "engine", "direct"): variant_table.h.
 using ConvVariant = KernelVariant<ConvProblem, ConvOperands>;
 
 // The table, in dispatch order; the last row ("direct") implements everything.

@@ -43,9 +43,9 @@ struct Conv1x1Policy {
 
 struct KernelPolicy {
   KernelPath conv = KernelPath::Auto;
-  // Forces one row of the convolution table by name (conv_variants.h: "pointwise", "conv3x3",
-  // "engine", "direct"); empty: the order `conv` allows. A forced row that cannot implement a
-  // problem is an UnsupportedError, never a silent fallback.
+  // Forces one row of the convolution table by name (conv_variants.h: "pointwise", "few_channels",
+  // "conv3x3", "engine", "direct"); empty: the order `conv` allows. A forced row that cannot
+  // implement a problem is an UnsupportedError, never a silent fallback.
   std::string_view conv_variant;
   KernelPath gemm = KernelPath::Auto;
   // Forces one row of the matrix-product table by name (gemm_variants.h: "skinny", "pointwise",

@@ -14,6 +14,7 @@
 #include "core/precision.h"
 #include "ops/cpu/conv.h"
 #include "ops/cuda/conv.h"
+#include "ops/cuda/conv_few_channels.h"
 #include "ops/cuda/conv_variants.h"
 #include "ops/cuda/policy.h"
 
@@ -46,6 +47,11 @@ std::vector<Case> cases() {
       {"7x7 s2 C 3", {2, 3, 23, 21}, {16, 3, 7, 7}, {.stride = {2}, .padding = {3}}},
       {"3x3x3 C 16", {1, 16, 6, 7, 8}, {20, 16, 3, 3, 3}, {.padding = {1}}},
       {"3x3x3 s2 C 5", {2, 5, 7, 6, 9}, {6, 5, 3, 3, 3}, {.stride = {2}, .padding = {1}}},
+      // The few-tap forward: output channels past one 32-wide chunk and a ragged last one,
+      // channels-last, fewer than 16 (its narrow chunk) with stride and dilation.
+      {"3x3x3 C 1 K 70", {2, 1, 5, 6, 7}, {70, 1, 3, 3, 3}, {.padding = {1}}},
+      {"3x3 NHWC C 3 K 17", {2, 9, 11, 3}, {17, 3, 3, 3}, {.padding = {1}, .layout = NHWC}},
+      {"5x5 s2 d2 C 2 K 8", {3, 2, 13, 10}, {8, 2, 5, 5}, {.stride = {2}, .padding = {3}, .dilation = {2}}},
   };
 }
 
@@ -169,7 +175,7 @@ TEST(CudaConvVariants, ForcedRowThatCannotImplementThrows) {
   const Case c{"5x5 d2", {1, 16, 17, 15}, {12, 16, 5, 5}, {.padding = {4}, .dilation = {2}}};
   const ConvShape s = shape_of(c);
   const Tensor x = random(c.x, f32).to(kGpu), w = random(c.w, f32).to(kGpu), y = poisoned_gpu(s.y_shape(), f32);
-  for (const char* name : {"pointwise", "conv3x3", "no_such_kernels"}) {
+  for (const char* name : {"pointwise", "few_channels", "conv3x3", "no_such_kernels"}) {
     cuda::KernelPolicyGuard forced(forcing_conv_row(name));
     try {
       cuda::conv_forward(y, x, w, Tensor(), s);
@@ -180,4 +186,17 @@ TEST(CudaConvVariants, ForcedRowThatCannotImplementThrows) {
       EXPECT_NE(msg.find(name), std::string::npos) << msg;
     }
   }
+}
+
+// The few-tap forward refuses what it cannot index: more taps than its shared memory holds,
+// coordinates past 32 bits, more output-channel chunks than the grid's y extent.
+TEST(CudaConvVariants, FewChannelsRowRefusesWhatItCannotIndex) {
+  const ConvShape ok = make_conv_shape("test", {2, 3, 30, 30}, {64, 3, 7, 7}, {.padding = {3}});
+  EXPECT_TRUE(cuda::few_channels_forward_applies(ok));
+  EXPECT_FALSE(cuda::few_channels_forward_applies(make_conv_shape("test", {2, 4, 30, 30}, {64, 4, 7, 7}, {})));
+  EXPECT_FALSE(cuda::few_channels_forward_applies(make_conv_shape("test", {1, 1, 4, int64_t{1} << 31}, {8, 1, 3, 3}, {})));
+  EXPECT_FALSE(cuda::few_channels_forward_applies(make_conv_shape("test", {1, 1, 8, 8}, {65536 * 32 + 1, 1, 3, 3}, {})));
+  ConvShape far = ok;
+  far.pad[2] = int64_t{1} << 40;
+  EXPECT_FALSE(cuda::few_channels_forward_applies(far));
 }
