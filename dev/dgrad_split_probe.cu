@@ -1,8 +1,8 @@
 // Experiment (not built by CMake): the few-channel grad-inputs that run far from their floor
 // (the 7x7 s2 3 -> 64 stem at 224x224, batch 16: 0.553 ms at TF32 on an H200 against ~70 us of
 // memory traffic; Conv3d 32 -> 1 at 64^3, batch 2: 0.196 ms against ~30 us), each run three
-// times at TF32 and FP32, so that a per-kernel profiler splits the time between the columns
-// product and the tap gather (dgrad_columns.cu):
+// times at TF32 and FP32, so that a per-kernel profiler splits the time between the transposes
+// (the weights; NCHW dy), the columns product and the tap gather (dgrad_columns.cu):
 //
 //   ncu --metrics gpu__time_duration.sum --print-summary per-kernel build-gpu/dgrad_split_probe --once
 //

@@ -1,17 +1,19 @@
-// Grad-input for few input channels: the columns product over dy read once, then a gather of
-// each dx element's taps. Called by engine_conv_grad_input (engine.cu) when columns_pay().
-// Design note: docs/kernels/gemm.md ("Grad-input for few input channels").
+// Grad-input for few input channels: the columns w^T dy as one plain engine_gemm product, then
+// a gather of each dx element's taps. Called by engine_conv_grad_input (engine.cu) when
+// columns_pay(). Design note: docs/kernels/gemm.md ("Grad-input for few input channels").
 #include <numeric>
 
 #include "core/cuda_context.h"
+#include "ops/cuda/arch/int_math.h"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda::engine {
 namespace {
 
-// Grad-input for few input channels in two steps: the columns g = dy^T w over dy read once
-// (a plain product, cheap loads), then each dx element gathers its taps' columns. The phase
-// GEMMs would give each output only C columns of a 16-wide tile and gather dy once per tap.
+// Grad-input for few input channels in two steps: the columns g = w^T dy, a plain matrix
+// product over dy read once (on Hopper the TMA matmul, which loads both operands as boxes),
+// then each dx element gathers its taps' columns. The phase GEMMs would give each output only
+// C columns of a 16-wide tile and gather dy once per tap.
 constexpr int64_t kColumnsMaxChannels = 8;
 constexpr int64_t kColumnsMaxFloats = int64_t{1} << 27;  // 512 MB of columns at most
 
@@ -44,14 +46,16 @@ __device__ __forceinline__ TapRun tap_run(const GatherGeometry& g, int d, int32_
   return r;
 }
 
-// dx[n, c, q] = sum over the taps t reaching q from an output o of columns[(n, o)][c * kvol + t].
-// Columns are (N, C*kvol, P) for NCDHW (consecutive q read consecutive o) and (N*P, C*kvol) for
-// NDHWC. Taps in a fixed order: deterministic.
+// dx[n, c, q] = sum over the taps t reaching q from an output o of cols[c * kvol + t][(n, o)].
+// Columns are (C*kvol, N*P) for both layouts: a warp's threads take neighbouring q (of one
+// channel for NCDHW, of C channels for NDHWC), which read neighbouring o of a few column rows
+// rather than one element per row. Taps in a fixed order: deterministic.
 __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __restrict__ cols,
                                       const GatherGeometry g, bool channels_last) {
   const int64_t V = int64_t(g.in[0]) * g.in[1] * g.in[2], P = int64_t(g.out[0]) * g.out[1] * g.out[2];
+  const int64_t pixels = g.N * P;  // the columns' row length
   const int32_t kvol = g.kernel[0] * g.kernel[1] * g.kernel[2];
-  const int64_t ncols = int64_t(g.C) * kvol, total = g.N * g.C * V;
+  const int64_t total = g.N * g.C * V;
   TG_GRID_STRIDE(i, total) {
     int64_t n, c, q;
     if (channels_last) {
@@ -66,7 +70,7 @@ __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __res
     const int32_t qx = int32_t(q % g.in[2]), qy = int32_t((q / g.in[2]) % g.in[1]);
     const int32_t qz = int32_t(q / (int64_t(g.in[2]) * g.in[1]));
     const TapRun rz = tap_run(g, 0, qz), ry = tap_run(g, 1, qy), rx = tap_run(g, 2, qx);
-    const float* base = channels_last ? cols + n * P * ncols + c * kvol : cols + (n * ncols + c * kvol) * P;
+    const float* base = cols + c * kvol * pixels + n * P;
     float acc = 0.f;
     for (int32_t iz = 0; iz < rz.count; ++iz) {
       const int32_t oz = rz.o0 - iz * g.out_step[0], tz = rz.t0 + iz * g.tap_step[0];
@@ -79,7 +83,7 @@ __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __res
           if (uint32_t(ox) >= uint32_t(g.out[2])) continue;
           const int64_t o = (int64_t(oz) * g.out[1] + oy) * g.out[2] + ox;
           const int32_t t = (tz * g.kernel[1] + ty) * g.kernel[2] + tx;
-          acc += channels_last ? base[o * ncols + t] : base[int64_t(t) * P + o];
+          acc += base[int64_t(t) * pixels + o];
         }
       }
     }
@@ -105,44 +109,46 @@ GatherGeometry gather_geometry(const ConvShape& s) {
   return g;
 }
 
+// The columns product, cols (C*kvol, N*P) = w^T dy, as engine_gemm's c = a b^T: a = w
+// transposed to (C*kvol, red) and b = dy as (N*P, red) rows, both with the reduction over dy's
+// channels contiguous, as the TMA matmul reads its operands in place. NDHWC dy is those rows
+// already (red = K: no copy; K % 4 != 0 keeps the product off the TMA kernel); NCDHW dy is
+// transposed into them with red = K rounded up to 16 bytes, the pad zeros in both operands.
+GemmProblem columns_product(const ConvShape& s) {
+  const int64_t red = s.channels_last() ? s.K : round_up(s.K, int64_t{4});
+  return {.M = s.C * s.kernel_volume(), .N = s.N * s.out_volume(), .K = red, .transA = false, .transB = true};
+}
+
 }  // namespace
 
+// NCDHW dy's rows are a second scratch beside the columns, held to the same cap.
 bool columns_pay(const ConvShape& s) {
   const int64_t cols = s.C * s.kernel_volume();
-  return s.C <= kColumnsMaxChannels && s.kernel_volume() > 1 && fits(cols) &&
-         s.N * s.out_volume() <= kColumnsMaxFloats / cols;
+  if (!(s.C >= 1 && s.C <= kColumnsMaxChannels && s.K >= 1 && s.kernel_volume() > 1 && fits(cols))) return false;
+  const GemmProblem p = columns_product(s);
+  return p.N <= kColumnsMaxFloats / cols && (s.channels_last() || p.N <= kColumnsMaxFloats / p.K) &&
+         engine_gemm_can_implement(p, DType::f32);
 }
 
 void grad_input_by_columns(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s,
                            Precision precision, const EnginePolicy& policy) {
   const int dev = dx.device().index;
-  const int64_t M = s.N * s.out_volume(), ncols = s.C * s.kernel_volume();
-  // dy as the input of a 1x1 convolution with K channels over the output grid.
-  ConvShape s1 = s;
-  s1.C = s.K;
-  s1.K = ncols;
-  for (int d = 0; d < 3; ++d) {
-    s1.in[d] = s.out[d];
-    s1.kernel[d] = s1.stride[d] = s1.dilation[d] = 1;
-    s1.pad[d] = 0;
-  }
-  const ConvGeometry g1 = geometry(s1);
-  const Tensor cols = Tensor::empty({M * ncols}, {.dtype = DType::f32, .device = dx.device()});
-  MainloopArgs args{};
-  args.M = int32_t(M);
-  args.N = int32_t(ncols);
-  args.red = int32_t(s.K);
-  args.out = output_map(cols.data<float>(), nullptr, M, ncols);
+  cudaStream_t st = stream(dev);
+  const GemmProblem p = columns_product(s);
+  const TensorOptions f32{.dtype = DType::f32, .device = dx.device()};
+  // w (K, C*kvol) row-major (the weights viewed flat) into a (C*kvol, red), pad rows zero.
+  const Tensor wt = Tensor::empty({p.M, p.K}, f32);
+  transpose_into(wt.data<float>(), w.data<float>(), 1, s.K, p.M, p.K, st);
+  // engine_gemm reads b's data only: NDHWC dy is passed as it is, not as a (N*P, K) view.
+  Tensor dy_rows = dy;
   if (!s.channels_last()) {
-    args.out.mode = OutputMap::kChannelsFirst;
-    args.out.div = FastDivmod(uint32_t(s.out_volume()));
+    dy_rows = Tensor::empty({p.N, p.K}, f32);
+    transpose_into(dy_rows.data<float>(), dy.data<float>(), s.N, s.K, s.out_volume(), p.K, st);
   }
-  const Plan plan = make_plan(M, ncols, s.K, dev, policy, /*narrow_ok=*/false, precision, /*gather=*/true);
-  run_plan(plan, args, dx.device(), [&](const MainloopArgs& a, cudaStream_t st) {
-    launch_conv_dgrad_columns(g1, s.channels_last(), dy.data<float>(), w.data<float>(), plan, a,
-                                      precision == Precision::FP32, st);
-  });
-  gather_columns_kernel<<<grid_for(dx.numel(), kThreads), kThreads, 0, stream(dev)>>>(
+  // Scratch freed at the end of this function is stream-ordered: safe once the launches are queued.
+  const Tensor cols = Tensor::empty({p.M, p.N}, f32);
+  engine_gemm(cols, wt, dy_rows, Tensor(), p, precision, policy);
+  gather_columns_kernel<<<grid_for(dx.numel(), kThreads), kThreads, 0, st>>>(
       dx.data<float>(), cols.data<float>(), gather_geometry(s), s.channels_last());
   TG_LAUNCH_CHECK();
 }

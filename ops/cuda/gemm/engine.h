@@ -49,7 +49,8 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 // dilated kernel's reach) as a forward of dy with the weights transposed and flipped, and
 // strided ones phase by phase, each phase a stride-1 forward over dy (16+ dy channels; NHWC dy
 // with K % 4 == 0; every phase's geometry within the im2col ranges). Where the columns pass
-// pays (up to 8 input channels: dgrad_columns.cu) it runs instead, not on the TMA kernel.
+// pays (up to 8 input channels: dgrad_columns.cu) it runs instead and this says false, though
+// its columns product is an engine_gemm that may take the TMA matmul.
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy = {});
 // The same for engine_conv_grad_weight, which writes dy and the input's columns out with the

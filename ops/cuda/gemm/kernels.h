@@ -31,11 +31,6 @@ void launch_conv_fprop(const ConvGeometry& g, bool channels_last, const float* x
 void launch_conv_dgrad(const ConvGeometry& g, const PhaseGeometry& phase, bool channels_last, const float* dy,
                        const float* packed_w, const Plan& plan, const MainloopArgs& args, bool split_tf32,
                        cudaStream_t stream);
-// Grad-input for few input channels, step 1: the columns g[m = (n, p)][j = c*kvol + t] =
-// sum_k dy[n, k, p] w[k, c, t], a plain product over dy read once (g1: dy as the input of a 1x1
-// convolution with K input channels); engine.cu gathers dx from them.
-void launch_conv_dgrad_columns(const ConvGeometry& g1, bool channels_last, const float* dy, const float* w,
-                               const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
 // dw (K, C*kvol) = dy x^T over batch and output pixels.
 void launch_conv_wgrad(const ConvGeometry& g, bool channels_last, const float* dy, const float* x,
                        const Plan& plan, const MainloopArgs& args, bool split_tf32, cudaStream_t stream);
