@@ -305,7 +305,8 @@ void conv_grad_input_bf16(const Tensor& dx, const Tensor& dy, const Tensor& w, c
 constexpr int64_t kNarrowBf16Columns = 64;
 namespace {
 bool grad_weight_on_f32_copies(const ConvShape& s, const Tensor& dw32) {
-  const ConvVariant& conv3x3 = kVariants[1];
+  static_assert(kVariants[2].name == "conv3x3");
+  const ConvVariant& conv3x3 = kVariants[2];
   if (const std::string_view forced = kernel_policy().conv_variant; !forced.empty()) return forced == conv3x3.name;
   if (s.C * s.kernel_volume() <= kNarrowBf16Columns) return false;
   const ConvProblem tf32 = conv_problem(s, DType::f32, ConvPass::GradWeight, Precision::TF32);
@@ -343,6 +344,7 @@ void conv_grad_input_weight(const Tensor& dx, const Tensor& dw, const Tensor& dy
   const ConvProblem gi = conv_problem(s, dx.dtype(), ConvPass::GradInput);
   const ConvProblem gw = conv_problem(s, dw.dtype(), ConvPass::GradWeight);
   const ConvOperands gi_ops{.out = dx, .w = w, .dy = dy}, gw_ops{.out = dw, .x = x, .dy = dy};
+  static_assert(kVariants[0].name == "pointwise");
   const ConvVariant& pointwise = kVariants[0];
   if (dx.numel() > 0 && dw.numel() > 0 && &choose_conv_variant(gi, gi_ops) == &pointwise &&
       &choose_conv_variant(gw, gw_ops) == &pointwise)
