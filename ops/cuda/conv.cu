@@ -184,13 +184,24 @@ void conv3x3_run(const ConvProblem& p, const ConvOperands& o) {
 // ---- few taps: the FMA forward against the tensor-core rows ----
 // A first layer (1-4 input channels, a kernel wider than 1x1) reduces each output over C kvol
 // <= kFewMaxTaps values: the tensor-core tiles spend more on filling and writing than on their
-// short k-loop, and the FMA kernel's time is close to its output's bytes.
-constexpr int64_t kFewMaxInputChannels = 4;
+// short k-loop. dev/first_layer_probe.cu (H200, TF32 / FP32 alike unless given): the FMA kernel
+// takes 0.34-0.93 of the best tensor-core row's time on stems and volumes (7x7 s2 3 -> 64 at
+// 224x224: 0.180 ms against the engine's 0.195 TF32 and 0.258 FP32; 3x3x3 1 -> 32 at 64^3: 0.063
+// against 0.193; 3x3 3 -> 32 at 64x64: 0.036 against the 3x3 kernels' 0.084; channels-last 3x3
+// 3 -> 64: 0.028 against 0.043), level at 4 -> 128 (0.044-0.046). Its pace is set by the shared
+// memory reads of the weights (one per 4 FMAs), so on large images the 3x3 kernels, bound by
+// the output's bytes, win: 3 -> 64 at 224x224 0.083 ms TF32 / 0.158 FP32 against 0.191. Those
+// stay with them from 128x128 pixels (between the 64x64 and 224x224 points measured). With 8+
+// input channels the tensor-core rows win (3x3 8 -> 64 at 64x64: 0.029 against 0.051).
+constexpr int64_t kFewMaxInputChannels = 4, kFewMaxPixelsBeside3x3 = 128 * 128;
 bool few_channels_can_implement(const ConvProblem& p, const ConvOperands&) {
   return p.dtype == DType::f32 && p.pass == ConvPass::Forward && few_channels_forward_applies(p.shape);
 }
 bool few_channels_preferred(const ConvProblem& p, const ConvOperands& o) {
-  return few_channels_can_implement(p, o) && p.shape.C <= kFewMaxInputChannels && p.shape.kernel_volume() > 1;
+  if (!few_channels_can_implement(p, o) || p.shape.C > kFewMaxInputChannels || p.shape.kernel_volume() == 1)
+    return false;
+  const int64_t pixels = p.shape.out[0] * p.shape.out[1] * p.shape.out[2];
+  return pixels < kFewMaxPixelsBeside3x3 || !conv3x3_applies(p.shape, p.precision);
 }
 void few_channels_run(const ConvProblem& p, const ConvOperands& o) {
   few_channels_conv_forward(o.out, o.x, o.w, o.b, p.shape);
