@@ -1,31 +1,10 @@
 // NCCL communicator, stream ordering and the watchdog (see nccl_comm.h).
 //
-// Two streams. A collective runs either on the group's own stream (OnStream::group) or on
-// the framework's stream (OnStream::framework).
-//   group: queued after an event recorded on the framework's stream (so it sees every
-//     tensor the ops before it wrote), then records its done event; Work::wait() makes the
-//     framework's stream wait for that event. Buffers are freed stream-ordered on the
-//     framework's stream, so once it has waited, freeing a buffer the collective used is
-//     safe; a Work keeps its tensors alive until then.
-//   framework: queued in line with the ops, so it needs no event to see their writes, and
-//     what follows sees its result and frees its buffers in stream order. It still records
-//     a done event, for the watchdog and synchronize().
-//
-// The ordering rule. NCCL needs every rank to issue one communicator's collectives in the
-// same order (the host's program order does that), and two streams running kernels of one
-// communicator at once can deadlock: the kernels must also run in issue order on each GPU.
-// So every collective is queued after every collective issued before it:
-//   - group after anything: the group's stream runs its own collectives in order, and the
-//     event it waits for is recorded on the framework's stream after every collective
-//     queued there before;
-//   - framework after group: before it, the framework's stream waits for the done event of
-//     the last collective issued on the group's stream (last_on_group_). One wait covers
-//     all of them (they run in order), and afterwards the framework's stream is past them
-//     for good, so the event is dropped until the next group collective: a run of blocking
-//     collectives pays no cross-stream dependency at all.
-// The collectives thus form one chain on the GPU, so the done event of the last one issued
-// (last_done_) completes after all of them: synchronize() waits for it. Collectives are
-// issued from one host thread (the order must be the same on every rank anyway).
+// Ordering. A collective is queued on the group's stream after an event recorded on the
+// framework's stream (so it sees every tensor the ops before it wrote), and records its own
+// event; Work::wait() makes the framework's stream wait for that event. Buffers are freed
+// stream-ordered on the framework's stream, so once it has waited, freeing a buffer the
+// collective used is safe; a Work keeps its tensors alive until then.
 #include <nccl.h>
 
 #include <chrono>
@@ -79,17 +58,14 @@ struct Pending {
 struct NcclWork final : Work {
   int device;
   std::shared_ptr<Event> done;
-  bool on_framework = false;   // ran on the framework's stream: already ordered before what follows
   std::vector<Tensor> keep;    // the buffers NCCL uses, alive until the stream has waited
   std::vector<Tensor> written; // their versions move on once the result is ordered
   bool waited = false;
   void wait() override {
     if (waited) return;
     waited = true;
-    if (!on_framework) {
-      cuda::set_device(device);
-      TG_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device), done->e, 0));
-    }
+    cuda::set_device(device);
+    TG_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device), done->e, 0));
     for (const Tensor& t : written) t.bump_version();
     keep.clear();
   }
@@ -116,7 +92,6 @@ class NcclCommImpl final : public NcclComm {
     // High priority: a bucket's reduction should start as soon as its gradients are ready,
     // not behind the backward kernels queued meanwhile.
     TG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, hi));
-    ready_ = std::make_unique<Event>();
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -137,40 +112,38 @@ class NcclCommImpl final : public NcclComm {
     cudaStreamDestroy(stream_);
   }
 
-  std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op, OnStream on) override {
-    return run("all_reduce", on, {t}, {t}, [&](cudaStream_t s) {
+  std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op) override {
+    return run("all_reduce", {t}, {t}, [&] {
       return ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                           nccl_op(op), comm_, s);
+                           nccl_op(op), comm_, stream_);
     });
   }
-  std::unique_ptr<Work> broadcast(Tensor& t, int root, OnStream on) override {
-    return run("broadcast", on, {t}, {t}, [&](cudaStream_t s) {
+  std::unique_ptr<Work> broadcast(Tensor& t, int root) override {
+    return run("broadcast", {t}, {t}, [&] {
       return ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), root,
-                           comm_, s);
+                           comm_, stream_);
     });
   }
-  std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out, OnStream on) override {
-    return run("all_gather", on, {in, out}, {out}, [&](cudaStream_t s) {
+  std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out) override {
+    return run("all_gather", {in, out}, {out}, [&] {
       return ncclAllGather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()),
-                           comm_, s);
+                           comm_, stream_);
     });
   }
-  std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, OnStream on) override {
-    return run("reduce_scatter", on, {in, out}, {out}, [&](cudaStream_t s) {
+  std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    return run("reduce_scatter", {in, out}, {out}, [&] {
       return ncclReduceScatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),
-                               nccl_type(in.dtype()), nccl_op(op), comm_, s);
+                               nccl_type(in.dtype()), nccl_op(op), comm_, stream_);
     });
   }
 
   void synchronize() override {
     cuda::set_device(device_);
-    // Poll rather than cudaEventSynchronize: the watchdog may abort a stuck collective,
-    // and the host must not be blocked inside CUDA when it does. The last collective issued
-    // completes after every other one (the ordering rule above), on whichever stream.
-    const std::shared_ptr<Event> last = last_done_;
-    while (last) {
+    // Poll rather than cudaStreamSynchronize: the watchdog may abort a stuck collective,
+    // and the host must not be blocked inside CUDA when it does.
+    for (;;) {
       raise_if_aborted();
-      const cudaError_t q = cudaEventQuery(last->e);
+      const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) TG_CUDA_CHECK(q);
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -193,33 +166,18 @@ class NcclCommImpl final : public NcclComm {
   }
 
   template <class Launch>
-  std::unique_ptr<Work> run(const char* op, OnStream on, std::vector<Tensor> keep, std::vector<Tensor> written,
-                            Launch launch) {
+  std::unique_ptr<Work> run(const char* op, std::vector<Tensor> keep, std::vector<Tensor> written, Launch launch) {
     raise_if_aborted();
     cuda::set_device(device_);
-    const cudaStream_t framework = cuda::stream(device_);
-    cudaStream_t s = framework;
-    if (on == OnStream::group) {
-      // One event serves every call: a wait takes the record made just before it.
-      TG_CUDA_CHECK(cudaEventRecord(ready_->e, framework));
-      TG_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_->e, 0));
-      s = stream_;
-    } else if (last_on_group_) {
-      TG_CUDA_CHECK(cudaStreamWaitEvent(framework, last_on_group_->e, 0));
-      last_on_group_.reset();
-    }
-    check(launch(s), op);
+    Event ready;
+    TG_CUDA_CHECK(cudaEventRecord(ready.e, cuda::stream(device_)));
+    TG_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready.e, 0));
+    check(launch(), op);
     auto work = std::make_unique<NcclWork>();
     work->device = device_;
     work->done = std::make_shared<Event>();
-    TG_CUDA_CHECK(cudaEventRecord(work->done->e, s));
-    last_done_ = work->done;
-    if (on == OnStream::group) {
-      last_on_group_ = work->done;
-      work->keep = std::move(keep);
-    } else {
-      work->on_framework = true;  // later frees are stream-ordered after it: nothing to keep
-    }
+    TG_CUDA_CHECK(cudaEventRecord(work->done->e, stream_));
+    work->keep = std::move(keep);
     work->written = std::move(written);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -273,9 +231,6 @@ class NcclCommImpl final : public NcclComm {
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<Event> ready_;           // recorded on the framework's stream before a group collective
-  std::shared_ptr<Event> last_on_group_;   // done event of the last group collective not yet waited for
-  std::shared_ptr<Event> last_done_;       // done event of the last collective issued, either stream
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // pending_, reason_, stop_
   std::condition_variable wake_;

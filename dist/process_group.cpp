@@ -272,8 +272,8 @@ Device ProcessGroup::device() const { return impl_->device; }
 bool ProcessGroup::has_nccl() const { return impl_->nccl != nullptr; }
 double ProcessGroup::timeout_s() const { return impl_->timeout_s; }
 
-std::unique_ptr<Work> ProcessGroup::Impl::start_all_reduce(Tensor& t, ReduceOp op, OnStream on) {
-  if (t.device().is_cuda()) return nccl->all_reduce(t, op, on);
+std::unique_ptr<Work> ProcessGroup::Impl::start_all_reduce(Tensor& t, ReduceOp op) {
+  if (t.device().is_cuda()) return nccl->all_reduce(t, op);
   auto work = std::make_unique<MpiWork>(this, "all_reduce", t);
   if (op == ReduceOp::avg) work->divide_by = size;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype()), mpi_op(op),
@@ -282,33 +282,25 @@ std::unique_ptr<Work> ProcessGroup::Impl::start_all_reduce(Tensor& t, ReduceOp o
   return work;
 }
 
-std::unique_ptr<Work> ProcessGroup::Impl::start_broadcast(Tensor& t, int root, OnStream on) {
-  if (t.device().is_cuda()) return nccl->broadcast(t, root, on);
+std::unique_ptr<Work> ProcessGroup::Impl::start_broadcast(Tensor& t, int root) {
+  if (t.device().is_cuda()) return nccl->broadcast(t, root);
   auto work = std::make_unique<MpiWork>(this, "broadcast", t);
   check_mpi(MPI_Ibcast(t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, comm, &work->request),
             "broadcast");
   return work;
 }
 
-// The checks all_reduce and all_reduce_async share, then the collective.
-static std::unique_ptr<Work> checked_all_reduce(ProcessGroup::Impl& g, Tensor& t, ReduceOp op, OnStream on) {
+std::unique_ptr<Work> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
+  Impl& g = *impl_;
   g.check_usable("all_reduce");
   check_tensor("all_reduce", g, t);
   TG_CHECK_AS(DTypeError, op != ReduceOp::avg || t.dtype() != DType::i64, "dist::all_reduce: avg of ",
               describe(t), " is not defined for an integer dtype; use sum");
   g.verify_same("all_reduce", t);
-  return g.start_all_reduce(t, op, on);
+  return g.start_all_reduce(t, op);
 }
 
-// The async call overlaps what the caller queues next, so it takes the group's stream; the
-// blocking calls below are waited for at once and run in line on the framework's stream.
-std::unique_ptr<Work> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
-  return checked_all_reduce(*impl_, t, op, OnStream::group);
-}
-
-void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
-  checked_all_reduce(*impl_, t, op, OnStream::framework)->wait();
-}
+void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
 
 void ProcessGroup::broadcast(Tensor& t, int root) {
   Impl& g = *impl_;
@@ -316,7 +308,7 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
   check_tensor("broadcast", g, t);
   TG_CHECK(root >= 0 && root < g.size, "dist::broadcast: root ", root, " is not a rank of a group of ", g.size);
   g.verify_same("broadcast", t);
-  g.start_broadcast(t, root, OnStream::framework)->wait();
+  g.start_broadcast(t, root)->wait();
 }
 
 Tensor ProcessGroup::all_gather(const Tensor& t) {
@@ -330,7 +322,7 @@ Tensor ProcessGroup::all_gather(const Tensor& t) {
   for (int64_t d : t.shape().dims()) dims.push_back(d);
   Tensor out = Tensor::empty(Shape(dims), {.dtype = t.dtype(), .device = t.device()});
   if (t.device().is_cuda()) {
-    g.nccl->all_gather(t, out, OnStream::framework)->wait();
+    g.nccl->all_gather(t, out)->wait();
     return out;
   }
   MpiWork work(&g, "all_gather", out);
@@ -354,7 +346,7 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op) {
   dims[0] /= g.size;
   Tensor out = Tensor::empty(Shape(dims), {.dtype = t.dtype(), .device = t.device()});
   if (t.device().is_cuda()) {
-    g.nccl->reduce_scatter(t, out, op, OnStream::framework)->wait();
+    g.nccl->reduce_scatter(t, out, op)->wait();
     return out;
   }
   MpiWork work(&g, "reduce_scatter", out);

@@ -16,13 +16,10 @@
 // which (CPU otherwise), and is where DDP keeps the model.
 //
 // Collectives. Every rank calls the same collectives in the same order with tensors of the
-// same shape and dtype. CUDA tensors (on device()) go through NCCL: the blocking calls
-// (all_reduce, broadcast, all_gather, reduce_scatter) are queued on the framework's stream
-// in line with the ops around them; all_reduce_async (and DDP's buckets) run on the group's
-// own stream, after the work already queued on the framework's stream, so that they overlap
-// what is queued next, and wait() makes the framework's stream wait for them. Either way the
-// host does not block, results are ordered before any later op, and collectives run in the
-// order they were called. CPU tensors go through MPI. The same program therefore runs
+// same shape and dtype. CUDA tensors (on device()) go through NCCL on the group's own
+// stream: it waits for the work already queued on the framework's stream, and the
+// framework's stream waits for the collective, so the host does not block and results are
+// ordered before any later op. CPU tensors go through MPI. The same program therefore runs
 // on CPUs (tests, CI) and GPUs. By default each public collective first checks, with a small
 // MPI exchange, that every rank passes the same shape and dtype, and throws DistError naming
 // the op and both shapes otherwise (verify_collectives = false skips that exchange).

@@ -23,16 +23,6 @@ namespace tg::dist {
 
 class NcclComm;  // dist/nccl_comm.h (builds with NCCL only)
 
-// The stream a collective on CUDA tensors is queued on (dist/nccl_comm.cpp orders the two):
-//   group:     the communicator's own high-priority stream, so that it overlaps the compute
-//              queued meanwhile (DDP's buckets, all_reduce_async); Work::wait() makes the
-//              framework's stream wait for it.
-//   framework: tapegrad's stream itself, in line with the ops around it, with no
-//              cross-stream events: for the collectives whose caller waits at once (the
-//              blocking public calls), where those events would only add latency.
-// CPU tensors (MPI) ignore it.
-enum class OnStream { group, framework };
-
 struct ProcessGroup::Impl {
   ProcessGroupOptions options;
   double timeout_s = 600;
@@ -58,8 +48,8 @@ struct ProcessGroup::Impl {
   void check_mpi(int rc, const char* op);
   // Start a collective with no checks or verification (the callers checked): the public
   // collectives and DDP's buckets share these.
-  std::unique_ptr<Work> start_all_reduce(Tensor& t, ReduceOp op, OnStream on = OnStream::group);
-  std::unique_ptr<Work> start_broadcast(Tensor& t, int root, OnStream on = OnStream::group);
+  std::unique_ptr<Work> start_all_reduce(Tensor& t, ReduceOp op);
+  std::unique_ptr<Work> start_broadcast(Tensor& t, int root);
   // With options.verify_collectives: throws DistError on every rank unless all ranks pass
   // a tensor of this shape and dtype (and device kind).
   void verify_same(const char* op, const Tensor& t);

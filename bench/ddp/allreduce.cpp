@@ -95,8 +95,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tg_allreduce: wrong result %g (want %g)\n", got.front(), want);
       return 1;
     }
-    // The tapegrad side: the public blocking call as a user makes it (queued on the
-    // framework's stream, where the events time it; the checks and the watchdog's event).
+    // The tapegrad side: the public call as a user makes it (events, ordering, checks).
     tg::dist::ProcessGroup* g = &pg;
     const double tg_ms = time_calls(tg_stream, [&] { g->all_reduce(t, tg::dist::ReduceOp::sum); });
     float* raw = t.data<float>();

@@ -4,17 +4,11 @@
 //
 //   failure_probe throw [--gpu]   rank 1 throws before the collective (uncaught)
 //   failure_probe hang  [--gpu]   rank 1 sleeps through it (the others time out)
-//   failure_probe hang-mixed [--gpu]
-//                                 the same, but the others start an async all_reduce and then
-//                                 a blocking one, with the shape checks off so that both reach
-//                                 NCCL: on the GPU the watchdog (not MPI) must end the wait,
-//                                 with a collective stuck on each of the two streams
 //   failure_probe die   [--gpu]   rank 1 exits at once without a word (std::_Exit)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -23,28 +17,18 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: failure_probe throw|hang|hang-mixed|die [--gpu]\n");
+    std::fprintf(stderr, "usage: failure_probe throw|hang|die [--gpu]\n");
     return 2;
   }
   const std::string mode = argv[1];
   const bool gpu = argc > 2 && std::strcmp(argv[2], "--gpu") == 0;
-  const bool mixed = mode == "hang-mixed";
-  // The shape check is an MPI exchange before each collective: with it, a hang is caught by
-  // MPI's timed wait before NCCL is reached.
-  tg::dist::ProcessGroup pg({.use_gpu = gpu, .verify_collectives = !mixed});
+  tg::dist::ProcessGroup pg({.use_gpu = gpu});
   tg::Tensor t = tg::ones({1 << 16}, {.device = pg.device()});
   pg.all_reduce(t);  // everyone is up and connected
   if (pg.rank() == 1) {
     if (mode == "throw") throw std::runtime_error("planted failure on rank 1");
-    if (mode == "hang" || mixed) std::this_thread::sleep_for(std::chrono::seconds(120));
+    if (mode == "hang") std::this_thread::sleep_for(std::chrono::seconds(120));
     if (mode == "die") std::_Exit(3);
-  }
-  if (mixed) {
-    tg::Tensor bucket = tg::ones({1 << 16}, {.device = pg.device()});
-    std::unique_ptr<tg::dist::Work> w = pg.all_reduce_async(bucket);  // never completes
-    pg.all_reduce(t);                                                 // queued after it
-    (void)t.to_vector<float>();
-    w->wait();
   }
   pg.all_reduce(t);        // the others wait here for rank 1
   (void)t.to_vector<float>();  // on the GPU: the host waits for the (aborted) collective
