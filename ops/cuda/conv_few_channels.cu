@@ -11,6 +11,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/conv_dims32.h"
 #include "ops/cuda/conv_few_channels.h"
 
 namespace tg::cuda {
@@ -20,9 +21,8 @@ constexpr int kThreads = 128;
 
 // The geometry in 32-bit coordinates (few_channels_forward_applies checks the ranges); offsets
 // stay 64-bit.
-struct FewGeometry {
+struct FewGeometry : ConvDims32 {
   int32_t C, K, taps;
-  int32_t in[3], out[3], kernel[3], stride[3], pad[3], dil[3];
   int64_t in_volume, out_volume, pixels;  // pixels = N * out_volume
   bool channels_last;
 };
@@ -152,18 +152,10 @@ bool few_channels_forward_applies(const ConvShape& s) {
 
 void few_channels_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
                                const ConvShape& s) {
-  FewGeometry g{};
+  FewGeometry g{conv_dims32(s)};
   g.C = int32_t(s.C);
   g.K = int32_t(s.K);
   g.taps = int32_t(s.C * s.kernel_volume());
-  for (int d = 0; d < 3; ++d) {
-    g.in[d] = int32_t(s.in[d]);
-    g.out[d] = int32_t(s.out[d]);
-    g.kernel[d] = int32_t(s.kernel[d]);
-    g.stride[d] = int32_t(s.stride[d]);
-    g.pad[d] = int32_t(s.pad[d]);
-    g.dil[d] = int32_t(s.dilation[d]);
-  }
   g.in_volume = s.in_volume();
   g.out_volume = s.out_volume();
   g.pixels = s.N * s.out_volume();

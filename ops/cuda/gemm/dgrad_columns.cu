@@ -5,6 +5,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/conv_dims32.h"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda::engine {
@@ -21,8 +22,8 @@ constexpr int64_t kColumnsMaxFloats = int64_t{1} << 27;  // 512 MB of columns at
 // Per dim, the taps that reach an input coordinate q are t = t0 + i * tap_step (i = 0, 1, ...),
 // reading output o = o0 - i * out_step (tap_step = stride / gcd(stride, dilation), out_step =
 // dilation / gcd): found with at most tap_step remainders, no division per tap.
-struct GatherGeometry {
-  int32_t in[3], out[3], kernel[3], stride[3], pad[3], dil[3], tap_step[3], out_step[3];
+struct GatherGeometry : ConvDims32 {
+  int32_t tap_step[3], out_step[3];
   int32_t C;
   int64_t N;
 };
@@ -92,16 +93,10 @@ __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __res
 }
 
 GatherGeometry gather_geometry(const ConvShape& s) {
-  GatherGeometry g{};
+  GatherGeometry g{conv_dims32(s)};
   g.C = int32_t(s.C);
   g.N = s.N;
   for (int d = 0; d < 3; ++d) {
-    g.in[d] = int32_t(s.in[d]);
-    g.out[d] = int32_t(s.out[d]);
-    g.kernel[d] = int32_t(s.kernel[d]);
-    g.stride[d] = int32_t(s.stride[d]);
-    g.pad[d] = int32_t(s.pad[d]);
-    g.dil[d] = int32_t(s.dilation[d]);
     const int64_t common = std::gcd(s.stride[d], s.dilation[d]);
     g.tap_step[d] = int32_t(s.stride[d] / common);
     g.out_step[d] = int32_t(s.dilation[d] / common);
