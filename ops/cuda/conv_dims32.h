@@ -1,5 +1,5 @@
 // A ConvShape's per-dimension sizes in 32 bits, for kernels that form coordinates in int32 (their
-// callers check the ranges first). Kernel geometry structs derive from it.
+// callers check the ranges first). The kernels' geometry structs hold one.
 #pragma once
 #include <cstdint>
 

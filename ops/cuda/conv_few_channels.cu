@@ -21,8 +21,9 @@ constexpr int kThreads = 128;
 
 // The geometry in 32-bit coordinates (few_channels_forward_applies checks the ranges); offsets
 // stay 64-bit.
-struct FewGeometry : ConvDims32 {
+struct FewGeometry {
   int32_t C, K, taps;
+  ConvDims32 d;
   int64_t in_volume, out_volume, pixels;  // pixels = N * out_volume
   bool channels_last;
 };
@@ -60,30 +61,30 @@ __global__ void __launch_bounds__(kThreads) few_channels_forward_kernel(float* _
 #pragma unroll
     for (int k = 0; k < Chunk; ++k) acc[k] = 0.f;
     if (live) {
-      const int32_t ox = int32_t(p % g.out[2]), oy = int32_t((p / g.out[2]) % g.out[1]);
-      const int32_t oz = int32_t(p / (int64_t(g.out[2]) * g.out[1]));
-      const int32_t z0 = oz * g.stride[0] - g.pad[0], y0 = oy * g.stride[1] - g.pad[1];
-      const int32_t x0 = ox * g.stride[2] - g.pad[2];
+      const int32_t ox = int32_t(p % g.d.out[2]), oy = int32_t((p / g.d.out[2]) % g.d.out[1]);
+      const int32_t oz = int32_t(p / (int64_t(g.d.out[2]) * g.d.out[1]));
+      const int32_t z0 = oz * g.d.stride[0] - g.d.pad[0], y0 = oy * g.d.stride[1] - g.d.pad[1];
+      const int32_t x0 = ox * g.d.stride[2] - g.d.pad[2];
       const float* xn = x + n * g.in_volume * g.C;
       int t = 0;  // the tap: ((c * kd + tz) * kh + ty) * kw + tx, as w orders them
       for (int32_t c = 0; c < g.C; ++c) {
         const float* xc = xn + c * c_step;
-        for (int32_t tz = 0; tz < g.kernel[0]; ++tz) {
-          const int32_t iz = z0 + tz * g.dil[0];
-          if (uint32_t(iz) >= uint32_t(g.in[0])) {
-            t += g.kernel[1] * g.kernel[2];
+        for (int32_t tz = 0; tz < g.d.kernel[0]; ++tz) {
+          const int32_t iz = z0 + tz * g.d.dil[0];
+          if (uint32_t(iz) >= uint32_t(g.d.in[0])) {
+            t += g.d.kernel[1] * g.d.kernel[2];
             continue;
           }
-          for (int32_t ty = 0; ty < g.kernel[1]; ++ty) {
-            const int32_t iy = y0 + ty * g.dil[1];
-            if (uint32_t(iy) >= uint32_t(g.in[1])) {
-              t += g.kernel[2];
+          for (int32_t ty = 0; ty < g.d.kernel[1]; ++ty) {
+            const int32_t iy = y0 + ty * g.d.dil[1];
+            if (uint32_t(iy) >= uint32_t(g.d.in[1])) {
+              t += g.d.kernel[2];
               continue;
             }
-            const float* row = xc + (int64_t(iz) * g.in[1] + iy) * g.in[2] * q_step;
-            for (int32_t tx = 0; tx < g.kernel[2]; ++tx, ++t) {
-              const int32_t ix = x0 + tx * g.dil[2];
-              if (uint32_t(ix) >= uint32_t(g.in[2])) continue;
+            const float* row = xc + (int64_t(iz) * g.d.in[1] + iy) * g.d.in[2] * q_step;
+            for (int32_t tx = 0; tx < g.d.kernel[2]; ++tx, ++t) {
+              const int32_t ix = x0 + tx * g.d.dil[2];
+              if (uint32_t(ix) >= uint32_t(g.d.in[2])) continue;
               const float v = __ldg(row + int64_t(ix) * q_step);
               const float4* wt = weights + t * (Chunk / 4);
 #pragma unroll
@@ -152,10 +153,11 @@ bool few_channels_forward_applies(const ConvShape& s) {
 
 void few_channels_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
                                const ConvShape& s) {
-  FewGeometry g{conv_dims32(s)};
+  FewGeometry g{};
   g.C = int32_t(s.C);
   g.K = int32_t(s.K);
   g.taps = int32_t(s.C * s.kernel_volume());
+  g.d = conv_dims32(s);
   g.in_volume = s.in_volume();
   g.out_volume = s.out_volume();
   g.pixels = s.N * s.out_volume();

@@ -22,7 +22,8 @@ constexpr int64_t kColumnsMaxFloats = int64_t{1} << 27;  // 512 MB of columns at
 // Per dim, the taps that reach an input coordinate q are t = t0 + i * tap_step (i = 0, 1, ...),
 // reading output o = o0 - i * out_step (tap_step = stride / gcd(stride, dilation), out_step =
 // dilation / gcd): found with at most tap_step remainders, no division per tap.
-struct GatherGeometry : ConvDims32 {
+struct GatherGeometry {
+  ConvDims32 d;
   int32_t tap_step[3], out_step[3];
   int32_t C;
   int64_t N;
@@ -34,13 +35,13 @@ struct TapRun {
 
 __device__ __forceinline__ TapRun tap_run(const GatherGeometry& g, int d, int32_t q) {
   TapRun r{0, 0, 0};
-  const int32_t first = q + g.pad[d];
-  for (int32_t t = 0; t < g.tap_step[d] && t < g.kernel[d]; ++t) {
-    const int32_t v = first - t * g.dil[d];
-    if (v % g.stride[d] == 0) {
+  const int32_t first = q + g.d.pad[d];
+  for (int32_t t = 0; t < g.tap_step[d] && t < g.d.kernel[d]; ++t) {
+    const int32_t v = first - t * g.d.dil[d];
+    if (v % g.d.stride[d] == 0) {
       r.t0 = t;
-      r.o0 = v / g.stride[d];
-      r.count = (g.kernel[d] - 1 - t) / g.tap_step[d] + 1;
+      r.o0 = v / g.d.stride[d];
+      r.count = (g.d.kernel[d] - 1 - t) / g.tap_step[d] + 1;
       return r;
     }
   }
@@ -53,9 +54,9 @@ __device__ __forceinline__ TapRun tap_run(const GatherGeometry& g, int d, int32_
 // rather than one element per row. Taps in a fixed order: deterministic.
 __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __restrict__ cols,
                                       const GatherGeometry g, bool channels_last) {
-  const int64_t V = int64_t(g.in[0]) * g.in[1] * g.in[2], P = int64_t(g.out[0]) * g.out[1] * g.out[2];
+  const int64_t V = int64_t(g.d.in[0]) * g.d.in[1] * g.d.in[2], P = int64_t(g.d.out[0]) * g.d.out[1] * g.d.out[2];
   const int64_t pixels = g.N * P;  // the columns' row length
-  const int32_t kvol = g.kernel[0] * g.kernel[1] * g.kernel[2];
+  const int32_t kvol = g.d.kernel[0] * g.d.kernel[1] * g.d.kernel[2];
   const int64_t total = g.N * g.C * V;
   TG_GRID_STRIDE(i, total) {
     int64_t n, c, q;
@@ -68,22 +69,22 @@ __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __res
       c = (i / V) % g.C;
       n = i / (V * g.C);
     }
-    const int32_t qx = int32_t(q % g.in[2]), qy = int32_t((q / g.in[2]) % g.in[1]);
-    const int32_t qz = int32_t(q / (int64_t(g.in[2]) * g.in[1]));
+    const int32_t qx = int32_t(q % g.d.in[2]), qy = int32_t((q / g.d.in[2]) % g.d.in[1]);
+    const int32_t qz = int32_t(q / (int64_t(g.d.in[2]) * g.d.in[1]));
     const TapRun rz = tap_run(g, 0, qz), ry = tap_run(g, 1, qy), rx = tap_run(g, 2, qx);
     const float* base = cols + c * kvol * pixels + n * P;
     float acc = 0.f;
     for (int32_t iz = 0; iz < rz.count; ++iz) {
       const int32_t oz = rz.o0 - iz * g.out_step[0], tz = rz.t0 + iz * g.tap_step[0];
-      if (uint32_t(oz) >= uint32_t(g.out[0])) continue;
+      if (uint32_t(oz) >= uint32_t(g.d.out[0])) continue;
       for (int32_t iy = 0; iy < ry.count; ++iy) {
         const int32_t oy = ry.o0 - iy * g.out_step[1], ty = ry.t0 + iy * g.tap_step[1];
-        if (uint32_t(oy) >= uint32_t(g.out[1])) continue;
+        if (uint32_t(oy) >= uint32_t(g.d.out[1])) continue;
         for (int32_t ix = 0; ix < rx.count; ++ix) {
           const int32_t ox = rx.o0 - ix * g.out_step[2], tx = rx.t0 + ix * g.tap_step[2];
-          if (uint32_t(ox) >= uint32_t(g.out[2])) continue;
-          const int64_t o = (int64_t(oz) * g.out[1] + oy) * g.out[2] + ox;
-          const int32_t t = (tz * g.kernel[1] + ty) * g.kernel[2] + tx;
+          if (uint32_t(ox) >= uint32_t(g.d.out[2])) continue;
+          const int64_t o = (int64_t(oz) * g.d.out[1] + oy) * g.d.out[2] + ox;
+          const int32_t t = (tz * g.d.kernel[1] + ty) * g.d.kernel[2] + tx;
           acc += base[int64_t(t) * pixels + o];
         }
       }
@@ -93,7 +94,8 @@ __global__ void gather_columns_kernel(float* __restrict__ dx, const float* __res
 }
 
 GatherGeometry gather_geometry(const ConvShape& s) {
-  GatherGeometry g{conv_dims32(s)};
+  GatherGeometry g{};
+  g.d = conv_dims32(s);
   g.C = int32_t(s.C);
   g.N = s.N;
   for (int d = 0; d < 3; ++d) {
