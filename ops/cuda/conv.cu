@@ -200,8 +200,7 @@ bool few_channels_can_implement(const ConvProblem& p, const ConvOperands&) {
 bool few_channels_preferred(const ConvProblem& p, const ConvOperands& o) {
   if (!few_channels_can_implement(p, o) || p.shape.C > kFewMaxInputChannels || p.shape.kernel_volume() == 1)
     return false;
-  const int64_t pixels = p.shape.out[0] * p.shape.out[1] * p.shape.out[2];
-  return pixels < kFewMaxPixelsBeside3x3 || !conv3x3_applies(p.shape, p.precision);
+  return p.shape.out_volume() < kFewMaxPixelsBeside3x3 || !conv3x3_applies(p.shape, p.precision);
 }
 void few_channels_run(const ConvProblem& p, const ConvOperands& o) {
   few_channels_conv_forward(o.out, o.x, o.w, o.b, p.shape);
