@@ -1,6 +1,7 @@
 // Helpers shared by the tests of the engine's TMA convolution kernel (test_conv_tma_cuda.cpp,
-// test_conv_tma_quads_cuda.cpp): a case, the tolerances by precision, the f64 reference copy,
-// and the check that the GPU runs the kernel at all.
+// test_conv_tma_quads_cuda.cpp) and of its few-channel grad-input (test_dgrad_columns_cuda.cpp):
+// a case, the tolerances by precision, the f64 reference copy, and the check that the GPU runs
+// the kernel at all.
 #pragma once
 #include <cstddef>
 #include <string>

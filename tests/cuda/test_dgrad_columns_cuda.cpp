@@ -10,45 +10,26 @@
 #include <string>
 #include <vector>
 
-#include "common/test_util.h"
-#include "ops/cpu/conv.h"
-#include "ops/cuda/gemm/engine.h"
+#include "common/conv_tma_util.h"
+#include "common/cuda_compare.h"
 
 using namespace tg;
 using namespace tg::test;
+using namespace tg::test::conv_tma;  // kGpu, the tolerances, ConvCase, Variant, kPrecisions
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-
-double tolerance(Precision p) { return p == Precision::FP32 ? 1e-5 : 1e-3; }
-const char* name_of(Precision p) { return p == Precision::FP32 ? "fp32" : "tf32"; }
-
-Tensor poisoned(const Shape& s) {
-  Tensor t = Tensor::empty(s, {.dtype = DType::f32, .device = kGpu});
-  poison(t);
-  return t;
-}
-
-Tensor ref(const Tensor& t) { return t.detach().cpu().to(DType::f64); }
 
 // Frees NaN-filled memory of the pass's scratch size (the weights and dy as padded rows, the
 // columns) just before it runs: the stream-ordered pool is likely to hand it back as that
 // scratch, so a pad left unwritten (not zero) shows as NaN in dx rather than passing by chance.
 void litter_pool(const ConvShape& s) {
   const int64_t red = s.K + 3, pixels = s.N * s.out_volume(), cols = s.C * s.kernel_volume();
-  Tensor litter = poisoned({pixels * red + cols * red + cols * pixels});
+  Tensor litter = poisoned_gpu({pixels * red + cols * red + cols * pixels});
 }
-
-struct ColumnsCase {
-  const char* name;
-  Shape x, w;  // x in the layout of p
-  ConvParams p;
-};
 
 // N*P (the product's column count) is odd in every case but the last (a multiple of 4, so the
 // TMA kernel may store whole tiles of the columns); the name gives C <- K.
-std::vector<ColumnsCase> columns_cases() {
+std::vector<ConvCase> columns_cases() {
   return {
       {"NCHW stem 7x7 s2 p3, 3 <- 5 (147 columns)", {3, 3, 13, 13}, {5, 3, 7, 7}, {.stride = {2}, .padding = {3}}},
       {"NCHW 3x3 d2 p2, 1 <- 13", {1, 1, 17, 19}, {13, 1, 3, 3}, {.padding = {2}, .dilation = {2}}},
@@ -70,10 +51,7 @@ std::vector<ColumnsCase> columns_cases() {
   };
 }
 
-struct Variant {
-  const char* name;
-  cuda::EnginePolicy policy;
-};
+// The products' kernels and tilings, auto and forced.
 const Variant kVariants[] = {
     {"auto", {}},
     {"TMA matmul where it applies", {.tile = 128, .splits = 1, .arch = 90}},
@@ -85,23 +63,22 @@ const Variant kVariants[] = {
     {"mma.sync 64x64 split 2", {.tile = 64, .splits = 2, .arch = 80}},
     {"128x16", {.tile = 16, .splits = 1}},
 };
-const Precision kPrecisions[] = {Precision::FP32, Precision::TF32};
 
 TEST(DgradColumns, MatchesF64ReferenceInBothLayoutsAndPrecisions) {
   TG_REQUIRE_GPU();
-  for (const ColumnsCase& c : columns_cases()) {
+  for (const ConvCase& c : columns_cases()) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
     ASSERT_LE(s.C, 8) << c.name;
     ASSERT_GT(s.kernel_volume(), 1) << c.name;
     ASSERT_TRUE(cuda::engine_conv_can_implement(s, DType::f32)) << c.name;
     Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
     Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    cpu::conv_grad_input(dx_ref, ref_of(dy), ref_of(w), s);
     for (Precision prec : kPrecisions) {
       // The columns pass is not the TMA convolution kernel, whatever its product runs on.
       EXPECT_FALSE(cuda::engine_conv_grad_input_uses_tma(s, dy, prec)) << c.name;
       for (const Variant& v : kVariants) {
-        Tensor dx = poisoned(c.x);
+        Tensor dx = poisoned_gpu(c.x);
         litter_pool(s);
         cuda::engine_conv_grad_input(dx, dy, w, s, prec, v.policy);
         EXPECT_LE(rel_l2(dx, dx_ref), tolerance(prec)) << c.name << ", " << name_of(prec) << ", " << v.name;
@@ -114,23 +91,23 @@ TEST(DgradColumns, MatchesF64ReferenceInBothLayoutsAndPrecisions) {
 // order: right, and the same bits every run, in both layouts.
 TEST(DgradColumns, SplitProductIsDeterministic) {
   TG_REQUIRE_GPU();
-  const ColumnsCase cases[] = {
+  const ConvCase cases[] = {
       {"NCHW stem 7x7 s2 p3, 3 <- 100", {3, 3, 13, 13}, {100, 3, 7, 7}, {.stride = {2}, .padding = {3}}},
       {"NHWC 5x5 s3 d2 p3, 8 <- 97", {3, 16, 17, 8}, {97, 8, 5, 5},
        {.stride = {3}, .padding = {3}, .dilation = {2}, .layout = Layout::NHWC}},
   };
   const cuda::EnginePolicy policies[] = {
       {}, {.tile = 128, .splits = 3, .arch = 90}, {.tile = 64, .splits = 3, .arch = 80}};
-  for (const ColumnsCase& c : cases) {
+  for (const ConvCase& c : cases) {
     const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
     Tensor w = random(c.w, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
     Tensor dx_ref = Tensor::empty(c.x, {.dtype = DType::f64});
-    cpu::conv_grad_input(dx_ref, ref(dy), ref(w), s);
+    cpu::conv_grad_input(dx_ref, ref_of(dy), ref_of(w), s);
     for (Precision prec : kPrecisions)
       for (const cuda::EnginePolicy& policy : policies) {
         const std::string where = std::string(c.name) + ", " + name_of(prec) + ", splits " +
                                   std::to_string(policy.splits) + ", arch " + std::to_string(policy.arch);
-        Tensor first = poisoned(c.x), second = poisoned(c.x);
+        Tensor first = poisoned_gpu(c.x), second = poisoned_gpu(c.x);
         cuda::engine_conv_grad_input(first, dy, w, s, prec, policy);
         cuda::engine_conv_grad_input(second, dy, w, s, prec, policy);
         EXPECT_LE(rel_l2(first, dx_ref), tolerance(prec)) << where;
