@@ -2,6 +2,7 @@
 // CMake): conv_routing_probe.cu sweeps ordinary shapes, tiny_conv_probe.cu small training steps'.
 #pragma once
 #include <cstdio>
+#include <span>
 #include <string>
 
 #include "core/cuda_context.h"
@@ -85,6 +86,32 @@ inline bool time_rows(const char* label, const ConvShape& s, const Pass& pass, P
   std::printf("%s %s %s: default %s |%s%s\n", label, pass.name, precision == Precision::FP32 ? "fp32" : "tf32",
               chosen.c_str(), line.c_str(), miss ? ("  MISS (best " + best_row + ")").c_str() : "");
   return miss;
+}
+
+// A probe's problem: x and w shapes in the layout of p.
+struct Problem {
+  const char* name;
+  Shape x, w;
+  ConvParams p;
+};
+
+// time_rows on every problem, at TF32 and FP32, for each of `passes`; then the count of
+// problems routed more than 10% slower than their best row. Returns the probe's exit status
+// (0 unless the GPU reported an error).
+inline int time_problems(std::span<const Problem> problems, std::span<const Pass> passes, bool direct) {
+  int misses = 0, count = 0;
+  for (const Problem& pr : problems) {
+    const ConvShape s = make_conv_shape("probe", pr.x, pr.w, pr.p);
+    for (Precision precision : {Precision::TF32, Precision::FP32})
+      for (const Pass& pass : passes) {
+        misses += time_rows(pr.name, s, pass, precision, direct);
+        ++count;
+      }
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("probe done: %d of %d problems routed more than 10%% slower than the best row (%s)\n", misses, count,
+              e == cudaSuccess ? "no error" : cudaGetErrorString(e));
+  return e == cudaSuccess ? 0 : 1;
 }
 
 }  // namespace conv_rows

@@ -5,21 +5,10 @@
 // MISS where another row is more than 10% faster.
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
-#include <cstdio>
-
 #include "conv_rows.h"
 
-namespace {
-
+using conv_rows::Problem;
 using namespace tg;
-
-struct Problem {
-  const char* name;
-  Shape x, w;
-  ConvParams p;
-};
-
-}  // namespace
 
 int main() {
   const Layout NHWC = Layout::NHWC;
@@ -42,16 +31,5 @@ int main() {
       {"3x3 8->64 @64 b16", {16, 8, 64, 64}, {64, 8, 3, 3}, {.padding = {1}}},
       {"3x3 16->64 @64 b16", {16, 16, 64, 64}, {64, 16, 3, 3}, {.padding = {1}}},
   };
-  int misses = 0, count = 0;
-  for (const Problem& pr : problems) {
-    const ConvShape s = make_conv_shape("probe", pr.x, pr.w, pr.p);
-    for (Precision precision : {Precision::TF32, Precision::FP32}) {
-      misses += conv_rows::time_rows(pr.name, s, conv_rows::kPasses[0], precision, /*direct=*/false);
-      ++count;
-    }
-  }
-  const cudaError_t e = cudaDeviceSynchronize();
-  std::printf("probe done: %d of %d problems routed more than 10%% slower than the best row (%s)\n", misses, count,
-              e == cudaSuccess ? "no error" : cudaGetErrorString(e));
-  return e == cudaSuccess ? 0 : 1;
+  return conv_rows::time_problems(problems, std::span(conv_rows::kPasses, 1), /*direct=*/false);
 }

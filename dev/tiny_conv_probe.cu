@@ -10,21 +10,10 @@
 // batch 8 and 32, and a few more of the kind (8x8 and 32x32 images, 3 to 64 channels).
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
-#include <cstdio>
-
 #include "conv_rows.h"
 
-namespace {
-
+using conv_rows::Problem;
 using namespace tg;
-
-struct Problem {
-  const char* name;
-  Shape x, w;
-  ConvParams p;
-};
-
-}  // namespace
 
 int main() {
   const Problem problems[] = {
@@ -37,17 +26,5 @@ int main() {
       {"b32: 3->16 3x3 @32", {32, 3, 32, 32}, {16, 3, 3, 3}, {.padding = {1}}},
       {"b16: 64->64 3x3 @8", {16, 64, 8, 8}, {64, 64, 3, 3}, {.padding = {1}}},
   };
-  int misses = 0, count = 0;
-  for (const Problem& pr : problems) {
-    const ConvShape s = make_conv_shape("probe", pr.x, pr.w, pr.p);
-    for (Precision precision : {Precision::TF32, Precision::FP32})
-      for (const conv_rows::Pass& pass : conv_rows::kPasses) {
-        misses += conv_rows::time_rows(pr.name, s, pass, precision, /*direct=*/true);
-        ++count;
-      }
-  }
-  const cudaError_t e = cudaDeviceSynchronize();
-  std::printf("probe done: %d of %d problems routed more than 10%% slower than the best row (%s)\n", misses, count,
-              e == cudaSuccess ? "no error" : cudaGetErrorString(e));
-  return e == cudaSuccess ? 0 : 1;
+  return conv_rows::time_problems(problems, conv_rows::kPasses, /*direct=*/true);
 }
