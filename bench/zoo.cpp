@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
     kernels.engine.arch = static_cast<int>(args.get_int("engine-arch", 0));      // 0, 80 (mma.sync) or 90
     kernels.engine.blocks_per_sm = static_cast<int>(args.get_int("engine-blocks-per-sm", 0));  // 0, 1 or 2 (TMA kernel)
     kernels.engine.wgrad_columns = static_cast<int>(args.get_int("engine-wgrad-columns", 0));  // 0, 1 or -1
+    kernels.engine.wgrad_shifted = static_cast<int>(args.get_int("engine-wgrad-shifted", 0));  // 0, 1 or -1
     kernels.engine.tma_store = static_cast<int>(args.get_int("engine-tma-store", 0));  // 0 or -1
     kernels.engine.fp32_tma = static_cast<int>(args.get_int("engine-fp32-tma", 0));    // 0 or -1
     kernels.engine.tma_quads = static_cast<int>(args.get_int("engine-tma-quads", 0));  // 0, 1 or -1
@@ -203,7 +204,8 @@ int main(int argc, char** argv) {
                 "[--model-tol-tf32 X] [--model-tol-bf16 X] [--model-grad-tol-bf16 X] "
                 "[--model-grad-tol-fp32 X] [--model-grad-tol-tf32 X] [--model-batch N] [--model-files PREFIX] "
                 "[--device cuda[:N]] [--policy auto|engine] [--engine-tile 0|128|64|16] [--engine-splits N] [--engine-arch 0|80|90] "
-                "[--engine-blocks-per-sm 0|1|2] [--engine-wgrad-columns 0|1|-1] [--engine-tma-store 0|-1] "
+                "[--engine-blocks-per-sm 0|1|2] [--engine-wgrad-columns 0|1|-1] [--engine-wgrad-shifted 0|1|-1] "
+                "[--engine-tma-store 0|-1] "
                 "[--engine-fp32-tma 0|-1] [--engine-tma-quads 0|1|-1]");
     for (const auto& p : precisions)
       TG_CHECK(p == "fp32" || p == "tf32" || p == "bf16", "--precision: fp32, tf32 and/or bf16; got ", p);

@@ -276,7 +276,8 @@ TEST(ConvTma, SplitStridedGradInputIsBitReproducible) {
 }
 
 // Grad-weight: dy and the input's columns written out with the pixels contiguous, then the
-// TMA product; the pixel count is not a multiple of 4 in most cases (padded rows).
+// TMA product; the pixel count is not a multiple of 4 in most cases (padded rows). The shifted
+// rows that stride-1 problems may take instead are off here (test_conv_wgrad_shifted_cuda.cpp).
 TEST(ConvTma, GradWeightMatchesF64Reference) {
   TG_REQUIRE_TMA();
   const ConvCase cases[] = {
@@ -302,10 +303,12 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
     for (Precision prec : kPrecisions)
       for (const Variant& v : kVariants) {
         const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
+        cuda::EnginePolicy columns = v.policy;
+        columns.wgrad_shifted = -1;
         Tensor dw = Tensor::empty(c.w, {.device = kGpu});
-        ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, prec, v.policy)) << where;
+        ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, prec, columns)) << where;
         poison(dw);
-        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, v.policy);
+        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, columns);
         EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where;
       }
   }
@@ -320,16 +323,16 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
       Tensor first = Tensor::empty(s.w_shape(), {.device = kGpu}), second = Tensor::empty(s.w_shape(), {.device = kGpu});
       poison(first);
       poison(second);
-      cuda::engine_conv_grad_weight(first, dy, x, s, prec, {.splits = splits});
-      cuda::engine_conv_grad_weight(second, dy, x, s, prec, {.splits = splits});
+      cuda::engine_conv_grad_weight(first, dy, x, s, prec, {.splits = splits, .wgrad_shifted = -1});
+      cuda::engine_conv_grad_weight(second, dy, x, s, prec, {.splits = splits, .wgrad_shifted = -1});
       EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << name_of(prec) << ", splits " << splits;
       EXPECT_LE(rel_l2(first, dw_ref), tolerance(prec)) << name_of(prec) << ", splits " << splits;
     }
-  // Fewer output channels than the columns pay for: the cp.async kernel.
+  // Fewer output channels than the columns pay for (the shifted rows off): the cp.async kernel.
   for (const Shape& w_shape : {Shape{48, 16, 3, 3}, Shape{16, 4, 3, 3}}) {
     const ConvShape few = make_conv_shape("test", {2, w_shape[1], 8, 8}, w_shape, {.padding = {1}});
     EXPECT_FALSE(cuda::engine_conv_grad_weight_uses_tma(few, Tensor::empty(few.w_shape(), {.device = kGpu}),
-                                                        Precision::TF32))
+                                                        Precision::TF32, {.wgrad_shifted = -1}))
         << w_shape;
   }
   // The policy overrides that rule both ways; forced onto few output channels, the columns

@@ -12,6 +12,7 @@
 #include "core/cuda_context.h"
 #include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/arch/int_math.h"
+#include "ops/cuda/gemm/columns.cuh"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda::engine {
@@ -25,85 +26,6 @@ constexpr int64_t kMaxColumnFloats = int64_t(1) << 28;
 // 1.11 -> 0.88, Conv3d 128 at 16^3 0.39 -> 0.32), and where the reduction's other side is
 // narrow (C * kvol <= 64: a stem with one input channel) from K 32.
 constexpr int64_t kMinOutputChannels = 64, kMinOutputChannelsNarrow = 32, kNarrowColumns = 64;
-
-// Input pixel of output pixel r (< N * P) at tap offsets (dz, dy, dx): its offset inside
-// image n (-1 in the padding), and n.
-__device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, int32_t dz, int32_t dy, int32_t dx,
-                                             uint32_t& n) {
-  uint32_t p;
-  g.div_out_volume.divmod(r, n, p);
-  int32_t od, oh, ow;
-  g.unravel_out(p, od, oh, ow);
-  const int32_t iw = ow * g.stride[2] - g.pad[2] + dx;
-  const int32_t ih = oh * g.stride[1] - g.pad[1] + dy;
-  const int32_t id = od * g.stride[0] - g.pad[0] + dz;
-  if (iw < 0 || iw >= g.in[2] || ih < 0 || ih >= g.in[1] || id < 0 || id >= g.in[0]) return -1;
-  return (int64_t(id) * g.in[1] + ih) * g.in[2] + iw;
-}
-
-// Channels-first x: cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len.
-// One row j per blockIdx.y (its channel and tap decoded once), threads along r: reads run
-// along the input row, writes are coalesced. Each thread takes several r (the grid is sized
-// for it): per-thread setup would otherwise cost more than the copy. 32-bit unsigned indices:
-// row_len fits int32, and a stride past it cannot wrap.
-// T: float, or uint16_t (bf16 bit patterns, copied as they are; zeros +0).
-template <class T>
-__global__ void columns_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g, uint32_t row_len,
-                               int64_t rows) {
-  const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
-  for (int64_t j = blockIdx.y; j < rows; j += gridDim.y) {
-    uint32_t c, t;
-    g.div_kernel_volume.divmod(uint32_t(j), c, t);
-    int32_t dz, dy, dx;
-    g.tap_offsets(t, dz, dy, dx);
-    T* out = cols + j * row_len;
-    for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
-      T v = T(0);
-      if (r < pixels) {
-        uint32_t n;
-        const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
-        if (pixel >= 0) v = x[(int64_t(n) * g.C + c) * g.in_volume + pixel];
-      }
-      out[r] = v;
-    }
-  }
-}
-
-// Channels-last x: the same columns through a 32 x 32 shared tile per (32 pixels, 32
-// channels, tap), so that reads run along the channels and writes along the pixels (a direct
-// gather would read one float per C * 4 bytes). 32 x 8 threads.
-constexpr int kColumnsTile = 32, kColumnsTileRows = 8;
-template <class T>
-__global__ void columns_channels_last_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g,
-                                             uint32_t row_len, int32_t kvol) {
-  __shared__ T tile[kColumnsTile][kColumnsTile + 1];
-  const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
-  const int lane = threadIdx.x, row = threadIdx.y;
-  for (int32_t t = blockIdx.z; t < kvol; t += gridDim.z) {
-    int32_t dz, dy, dx;
-    g.tap_offsets(uint32_t(t), dz, dy, dx);
-    for (int32_t c0 = blockIdx.y * kColumnsTile; c0 < g.C; c0 += gridDim.y * kColumnsTile) {
-      for (uint32_t r0 = blockIdx.x * kColumnsTile; r0 < row_len; r0 += gridDim.x * kColumnsTile) {
-        for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // tile[pixel][channel]
-          const uint32_t r = r0 + i;
-          T v = T(0);
-          if (r < pixels && c0 + lane < g.C) {
-            uint32_t n;
-            const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
-            if (pixel >= 0) v = x[(int64_t(n) * g.in_volume + pixel) * g.C + c0 + lane];
-          }
-          tile[i][lane] = v;
-        }
-        __syncthreads();
-        for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // cols[channel c0 + i][pixel]
-          const uint32_t r = r0 + lane;
-          if (c0 + i < g.C && r < row_len) cols[(int64_t(c0 + i) * kvol + t) * row_len + r] = tile[lane][i];
-        }
-        __syncthreads();
-      }
-    }
-  }
-}
 
 // out[k][n * P + p] = dy[n][k][p] (channels-first dy), zeros up to row_len: one row k per
 // blockIdx.y, threads along the row, several r each (as columns_kernel).
@@ -122,12 +44,6 @@ __global__ void gather_dy_kernel(T* __restrict__ out, const T* __restrict__ dy, 
       out[k * row_len + r] = v;
     }
   }
-}
-
-// Blocks along a row of row_len floats for the row kernels above: about 8 floats per thread.
-unsigned row_blocks(int64_t row_len) {
-  constexpr int64_t kPerThread = 8;
-  return static_cast<unsigned>(std::clamp<int64_t>((row_len + kThreads * kPerThread - 1) / (kThreads * kPerThread), 1, 1024));
 }
 
 // Rows of whole 16 bytes: 4 floats, 8 bf16.
@@ -167,19 +83,7 @@ void wgrad_columns(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
   }
   Tensor cols = Tensor::empty({col_rows * row_len}, rows_type);
   T* cols_out = static_cast<T*>(cols.raw_data());
-  if (s.channels_last()) {
-    const int64_t pixel_tiles = (row_len + kColumnsTile - 1) / kColumnsTile;
-    const int64_t channel_tiles = (s.C + kColumnsTile - 1) / kColumnsTile;
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(pixel_tiles, 2048)),
-                    static_cast<unsigned>(std::min<int64_t>(channel_tiles, 65535)),
-                    static_cast<unsigned>(std::min<int64_t>(s.kernel_volume(), 65535)));
-    columns_channels_last_kernel<T><<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, st>>>(
-        cols_out, x, geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()));
-  } else {
-    const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
-    columns_kernel<T><<<grid, kThreads, 0, st>>>(cols_out, x, geometry(s), uint32_t(row_len), col_rows);
-  }
-  TG_LAUNCH_CHECK();
+  write_columns(cols_out, x, s, row_len, st);
 
   // dw (K, C * kvol) is the product's C[m][n] with m = k and n = column c * kvol + t; with 64
   // or fewer output channels the product is taken transposed (m = column, n = k), so that the
@@ -207,20 +111,24 @@ void wgrad_columns(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
 }  // namespace
 
 bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
-  return wgrad_columns_fit<float>(s, dev, policy);
+  return conv_wgrad_shifted_applies(s, dev, policy, false) || wgrad_columns_fit<float>(s, dev, policy);
 }
 
 void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
                     const EnginePolicy& policy) {
+  if (conv_wgrad_shifted_applies(s, dw.device().index, policy, false))
+    return conv_wgrad_shifted(dw, dy, x, s, precision, policy);
   wgrad_columns<float>(dw, dy.data<float>(), x.data<float>(), s, precision, policy, launch_matmul_tma);
 }
 
 bool conv_wgrad_bf16_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy) {
-  return wgrad_columns_fit<uint16_t>(s, dev, policy);
+  return conv_wgrad_shifted_applies(s, dev, policy, true) || wgrad_columns_fit<uint16_t>(s, dev, policy);
 }
 
 void conv_wgrad_bf16_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                          const EnginePolicy& policy) {
+  if (conv_wgrad_shifted_applies(s, dw.device().index, policy, true))
+    return conv_wgrad_shifted(dw, dy, x, s, Precision::TF32, policy);
   wgrad_columns<uint16_t>(dw, bf16_bits(dy), bf16_bits(x), s, Precision::TF32, policy, launch_matmul_tma_bf16);
 }
 

@@ -152,6 +152,13 @@ bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Prec
          engine_conv_can_implement(s, DType::f32) && engine::conv_wgrad_tma_applies(s, dw.device().index, policy);
 }
 
+bool engine_conv_grad_weight_uses_shifted_rows(const ConvShape& s, const Tensor& dw, Precision precision,
+                                               bool bf16_operands, const EnginePolicy& policy) {
+  const bool tma = bf16_operands ? engine_conv_grad_weight_bf16_uses_tma(s, dw, policy)
+                                 : engine_conv_grad_weight_uses_tma(s, dw, precision, policy);
+  return tma && engine::conv_wgrad_shifted_applies(s, dw.device().index, policy, bf16_operands);
+}
+
 void engine_conv_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                          Precision precision, const EnginePolicy& policy) {
   TG_CHECK(engine_conv_can_implement(s, y.dtype()), "engine_conv_forward: problem x ", s.x_shape(), ", w ",

@@ -23,6 +23,9 @@ struct EnginePolicy {
   int blocks_per_sm = 0;  // the TMA kernels' 128-wide tiles: 0 by problem size; 1 or 2
   int wgrad_columns = 0;  // grad-weight over written-out columns (Hopper): 0 by output
                           // channels; 1 wherever the columns fit; -1 never
+  int wgrad_shifted = 0;  // stride-1 grad-weight over shifted rows instead of columns (Hopper,
+                          // conv_wgrad_shifted_sm90.cu): 0 where the padded grid wastes little;
+                          // 1 wherever it applies; -1 never
   int fp32_tma = 0;       // FP32 products on the TMA kernel (split TF32, docs/kernels/gemm_tma.md):
                           // 0 wherever the TF32 ones would run there; -1 never
   int tma_quads = 0;      // the TMA convolution kernels' k-tiles as (tap, 4-channel quad) pairs:
@@ -58,6 +61,11 @@ bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Preci
 // when C * kvol <= 64; columns within 1 GiB).
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy = {});
+// Whether that TMA grad-weight (of f32 operands, or of bf16 ones: engine_conv_grad_weight_bf16)
+// reads shifted rows of the padded input instead of written-out columns: stride 1, 16+ input
+// channels, and (policy 0) a padded grid at most 1.6x the output pixels.
+bool engine_conv_grad_weight_uses_shifted_rows(const ConvShape& s, const Tensor& dw, Precision precision,
+                                               bool bf16_operands, const EnginePolicy& policy = {});
 
 // Same contracts as tg::cuda::conv_forward / conv_grad_input / conv_grad_weight / gemm:
 // outputs fully overwritten, ordered on the device's framework stream.

@@ -107,9 +107,18 @@ bool conv_wgrad_tma_applies(const ConvShape& s, int dev, const EnginePolicy& pol
 void conv_wgrad_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
                     const EnginePolicy& policy);
 // The same over bf16 dy and x (bf16 rows and columns, BF16 products; dw f32).
+// Both run the shifted-rows product below where it applies.
 bool conv_wgrad_bf16_tma_applies(const ConvShape& s, int dev, const EnginePolicy& policy);
 void conv_wgrad_bf16_tma(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s,
                          const EnginePolicy& policy);
+
+// Stride-1 grad-weight over shifted rows of the padded input (conv_wgrad_shifted_sm90.cu):
+// whether it serves this problem (16+ input channels, copies within 1 Gi elements, and unless
+// policy.wgrad_shifted is 1 a padded grid that wastes little), and the pass (TF32 or FP32 for
+// f32 dy and x, BF16 products for bf16 ones; dw f32).
+bool conv_wgrad_shifted_applies(const ConvShape& s, int dev, const EnginePolicy& policy, bool bf16);
+void conv_wgrad_shifted(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
+                        const EnginePolicy& policy);
 
 // The grad-input of s as the forward problem that computes it (stride 1, padding at most the
 // dilated kernel's reach in every dim); false where there is none.

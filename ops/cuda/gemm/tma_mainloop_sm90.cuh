@@ -5,6 +5,7 @@
 // (conv_fprop_sm90_tma.cu). A `Producer` says where each k-tile's two boxes come from:
 //   void prefetch() const;                                   // warm the tensor maps
 //   Cursor start(k_tile, m0) const;                          // the block's first k-tile
+//                                                            // (or start(k_tile, m0, n0))
 //   void load(a_dst, b_dst, bar, cursor, k_tile, n0) const;  // ask for both boxes
 //   void advance(Cursor&) const;                             // on to the next k-tile
 // The one producer thread issues every request of the block, so whatever it computes per
@@ -195,6 +196,14 @@ __device__ __forceinline__ void consume_split(float (&acc)[kBN / 2], unsigned ch
   }
 }
 
+// The producer's cursor for the block's first k-tile: producers whose B boxes depend on the
+// tile's columns take n0 too.
+template <class Producer>
+__device__ __forceinline__ auto start_cursor(const Producer& producer, int32_t k_tile, int32_t m0, int32_t n0) {
+  if constexpr (requires { producer.start(k_tile, m0, n0); }) return producer.start(k_tile, m0, n0);
+  else return producer.start(k_tile, m0);
+}
+
 template <int kBN, int kBlocksPerSm, class Producer, bool kSplit>
 __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit>::kBlocksPerSm)
     tma_wgmma_kernel(const __grid_constant__ Producer producer, const MainloopArgs args,
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(kTmaThreads, TmaTile<kBN, kBlocksPerSm, kSplit
   if (warp == kTmaConsumerThreads / 32) {
     if (lane == 0) {
       producer.prefetch();
-      auto cursor = producer.start(kt_begin, m0);
+      auto cursor = start_cursor(producer, kt_begin, m0, n0);
       for (int32_t i = 0; i < count; ++i) {
         const int s = i % kStages;
         const uint32_t use = uint32_t(i / kStages);
