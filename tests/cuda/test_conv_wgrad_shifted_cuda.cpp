@@ -110,9 +110,9 @@ TEST(ConvWgradShifted, SplitReductionsGiveTheSameBitsEveryRun) {
     }
 }
 
-// Which problems it takes: stride 1 and 16+ input channels only; by default where the padded
-// grid pads the output pixels by at most 1.6x and there are 32+ output channels; never past its
-// index and copy limits; never when the policy says -1.
+// Which problems it takes: stride 1 and 16+ input channels only; by default 32+ output channels
+// and a padded grid of at most 1.2x the output pixels (1.45x with 25+ taps, 1.3x up to 256
+// input channels); never past its index and copy limits; never when the policy says -1.
 TEST(ConvWgradShifted, TakesStrideOneProblemsWithinItsRule) {
   TG_REQUIRE_TMA();
   auto takes = [](const Shape& x, const Shape& w, const ConvParams& p, const cuda::EnginePolicy& policy = {}) {
@@ -124,6 +124,9 @@ TEST(ConvWgradShifted, TakesStrideOneProblemsWithinItsRule) {
   EXPECT_TRUE(takes({2, 64, 32, 32}, {64, 64, 3, 3}, {.padding = {1}}));  // grid 34^2 / 32^2 = 1.13
   EXPECT_FALSE(takes({2, 64, 8, 8, 8}, {64, 64, 3, 3, 3}, {.padding = {1}}));  // 1000 / 512 = 1.95
   EXPECT_FALSE(takes({2, 64, 4, 4}, {64, 64, 3, 3}, {.padding = {1}}));  // 36 / 16 = 2.25
+  EXPECT_TRUE(takes({2, 128, 16, 16, 16}, {128, 128, 3, 3, 3}, {.padding = {1}}));  // 1.42 with 27 taps
+  EXPECT_TRUE(takes({2, 256, 16, 16}, {256, 256, 3, 3}, {.padding = {1}}));        // 1.27, 256 channels
+  EXPECT_FALSE(takes({2, 384, 16, 16}, {384, 384, 3, 3}, {.padding = {1}}));       // 1.27, 384 channels
   EXPECT_TRUE(takes({2, 64, 4, 4}, {64, 64, 3, 3}, {.padding = {1}}, forced));
   EXPECT_FALSE(takes({2, 64, 32, 32}, {16, 64, 3, 3}, {.padding = {1}}));  // 16 output channels
   EXPECT_TRUE(takes({2, 64, 32, 32}, {16, 64, 3, 3}, {.padding = {1}}, forced));

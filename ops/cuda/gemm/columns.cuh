@@ -27,6 +27,27 @@ __device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, 
   return (int64_t(id) * g.in[1] + ih) * g.in[2] + iw;
 }
 
+// Where the columns go: copy 0 is the columns themselves; each further copy j (the shifted-rows
+// grad-weight's, conv_wgrad_shifted_sm90.cu) is the same flat array read from element
+// residue[j] on, copy_j[m] = copy_0[m + residue[j]], its last residue[j] elements zeros. Each
+// element is written to every copy as it is computed: one pass instead of a copy per copy.
+struct ColumnCopies {
+  static constexpr int kMaxCopies = 8;
+  int32_t count = 1;
+  int32_t residue[kMaxCopies] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t copy_elements = 0;  // elements per copy
+
+  template <class T>
+  __device__ __forceinline__ void store(T* cols, int64_t i, T v) const {
+    cols[i] = v;
+    for (int j = 1; j < count; ++j) {
+      T* copy = cols + j * copy_elements;
+      if (i >= residue[j]) copy[i - residue[j]] = v;
+      else copy[copy_elements - residue[j] + i] = T(0);  // the first residue[j] elements zero the tail
+    }
+  }
+};
+
 // Channels-first x: cols[j = c * kvol + t][r = n * P + p] for r < N * P, zeros up to row_len.
 // One row j per blockIdx.y (its channel and tap decoded once), threads along r: reads run
 // along the input row, writes are coalesced. Each thread takes several r (the grid is sized
@@ -35,14 +56,13 @@ __device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, 
 // T: float, or uint16_t (bf16 bit patterns, copied as they are; zeros +0).
 template <class T>
 __global__ void columns_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g, uint32_t row_len,
-                               int64_t rows) {
+                               int64_t rows, ColumnCopies copies) {
   const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   for (int64_t j = blockIdx.y; j < rows; j += gridDim.y) {
     uint32_t c, t;
     g.div_kernel_volume.divmod(uint32_t(j), c, t);
     int32_t dz, dy, dx;
     g.tap_offsets(t, dz, dy, dx);
-    T* out = cols + j * row_len;
     for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < row_len; r += gridDim.x * blockDim.x) {
       T v = T(0);
       if (r < pixels) {
@@ -50,7 +70,7 @@ __global__ void columns_kernel(T* __restrict__ cols, const T* __restrict__ x, Co
         const int64_t pixel = tap_pixel(g, r, dz, dy, dx, n);
         if (pixel >= 0) v = x[(int64_t(n) * g.C + c) * g.in_volume + pixel];
       }
-      out[r] = v;
+      copies.store(cols, j * row_len + r, v);
     }
   }
 }
@@ -61,7 +81,7 @@ __global__ void columns_kernel(T* __restrict__ cols, const T* __restrict__ x, Co
 constexpr int kColumnsTile = 32, kColumnsTileRows = 8;
 template <class T>
 __global__ void columns_channels_last_kernel(T* __restrict__ cols, const T* __restrict__ x, ConvGeometry g,
-                                             uint32_t row_len, int32_t kvol) {
+                                             uint32_t row_len, int32_t kvol, ColumnCopies copies) {
   __shared__ T tile[kColumnsTile][kColumnsTile + 1];
   const uint32_t pixels = uint32_t(int64_t(g.N) * g.out_volume);
   const int lane = threadIdx.x, row = threadIdx.y;
@@ -83,7 +103,7 @@ __global__ void columns_channels_last_kernel(T* __restrict__ cols, const T* __re
         __syncthreads();
         for (int i = row; i < kColumnsTile; i += kColumnsTileRows) {  // cols[channel c0 + i][pixel]
           const uint32_t r = r0 + lane;
-          if (c0 + i < g.C && r < row_len) cols[(int64_t(c0 + i) * kvol + t) * row_len + r] = tile[lane][i];
+          if (c0 + i < g.C && r < row_len) copies.store(cols, (int64_t(c0 + i) * kvol + t) * row_len + r, tile[lane][i]);
         }
         __syncthreads();
       }
@@ -97,9 +117,11 @@ inline unsigned row_blocks(int64_t row_len) {
   return static_cast<unsigned>(std::clamp<int64_t>((row_len + kThreads * kPerThread - 1) / (kThreads * kPerThread), 1, 1024));
 }
 
-// cols (C * kvol rows of row_len) of s's input x, s's layout; on `stream`. row_len < 2^31.
+// cols (C * kvol rows of row_len) of s's input x, s's layout, and its shifted copies after it;
+// on `stream`. row_len < 2^31.
 template <class T>
-void write_columns(T* cols, const T* x, const ConvShape& s, int64_t row_len, cudaStream_t stream) {
+void write_columns(T* cols, const T* x, const ConvShape& s, int64_t row_len, cudaStream_t stream,
+                   const ColumnCopies& copies = {}) {
   if (s.channels_last()) {
     const int64_t pixel_tiles = (row_len + kColumnsTile - 1) / kColumnsTile;
     const int64_t channel_tiles = (s.C + kColumnsTile - 1) / kColumnsTile;
@@ -107,11 +129,11 @@ void write_columns(T* cols, const T* x, const ConvShape& s, int64_t row_len, cud
                     static_cast<unsigned>(std::min<int64_t>(channel_tiles, 65535)),
                     static_cast<unsigned>(std::min<int64_t>(s.kernel_volume(), 65535)));
     columns_channels_last_kernel<T><<<grid, dim3(kColumnsTile, kColumnsTileRows), 0, stream>>>(
-        cols, x, geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()));
+        cols, x, geometry(s), uint32_t(row_len), int32_t(s.kernel_volume()), copies);
   } else {
     const int64_t col_rows = s.C * s.kernel_volume();
     const dim3 grid(row_blocks(row_len), static_cast<unsigned>(std::min<int64_t>(col_rows, 65535)));
-    columns_kernel<T><<<grid, kThreads, 0, stream>>>(cols, x, geometry(s), uint32_t(row_len), col_rows);
+    columns_kernel<T><<<grid, kThreads, 0, stream>>>(cols, x, geometry(s), uint32_t(row_len), col_rows, copies);
   }
   TG_LAUNCH_CHECK();
 }

@@ -19,8 +19,9 @@
 // illegal instruction), and shift(t) mostly is not. So xp is kept in J copies, copy j shifted by
 // the residue res_j (one of the J distinct values of shift(t) mod 4 or 8 over the taps):
 // xs[j][c][r] = xp[c][r + res_j], and tap t reads copy j(t) from column shift(t) - res_j, a
-// whole number of 16 bytes. Copy 0 is written from x; the others are one flat device copy each
-// (a row's last columns then hold the next row's first ones, which only meet dyp's zeros). The
+// whole number of 16 bytes. The copies are flat shifts of copy 0, written in the same pass
+// (ColumnCopies): a row's last columns hold the next row's first ones, which only meet dyp's
+// zeros. The
 // copies cost J (V / P) |x| + (V / P) |dy| (J <= 4 for f32, <= 8 for bf16) against the columns'
 // kvol |x| (conv_wgrad_sm90_tma.cu); the product runs over N V positions instead of N P, so a
 // grid that pads the output by a large fraction (small images) wastes that fraction of the
@@ -111,10 +112,14 @@ constexpr int64_t kMinInputChannels = 16;  // fewer: most of each box would be p
 // Each copy (xp, dyp) may take at most this many elements; beyond, the columns or cp.async
 // kernels serve.
 constexpr int64_t kMaxCopyElements = int64_t(1) << 28;
-// Preferred where the grid pads the output pixels by at most this factor (the products' waste),
-// with 32+ output channels.
-constexpr double kMaxGridWaste = 1.6;
-constexpr int64_t kMinOutputChannels = 32;
+// Where it beats the columns (dev/wgrad_shifted_probe.cu, H200, TF32 time against the columns
+// product's): on 32x32 images and larger, 3-D volumes and 5x5 kernels (a grid at most 1.2x the
+// output pixels: 0.47-0.85, Conv3d 64 at 32^3 0.540 -> 0.255 ms); with 25+ taps up to 1.45x
+// (Conv3d 128 at 16^3: 0.73); at 16x16 (1.27x) up to 256 channels (128: 0.88, 256: 0.86) but not
+// 384 (1.16); not on 8x8 images (1.56x: 0.91-1.38) nor smaller. Fewer than 32 output channels are
+// the 3x3 / cp.async kernels' (the probe's sweep).
+constexpr double kGridWaste = 1.2, kGridWasteManyTaps = 1.45, kGridWasteNarrow = 1.3;
+constexpr int64_t kManyTaps = 25, kNarrowChannels = 256, kMinOutputChannels = 32;
 
 struct ShiftedGrid {
   int64_t extent[3] = {1, 1, 1};  // the padded input per dim
@@ -181,14 +186,19 @@ int group_rows_for(int64_t C, int tile_rows) {
   return 16;
 }
 
-// dw[k][c][t] from the (t, c)-ordered product: rows (t, c) x columns k, or the transpose.
-__global__ void tap_rows_to_weights(float* __restrict__ dw, const float* __restrict__ product, int32_t K, int32_t C,
-                                    int32_t taps, int32_t rows_per_tap, bool taps_on_rows) {
+// dw[k][c][t] from the (t, c)-ordered product's partial sums, added in split order (the same
+// bits every run): rows (t, c) x columns k, or the transpose.
+__global__ void tap_rows_to_weights(float* __restrict__ dw, const float* __restrict__ partials, int32_t splits,
+                                    int64_t plane, int32_t K, int32_t C, int32_t taps, int32_t rows_per_tap,
+                                    bool taps_on_rows) {
   const int64_t per_k = int64_t(C) * taps, total = int64_t(K) * per_k;
   TG_GRID_STRIDE(i, total) {
     const int64_t k = i / per_k, rem = i % per_k, c = rem / taps, t = rem % taps;
     const int64_t row = t * rows_per_tap + c;
-    dw[i] = taps_on_rows ? product[row * K + k] : product[k * (int64_t(taps) * rows_per_tap) + row];
+    const int64_t at = taps_on_rows ? row * K + k : k * (int64_t(taps) * rows_per_tap) + row;
+    float sum = 0.f;
+    for (int32_t sp = 0; sp < splits; ++sp) sum += partials[sp * plane + at];
+    dw[i] = sum;
   }
 }
 
@@ -212,7 +222,9 @@ bool shifted_preferred(const ConvShape& s, int dev, const EnginePolicy& policy) 
   if (!shifted_fits<T>(s, dev, policy)) return false;
   if (policy.wgrad_shifted > 0) return true;
   const double waste = double(shifted_grid(s, 1).volume) / double(s.out_volume());
-  return waste <= kMaxGridWaste && s.K >= kMinOutputChannels;
+  return s.K >= kMinOutputChannels &&
+         (waste <= kGridWaste || (s.kernel_volume() >= kManyTaps && waste <= kGridWasteManyTaps) ||
+          (s.C <= kNarrowChannels && waste <= kGridWasteNarrow));
 }
 
 template <class T>
@@ -228,16 +240,11 @@ void wgrad_shifted(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
   Tensor xs = Tensor::empty({copies * copy_elements}, copy_type), dyp = Tensor::empty({s.K * grid.red}, copy_type);
   T* xs_data = static_cast<T*>(xs.raw_data());
   T* dyp_data = static_cast<T*>(dyp.raw_data());
-  write_columns(xs_data, x, padded_input_shape(s, grid), grid.red, st);
-  // Copy j: copy 0 read from res_j on; its last res_j elements (past copy 0's end, never met by
-  // a non-zero dyp) zeros.
-  for (int64_t j = 1; j < copies; ++j) {
-    const int64_t res = residues[size_t(j)];
-    T* copy = xs_data + j * copy_elements;
-    TG_CUDA_CHECK(cudaMemcpyAsync(copy, xs_data + res, size_t(copy_elements - res) * sizeof(T),
-                                  cudaMemcpyDeviceToDevice, st));
-    TG_CUDA_CHECK(cudaMemsetAsync(copy + copy_elements - res, 0, size_t(res) * sizeof(T), st));
-  }
+  ColumnCopies xs_copies;
+  xs_copies.count = int32_t(copies);
+  for (size_t j = 0; j < residues.size(); ++j) xs_copies.residue[j] = residues[j];
+  xs_copies.copy_elements = copy_elements;
+  write_columns(xs_data, x, padded_input_shape(s, grid), grid.red, st, xs_copies);
   write_columns(dyp_data, dy, placed_dy_shape(s, grid), grid.red, st);
 
   const bool taps_on_a = s.K <= 64;
@@ -270,17 +277,21 @@ void wgrad_shifted(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
   boxes.div_kernel_h = FastDivmod(uint32_t(s.kernel[1]));
   for (int d = 0; d < 3; ++d) boxes.pitch[d] = grid.pitch[d];
 
-  Tensor product = Tensor::empty({M * N}, {.dtype = DType::f32, .device = dw.device()});
+  // The product always leaves partial sums (one plane when unsplit), which one pass adds and
+  // permutes into dw.
+  Tensor partials = Tensor::empty({int64_t(plan.splits) * M * N}, {.dtype = DType::f32, .device = dw.device()});
   MainloopArgs args{};
   args.M = int32_t(M);
   args.N = int32_t(N);
   args.red = int32_t(grid.red);
-  args.out = output_map(product.data<float>(), nullptr, M, N);
-  run_plan(plan, args, dw.device(),
-           [&](const MainloopArgs& ma, cudaStream_t stm) { launch_tma_wgmma(boxes, plan, ma, stm); });
+  args.tiles_n = plan.tiles_n;
+  args.k_tiles_per_split = plan.k_tiles_per_split;
+  args.partials = partials.data<float>();
+  args.out = output_map(partials.data<float>(), nullptr, M, N);  // unused: every tile goes to the partials
+  launch_tma_wgmma(boxes, plan, args, st);
   tap_rows_to_weights<<<grid_for(s.K * s.C * taps, kThreads), kThreads, 0, st>>>(
-      dw.data<float>(), product.data<float>(), int32_t(s.K), int32_t(s.C), int32_t(taps), int32_t(rows_per_tap),
-      taps_on_a);
+      dw.data<float>(), partials.data<float>(), plan.splits, M * N, int32_t(s.K), int32_t(s.C), int32_t(taps),
+      int32_t(rows_per_tap), taps_on_a);
   TG_LAUNCH_CHECK();
 }
 

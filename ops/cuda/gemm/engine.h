@@ -24,7 +24,7 @@ struct EnginePolicy {
   int wgrad_columns = 0;  // grad-weight over written-out columns (Hopper): 0 by output
                           // channels; 1 wherever the columns fit; -1 never
   int wgrad_shifted = 0;  // stride-1 grad-weight over shifted rows instead of columns (Hopper,
-                          // conv_wgrad_shifted_sm90.cu): 0 where the padded grid wastes little;
+                          // conv_wgrad_shifted_sm90.cu): 0 where it pays (its rule);
                           // 1 wherever it applies; -1 never
   int fp32_tma = 0;       // FP32 products on the TMA kernel (split TF32, docs/kernels/gemm_tma.md):
                           // 0 wherever the TF32 ones would run there; -1 never
@@ -63,7 +63,8 @@ bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Prec
                                       const EnginePolicy& policy = {});
 // Whether that TMA grad-weight (of f32 operands, or of bf16 ones: engine_conv_grad_weight_bf16)
 // reads shifted rows of the padded input instead of written-out columns: stride 1, 16+ input
-// channels, and (policy 0) a padded grid at most 1.6x the output pixels.
+// channels, and (policy 0) 32+ output channels and a padded grid that wastes little (at most
+// 1.2x the output pixels; 1.45x with 25+ taps, 1.3x up to 256 input channels).
 bool engine_conv_grad_weight_uses_shifted_rows(const ConvShape& s, const Tensor& dw, Precision precision,
                                                bool bf16_operands, const EnginePolicy& policy = {});
 
