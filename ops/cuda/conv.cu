@@ -122,16 +122,57 @@ bool conv3x3_claims_data_pass(const ConvProblem& p, EngineTma&& engine_tma) {
 // engine's columns (C x 9 rows over every pixel) outweigh its products where K is small
 // against C: 256 -> 64 at 8x8 1.66x the 3x3 kernels' time, 384 -> 96 at 16x16 1.95x (TF32, H200):
 // the engine needs 2 K >= C.
+// Over shifted rows of the padded input (no columns: conv_wgrad_shifted_sm90.cu) the engine wins
+// more (dev/wgrad_shifted_probe.cu, H200): FP32 from C K >= 16384 on any image size (128 -> 128
+// at 32x32 and 64x64: 0.39 / 0.37 ms against 0.47; 96 -> 96 at 64x64 stays: 0.29 against 0.24),
+// TF32 on 16x16 images from C K >= 16384 where the batch has at most 16384 output pixels (the
+// ResNet-style 128 -> 128 at batch 64: 0.084 against 0.112; at batch 256 the 3x3 kernels win,
+// 0.248 against 0.271).
 constexpr int64_t kGradWeightTinyPixels = 128, kGradWeightSmallPixels = 512;
-template <class EngineTma>
-bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma) {
+constexpr int64_t kShiftedMinProduct = 16384, kShiftedTf32MaxBatchPixels = 16384;
+template <class EngineTma, class EngineShifted>
+bool conv3x3_claims_grad_weight(const ConvProblem& p, EngineTma&& engine_tma, EngineShifted&& engine_shifted) {
   if (p.dtype != DType::f32 || !conv3x3_applies(p.shape, p.precision)) return false;
   const int64_t pixels = p.shape.out[1] * p.shape.out[2], product = p.shape.C * p.shape.K;
   const bool fp32 = p.precision == Precision::FP32;
-  const bool engine_wins = 2 * p.shape.K >= p.shape.C &&
+  const bool wide_enough = 2 * p.shape.K >= p.shape.C;
+  const bool engine_wins = wide_enough &&
                            ((pixels < kGradWeightTinyPixels && product >= (fp32 ? 4096 : 9216)) ||
                             (pixels < kGradWeightSmallPixels && product >= (fp32 ? 9216 : 36864)));
-  return !engine_wins || !engine_tma();
+  const bool shifted_wins = wide_enough && product >= kShiftedMinProduct &&
+                            (fp32 || (pixels < kGradWeightSmallPixels &&
+                                      p.shape.N * pixels <= kShiftedTf32MaxBatchPixels));
+  if (engine_wins && engine_tma()) return false;
+  return !(shifted_wins && engine_shifted());
+}
+
+// ---- tiny problems: the direct FFMA kernels ----
+// A pass of a few MFLOPs (a small model's layers: the cnn example's at batch 8 to 32) is all
+// launch, fill and epilogue for the tensor-core rows; the direct kernels' one pass of FMAs
+// finishes first. dev/tiny_conv_probe.cu (H200, ms, the direct kernels against the row taken
+// before): grad-input of 16 -> 32 3x3 s2 at 16x16, batch 8: 0.017 against the engine's 0.051
+// (TF32) / 0.065 (FP32), batch 32: 0.028 against 0.054; 1 -> 16 at 16x16: 0.013 against
+// 0.017-0.030; 3 -> 16 at 32x32, batch 32: 0.019 against 0.031-0.039; 64 -> 64 at 8x8, batch 16
+// (75 MFLOP): FP32 0.028 against 0.047, but TF32 0.028 against the 3x3 kernels' 0.024. Strided
+// forwards: 0.017-0.018 against the engine's 0.019-0.025 (stride-1 ones have the 3x3 kernels:
+// 32 -> 32 at 8x8 0.017 against 0.022). Grad-weight only under a MFLOP (1 -> 16 at 16x16, batch
+// 8: 0.011 against 0.019; at batch 32, 2.4 MFLOP, the 3x3 kernels win: 0.021 against 0.029): each
+// thread reduces over every pixel. Measured on kernels wider than 1x1 only; 1x1 stays put.
+constexpr double kTinyForwardFlops = 1 << 25, kTinyGradInputFlopsTf32 = 1 << 25;
+constexpr double kTinyGradInputFlopsFp32 = 1 << 26, kTinyGradWeightFlops = 1 << 20;
+bool direct_wins_tiny(const ConvProblem& p) {
+  const ConvShape& s = p.shape;
+  if (p.dtype != DType::f32 || s.kernel_volume() == 1) return false;
+  const double flops = 2.0 * double(s.N) * double(s.out_volume()) * double(s.K) * double(s.C) *
+                       double(s.kernel_volume());
+  switch (p.pass) {
+    case ConvPass::Forward:
+      return (s.stride[0] > 1 || s.stride[1] > 1 || s.stride[2] > 1) && flops <= kTinyForwardFlops;
+    case ConvPass::GradInput:
+      return flops <= (p.precision == Precision::FP32 ? kTinyGradInputFlopsFp32 : kTinyGradInputFlopsTf32);
+    case ConvPass::GradWeight: return flops <= kTinyGradWeightFlops;
+  }
+  return false;
 }
 
 // ---- the rows ----
@@ -160,6 +201,7 @@ bool conv3x3_can_implement(const ConvProblem& p, const ConvOperands&) {
   return p.dtype == DType::f32 && conv3x3_applies(p.shape, p.precision);
 }
 bool conv3x3_preferred(const ConvProblem& p, const ConvOperands& o) {
+  if (direct_wins_tiny(p)) return false;
   const EnginePolicy& engine = kernel_policy().engine;
   switch (p.pass) {
     case ConvPass::Forward:
@@ -169,7 +211,8 @@ bool conv3x3_preferred(const ConvProblem& p, const ConvOperands& o) {
                                       [&] { return engine_conv_grad_input_uses_tma(p.shape, o.dy, p.precision, engine); });
     case ConvPass::GradWeight:
       return conv3x3_claims_grad_weight(
-          p, [&] { return engine_conv_grad_weight_uses_tma(p.shape, o.out, p.precision, engine); });
+          p, [&] { return engine_conv_grad_weight_uses_tma(p.shape, o.out, p.precision, engine); },
+          [&] { return engine_conv_grad_weight_uses_shifted_rows(p.shape, o.out, p.precision, false, engine); });
   }
   return false;
 }
@@ -209,6 +252,10 @@ void few_channels_run(const ConvProblem& p, const ConvOperands& o) {
 bool engine_can_implement(const ConvProblem& p, const ConvOperands&) {
   return engine_conv_can_implement(p.shape, p.dtype);
 }
+// Everything it implements but the tiny problems (unless the policy asks for the engine path).
+bool engine_preferred(const ConvProblem& p, const ConvOperands& o) {
+  return engine_can_implement(p, o) && (kernel_policy().conv == KernelPath::Engine || !direct_wins_tiny(p));
+}
 void engine_run(const ConvProblem& p, const ConvOperands& o) {
   const EnginePolicy& engine = kernel_policy().engine;
   switch (p.pass) {
@@ -231,7 +278,7 @@ constexpr std::array<ConvVariant, 5> kVariants{{
     {"pointwise", "sm_80+ (TMA forward on sm_90a)", true, pointwise_can_implement, pointwise_preferred, pointwise_run},
     {"few_channels", "every GPU", true, few_channels_can_implement, few_channels_preferred, few_channels_run},
     {"conv3x3", "sm_80+ (wgmma on sm_90a)", true, conv3x3_can_implement, conv3x3_preferred, conv3x3_run},
-    {"engine", "sm_80+ (wgmma and TMA on sm_90a)", false, engine_can_implement, engine_can_implement, engine_run},
+    {"engine", "sm_80+ (wgmma and TMA on sm_90a)", false, engine_can_implement, engine_preferred, engine_run},
     {"direct", "every GPU", false, always, always, direct_run},
 }};
 

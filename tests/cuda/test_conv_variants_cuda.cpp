@@ -200,3 +200,42 @@ TEST(CudaConvVariants, FewChannelsRowRefusesWhatItCannotIndex) {
   far.pad[2] = int64_t{1} << 40;
   EXPECT_FALSE(cuda::few_channels_forward_applies(far));
 }
+
+// Tiny passes (a few MFLOPs: a small model's layers) take the direct kernels: strided forwards
+// and grad-inputs up to 2^25 FLOPs (FP32 grad-input 2^26), grad-weights under 2^20; 1x1 kernels
+// and f64 keep their rows, larger problems the tensor-core ones, and the engine path the engine.
+TEST(CudaConvVariants, TinyProblemsTakeTheDirectKernels) {
+  TG_REQUIRE_GPU();
+  cuda::KernelPolicyGuard automatic(cuda::KernelPolicy{});
+  auto row = [](const Shape& x, const Shape& w, const ConvParams& p, cuda::ConvPass pass, Precision precision) {
+    const ConvShape s = make_conv_shape("test", x, w, p);
+    const Shape out = pass == cuda::ConvPass::Forward ? s.y_shape() : pass == cuda::ConvPass::GradInput ? x : w;
+    const cuda::ConvOperands o{.out = poisoned_gpu(out, f32), .x = random(x, f32).to(kGpu),
+                               .w = random(w, f32).to(kGpu), .dy = random(s.y_shape(), f32).to(kGpu)};
+    return std::string(cuda::choose_conv_variant(cuda::conv_problem(s, f32, pass, precision), o).name);
+  };
+  using P = cuda::ConvPass;
+  const Precision tf32 = Precision::TF32, fp32 = Precision::FP32;
+  const ConvParams s2{.stride = {2}, .padding = {1}}, p1{.padding = {1}};
+  // The cnn example's second convolution, 16 -> 32 stride 2 at 16x16: 4.7 MFLOP at batch 8.
+  EXPECT_EQ(row({8, 16, 16, 16}, {32, 16, 3, 3}, s2, P::Forward, tf32), "direct");
+  EXPECT_EQ(row({8, 16, 16, 16}, {32, 16, 3, 3}, s2, P::GradInput, tf32), "direct");
+  EXPECT_EQ(row({8, 16, 16, 16}, {32, 16, 3, 3}, s2, P::GradInput, fp32), "direct");
+  EXPECT_NE(row({8, 16, 16, 16}, {32, 16, 3, 3}, s2, P::GradWeight, tf32), "direct");
+  // Its first, 1 -> 16 at 16x16: 0.6 MFLOP at batch 8, 2.4 at 32.
+  EXPECT_EQ(row({8, 1, 16, 16}, {16, 1, 3, 3}, p1, P::GradWeight, tf32), "direct");
+  EXPECT_NE(row({32, 1, 16, 16}, {16, 1, 3, 3}, p1, P::GradWeight, tf32), "direct");
+  // Stride-1 forwards keep their rows; 64 -> 64 at 8x8, batch 8 (38 MFLOP) is tiny for an FP32
+  // grad-input only.
+  EXPECT_NE(row({8, 32, 8, 8}, {32, 32, 3, 3}, p1, P::Forward, tf32), "direct");
+  EXPECT_EQ(row({8, 64, 8, 8}, {64, 64, 3, 3}, p1, P::GradInput, fp32), "direct");
+  EXPECT_NE(row({8, 64, 8, 8}, {64, 64, 3, 3}, p1, P::GradInput, tf32), "direct");
+  // Past the limits, and 1x1.
+  EXPECT_NE(row({128, 16, 16, 16}, {32, 16, 3, 3}, s2, P::GradInput, tf32), "direct");
+  EXPECT_NE(row({8, 16, 16, 16}, {32, 16, 1, 1}, {}, P::GradInput, tf32), "direct");
+  // The engine path keeps the engine.
+  cuda::KernelPolicy engine_path;
+  engine_path.conv = cuda::KernelPath::Engine;
+  cuda::KernelPolicyGuard engine(engine_path);
+  EXPECT_EQ(row({8, 16, 16, 16}, {32, 16, 3, 3}, s2, P::GradInput, tf32), "engine");
+}
