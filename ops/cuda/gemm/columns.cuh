@@ -10,6 +10,12 @@
 #include "planning.h"
 
 namespace tg::cuda::engine {
+
+// Rows of whole 16 bytes (the TMA unit's row-stride rule, and where its boxes may start): 4
+// floats, 8 bf16.
+template <class T>
+constexpr int64_t kRowMultiple = 16 / sizeof(T);
+
 namespace {
 
 // Input pixel of output pixel r (< N * P) at tap offsets (dz, dy, dx): its offset inside

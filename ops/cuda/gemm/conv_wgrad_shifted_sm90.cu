@@ -203,9 +203,6 @@ __global__ void tap_rows_to_weights(float* __restrict__ dw, const float* __restr
 }
 
 template <class T>
-constexpr int64_t kRowMultiple = 16 / sizeof(T);
-
-template <class T>
 bool shifted_fits(const ConvShape& s, int dev, const EnginePolicy& policy) {
   if (policy.wgrad_shifted < 0 || !device_runs_wgmma(dev) || s.C < kMinInputChannels) return false;
   for (int d = 0; d < 3; ++d)

@@ -46,10 +46,6 @@ __global__ void gather_dy_kernel(T* __restrict__ out, const T* __restrict__ dy, 
   }
 }
 
-// Rows of whole 16 bytes: 4 floats, 8 bf16.
-template <class T>
-constexpr int64_t kRowMultiple = 16 / sizeof(T);
-
 template <class T>
 bool wgrad_columns_fit(const ConvShape& s, int dev, const EnginePolicy& policy) {
   const int64_t pixels = s.N * s.out_volume(), row_len = round_up(pixels, kRowMultiple<T>);
