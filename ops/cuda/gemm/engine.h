@@ -56,9 +56,10 @@ bool engine_conv_forward_uses_tma(const ConvShape& s, const Tensor& x, Precision
 // its columns product is an engine_gemm that may take the TMA matmul.
 bool engine_conv_grad_input_uses_tma(const ConvShape& s, const Tensor& dy, Precision precision,
                                      const EnginePolicy& policy = {});
-// The same for engine_conv_grad_weight, which writes dy and the input's columns out with the
-// pixels contiguous and runs the TMA matrix product over them (64+ output channels, or 32+
-// when C * kvol <= 64; columns within 1 GiB).
+// The same for engine_conv_grad_weight, which runs a TMA matrix product over dy and the input
+// with the pixels contiguous: over shifted rows of the padded input where that applies (below),
+// else over written-out columns (64+ output channels, or 32+ when C * kvol <= 64; columns
+// within 1 GiB).
 bool engine_conv_grad_weight_uses_tma(const ConvShape& s, const Tensor& dw, Precision precision,
                                       const EnginePolicy& policy = {});
 // Whether that TMA grad-weight (of f32 operands, or of bf16 ones: engine_conv_grad_weight_bf16)
