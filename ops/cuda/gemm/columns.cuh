@@ -38,7 +38,8 @@ __device__ __forceinline__ int64_t tap_pixel(const ConvGeometry& g, uint32_t r, 
 // residue[j] on, copy_j[m] = copy_0[m + residue[j]], its last residue[j] elements zeros. Each
 // element is written to every copy as it is computed: one pass instead of a copy per copy.
 struct ColumnCopies {
-  static constexpr int kMaxCopies = 8;
+  static constexpr int kMaxCopies = 8;  // one per residue of a 16-byte column: kRowMultiple<bf16>
+  static_assert(kMaxCopies >= kRowMultiple<uint16_t>);
   int32_t count = 1;
   int32_t residue[kMaxCopies] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t copy_elements = 0;  // elements per copy

@@ -58,7 +58,7 @@ struct ShiftedRowsBoxes {
   int32_t group_rows, groups, taps, channels;
   FastDivmod div_rows_per_tap, div_kernel_w, div_kernel_h;
   int32_t pitch[3];  // grid positions per tap index step in d, h, w (dilation included)
-  int32_t copy_of_residue[8];  // shift mod (16 bytes' elements) -> its copy j
+  int32_t copy_of_residue[ColumnCopies::kMaxCopies];  // shift mod (16 bytes' elements) -> its copy j
   struct Cursor {
     int32_t plain_row;
     int32_t row[kMaxGroups], shift[kMaxGroups];
@@ -202,23 +202,21 @@ __global__ void tap_rows_to_weights(float* __restrict__ dw, const float* __restr
   }
 }
 
+// Whether it serves s: within its index and copy limits, and (policy 0) where its rule says it
+// pays.
 template <class T>
-bool shifted_fits(const ConvShape& s, int dev, const EnginePolicy& policy) {
+bool shifted_takes(const ConvShape& s, int dev, const EnginePolicy& policy) {
   if (policy.wgrad_shifted < 0 || !device_runs_wgmma(dev) || s.C < kMinInputChannels) return false;
   for (int d = 0; d < 3; ++d)
     if (s.stride[d] != 1) return false;
   const ShiftedGrid g = shifted_grid(s, kRowMultiple<T>);
   const int64_t rows = round_up(s.C, int64_t(16)) * s.kernel_volume();
   const int64_t copies = int64_t(shift_residues(s, g, int32_t(kRowMultiple<T>)).size());
-  return fits(g.red + g.max_shift + 2 * kBK) && fits(rows * std::max<int64_t>(s.K, 128)) &&
-         copies * s.C <= kMaxCopyElements / g.red && s.K <= kMaxCopyElements / g.red;
-}
-
-template <class T>
-bool shifted_preferred(const ConvShape& s, int dev, const EnginePolicy& policy) {
-  if (!shifted_fits<T>(s, dev, policy)) return false;
+  const bool fit = fits(g.red + g.max_shift + 2 * kBK) && fits(rows * std::max<int64_t>(s.K, 128)) &&
+                   copies * s.C <= kMaxCopyElements / g.red && s.K <= kMaxCopyElements / g.red;
+  if (!fit) return false;
   if (policy.wgrad_shifted > 0) return true;
-  const double waste = double(shifted_grid(s, 1).volume) / double(s.out_volume());
+  const double waste = double(g.volume) / double(s.out_volume());
   return s.K >= kMinOutputChannels &&
          (waste <= kGridWaste || (s.kernel_volume() >= kManyTaps && waste <= kGridWasteManyTaps) ||
           (s.C <= kNarrowChannels && waste <= kGridWasteNarrow));
@@ -295,7 +293,7 @@ void wgrad_shifted(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
 }  // namespace
 
 bool conv_wgrad_shifted_applies(const ConvShape& s, int dev, const EnginePolicy& policy, bool bf16) {
-  return bf16 ? shifted_preferred<uint16_t>(s, dev, policy) : shifted_preferred<float>(s, dev, policy);
+  return bf16 ? shifted_takes<uint16_t>(s, dev, policy) : shifted_takes<float>(s, dev, policy);
 }
 
 void conv_wgrad_shifted(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,

@@ -5,6 +5,7 @@
 
 #include "core/cuda_context.h"
 #include "ops/cuda/arch/hopper.h"
+#include "ops/cuda/conv_dims32.h"
 #include "ops/cuda/gemm/planning.h"
 
 namespace tg::cuda::engine {
@@ -212,14 +213,13 @@ ConvGeometry geometry(const ConvShape& s) {
   g.N = int32_t(s.N);
   g.C = int32_t(s.C);
   g.K = int32_t(s.K);
-  for (int d = 0; d < 3; ++d) {
-    g.in[d] = int32_t(s.in[d]);
-    g.out[d] = int32_t(s.out[d]);
-    g.kernel[d] = int32_t(s.kernel[d]);
-    g.stride[d] = int32_t(s.stride[d]);
-    g.pad[d] = int32_t(s.pad[d]);
-    g.dil[d] = int32_t(s.dilation[d]);
-  }
+  const ConvDims32 d = conv_dims32(s);
+  std::copy_n(d.in, 3, g.in);
+  std::copy_n(d.out, 3, g.out);
+  std::copy_n(d.kernel, 3, g.kernel);
+  std::copy_n(d.stride, 3, g.stride);
+  std::copy_n(d.pad, 3, g.pad);
+  std::copy_n(d.dil, 3, g.dil);
   g.in_volume = s.in_volume();
   g.out_volume = s.out_volume();
   g.div_out_w = FastDivmod(uint32_t(s.out[2]));
