@@ -91,6 +91,29 @@ inline void expect_grad_input_on_tma(const ConvCase& c, const Variant* variants,
     }
 }
 
+// Grad-weight on the TMA product for every precision and each policy variant (its wgrad_shifted
+// set to `wgrad_shifted`: 1 the shifted rows of the padded input, -1 the written-out columns),
+// against the f64 reference; outputs poisoned first.
+inline void expect_grad_weight_on_tma(const ConvCase& c, const Variant* variants, size_t count, int wgrad_shifted) {
+  const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
+  Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
+  Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
+  cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
+  for (Precision prec : kPrecisions)
+    for (size_t i = 0; i < count; ++i) {
+      const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + variants[i].name;
+      cuda::EnginePolicy policy = variants[i].policy;
+      policy.wgrad_shifted = wgrad_shifted;
+      Tensor dw = Tensor::empty(c.w, {.device = kGpu});
+      ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, prec, policy)) << where;
+      ASSERT_EQ(cuda::engine_conv_grad_weight_uses_shifted_rows(s, dw, prec, false, policy), wgrad_shifted > 0)
+          << where;
+      poison(dw);
+      cuda::engine_conv_grad_weight(dw, dy, x, s, prec, policy);
+      EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where;
+    }
+}
+
 }  // namespace tg::test::conv_tma
 
 #define TG_REQUIRE_TMA()                                                            \

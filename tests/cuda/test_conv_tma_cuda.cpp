@@ -295,23 +295,7 @@ TEST(ConvTma, GradWeightMatchesF64Reference) {
        {.stride = {2}, .padding = {1}, .layout = Layout::NHWC}},
       {"N = 1, kernel past the input", {1, 4, 3, 2}, {200, 4, 5, 5}, {.padding = {2}}},
   };
-  for (const ConvCase& c : cases) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
-    cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        cuda::EnginePolicy columns = v.policy;
-        columns.wgrad_shifted = -1;
-        Tensor dw = Tensor::empty(c.w, {.device = kGpu});
-        ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_tma(s, dw, prec, columns)) << where;
-        poison(dw);
-        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, columns);
-        EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : cases) expect_grad_weight_on_tma(c, kVariants, std::size(kVariants), /*wgrad_shifted=*/-1);
   // A long reduction split many ways gives the same bits every run, and at FP32 the
   // FP32-accurate answer.
   const ConvShape s = make_conv_shape("test", {8, 16, 40, 40}, {192, 16, 3, 3}, {.padding = {1}});

@@ -51,21 +51,8 @@ const Variant kVariants[] = {
 
 TEST(ConvWgradShifted, MatchesF64Reference) {
   TG_REQUIRE_TMA();
-  for (const ConvCase& c : shifted_cases()) {
-    const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
-    Tensor x = random(c.x, DType::f32, kGpu), dy = random(s.y_shape(), DType::f32, kGpu);
-    Tensor dw_ref = Tensor::empty(c.w, {.dtype = DType::f64});
-    cpu::conv_grad_weight(dw_ref, ref(dy), ref(x), s);
-    for (Precision prec : kPrecisions)
-      for (const Variant& v : kVariants) {
-        const std::string where = std::string(c.name) + ", " + name_of(prec) + ", " + v.name;
-        Tensor dw = Tensor::empty(c.w, {.device = kGpu});
-        ASSERT_TRUE(cuda::engine_conv_grad_weight_uses_shifted_rows(s, dw, prec, false, v.policy)) << where;
-        poison(dw);
-        cuda::engine_conv_grad_weight(dw, dy, x, s, prec, v.policy);
-        EXPECT_LE(rel_l2(dw, dw_ref), tolerance(prec)) << where;
-      }
-  }
+  for (const ConvCase& c : shifted_cases())
+    expect_grad_weight_on_tma(c, kVariants, std::size(kVariants), /*wgrad_shifted=*/1);
 }
 
 // BF16 operands: exact products accumulated in f32, so within the accumulation's rounding of
