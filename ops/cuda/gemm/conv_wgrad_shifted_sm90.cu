@@ -281,8 +281,7 @@ void wgrad_shifted(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
   args.red = int32_t(grid.red);
   args.tiles_n = plan.tiles_n;
   args.k_tiles_per_split = plan.k_tiles_per_split;
-  args.partials = partials.data<float>();
-  args.out = output_map(partials.data<float>(), nullptr, M, N);  // unused: every tile goes to the partials
+  args.partials = partials.data<float>();  // every tile goes there: args.out stays unset
   launch_tma_wgmma(boxes, plan, args, st);
   tap_rows_to_weights<<<grid_for(s.K * s.C * taps, kThreads), kThreads, 0, st>>>(
       dw.data<float>(), partials.data<float>(), plan.splits, M * N, int32_t(s.K), int32_t(s.C), int32_t(taps),
