@@ -52,7 +52,8 @@ inline bool hopper() {
 
 // The forward (with a bias) on the TMA kernel for every precision and each policy variant (its
 // tma_quads set to `tma_quads`), against the f64 reference; outputs poisoned first. FP32 runs
-// 128-wide tiles, one block per SM, whatever a variant asks of the width.
+// one block per SM on 64-wide tiles for 64 or fewer outputs (128-wide where a variant asks for
+// 128), else 128-wide, whatever a variant asks of the width.
 inline void expect_forward_on_tma(const ConvCase& c, const Variant* variants, size_t count, int tma_quads = 0) {
   const ConvShape s = make_conv_shape("test", c.x, c.w, c.p);
   Tensor x = random(c.x, DType::f32, kGpu), w = random(c.w, DType::f32, kGpu), b = random({s.K}, DType::f32, kGpu);

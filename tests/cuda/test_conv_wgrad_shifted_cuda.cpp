@@ -47,6 +47,7 @@ const Variant kVariants[] = {
     {"split 64", {.splits = 64, .wgrad_shifted = 1}},
     {"two blocks per SM", {.splits = 1, .blocks_per_sm = 2, .wgrad_shifted = 1}},
     {"split 2, stores through the output map", {.splits = 2, .wgrad_shifted = 1, .tma_store = -1}},
+    {"128 wide (FP32 on 128-wide tiles for 64 or fewer outputs too)", {.tile = 128, .splits = 2, .wgrad_shifted = 1}},
 };
 
 TEST(ConvWgradShifted, MatchesF64Reference) {

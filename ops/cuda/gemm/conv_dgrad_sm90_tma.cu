@@ -80,9 +80,10 @@ void dgrad_phases(const Tensor& dx, const T* dy, const T* w, const ConvShape& s,
   cudaStream_t st = stream(dev);
   const TensorOptions elements{.dtype = kBf16 ? DType::bf16 : DType::f32, .device = dx.device()};
   const int64_t channels = map_channels<T>(s), k_pad = round_up(s.K, kSliceOf<T>);
-  // FP32 (split TF32) runs on 128-wide tiles only; else as the forward picks for its K (here C).
+  // As the forward picks for its K (here C); FP32 (split TF32) on 64- or 128-wide tiles.
   const bool split = !kBf16 && precision == Precision::FP32;
-  const int cols = split ? 128 : policy.tile == 256 ? 256 : s.C <= 64 ? 64 : 128;
+  const int narrow = s.C <= 64 ? 64 : 128;
+  const int cols = split ? (policy.tile == 128 ? 128 : narrow) : policy.tile == 256 ? 256 : narrow;
   // dx's channels are B's rows, padded with zero rows to whole tiles: a B box reaching past the
   // operand's last row is filled far more slowly than one read from memory.
   const int64_t c_rows = round_up(s.C, cols);

@@ -103,8 +103,10 @@ void conv_fprop_tma(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   const int64_t red = padded_reduction(s, quads);
   const TensorOptions f32{.dtype = DType::f32, .device = y.device()};
 
-  // FP32 (split TF32) runs on 128-wide tiles only.
-  const int cols = precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : s.K <= 64 ? 64 : 128;
+  // FP32 (split TF32) runs on 64- or 128-wide tiles (policy.tile 128 forces the wider).
+  const int narrow = s.K <= 64 ? 64 : 128;
+  const int cols = precision == Precision::FP32 ? (policy.tile == 128 ? 128 : narrow)
+                   : policy.tile == 256 ? 256 : narrow;
   // The weights are packed with zero rows up to whole tiles: a B box that reaches past the
   // operand's last row is filled by the TMA unit far more slowly than one read from memory.
   const int64_t k_rows = round_up(s.K, cols);

@@ -244,7 +244,7 @@ void wgrad_shifted(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
 
   const bool taps_on_a = s.K <= 64;
   const bool split = !kBf16 && precision == Precision::FP32;
-  const int cols = split ? 128 : taps_on_a ? 64 : 128;
+  const int cols = split && policy.tile == 128 ? 128 : taps_on_a ? 64 : 128;
   const int group_rows = group_rows_for(s.C, taps_on_a ? kTmaBM : cols);
   const int64_t rows_per_tap = round_up(s.C, int64_t(group_rows)), taps = s.kernel_volume();
   const int64_t M = taps_on_a ? taps * rows_per_tap : s.K, N = taps_on_a ? s.K : taps * rows_per_tap;

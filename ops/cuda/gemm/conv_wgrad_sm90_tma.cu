@@ -83,12 +83,14 @@ void wgrad_columns(const Tensor& dw, const T* dy, const T* x, const ConvShape& s
 
   // dw (K, C * kvol) is the product's C[m][n] with m = k and n = column c * kvol + t; with 64
   // or fewer output channels the product is taken transposed (m = column, n = k), so that the
-  // narrow side fills a 64-wide tile instead of half a 128-row one. FP32 (split TF32) takes
-  // 128-wide tiles only.
+  // narrow side fills a 64-wide tile instead of half a 128-row one (FP32 too, unless policy.tile
+  // is 128).
   const bool bf16 = sizeof(T) == 2;
   const bool transposed = s.K <= 64 && col_rows > 64;
   const int64_t M = transposed ? col_rows : s.K, N = transposed ? s.K : col_rows;
-  const int cols_wide = !bf16 && precision == Precision::FP32 ? 128 : policy.tile == 256 ? 256 : N <= 64 ? 64 : 128;
+  const int narrow = N <= 64 ? 64 : 128;
+  const int cols_wide = !bf16 && precision == Precision::FP32 ? (policy.tile == 128 ? 128 : narrow)
+                        : policy.tile == 256 ? 256 : narrow;
   const Plan plan = make_tma_plan(M, N, row_len, cols_wide, dev, policy, precision, bf16);
   MainloopArgs args{};
   args.M = int32_t(M);

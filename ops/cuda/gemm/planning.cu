@@ -145,12 +145,13 @@ int tma_blocks_per_sm(int cols, int64_t tiles, int sms, const EnginePolicy& poli
 // of the work each, plus one pass over s partial outputs. The split taken is the one whose
 // waves plus reduction pass are estimated shortest: splits that only add a partial wave lose
 // (a 96-tile forward on 132 SMs stays unsplit), splits that fill idle SMs win.
-// FP32 (split TF32): 128-wide tiles, one block per SM, three products per step.
+// FP32 (split TF32): 64- or 128-wide tiles, one block per SM, three products per step.
 Plan make_tma_plan(int64_t M, int64_t N, int64_t red, int cols, int dev, const EnginePolicy& policy,
                    Precision precision, bool bf16) {
   constexpr double kSmFlopsPerSecond = 2.2e12, kBytesPerSecond = 3.0e12;
   const bool split = !bf16 && precision == Precision::FP32;
-  TG_CHECK(!split || cols == 128, "implicit-GEMM engine: FP32 on the TMA kernel takes 128-wide tiles, not ", cols);
+  TG_CHECK(!split || cols == 128 || cols == 64, "implicit-GEMM engine: FP32 on the TMA kernel takes 64- or 128-wide "
+           "tiles, not ", cols);
   const int sms = sm_count(dev);
   Plan plan;
   plan.shape = TileShape::Big;

@@ -49,12 +49,13 @@ constexpr int kTmaABytes = kTmaBM * kBK * 4;  // A's share of a stage: 16 KB
 // outputs and makes more blocks. kBlocksPerSm 1: as many stages as fit in about 192 KB; 2:
 // half the stages, so that two blocks share an SM and one's pipeline fill and epilogue hide
 // behind the other's products (64-wide tiles always run two per SM; 256-wide ones never fit).
-// kSplit (FP32 mode): 128 wide, one block per SM, 4 stages plus two "low" stages.
+// kSplit (FP32 mode): 64 or 128 wide, one block per SM, 4 stages plus two "low" stages.
 template <int kBN, int kBlocksPerSmArg = 1, bool kSplit = false>
 struct TmaTile {
   static_assert(kBN == 64 || kBN == 128 || kBN == 256, "TMA tile width");
-  static_assert(!kSplit || (kBN == 128 && kBlocksPerSmArg == 1), "FP32 mode: 128-wide tiles, one block per SM");
-  static constexpr int kBlocksPerSm = kBN == 64 ? 2 : kBlocksPerSmArg;
+  static_assert(!kSplit || ((kBN == 64 || kBN == 128) && kBlocksPerSmArg == 1),
+                "FP32 mode: 64- or 128-wide tiles, one block per SM");
+  static constexpr int kBlocksPerSm = kSplit ? 1 : kBN == 64 ? 2 : kBlocksPerSmArg;
   static_assert(kBlocksPerSm == 1 || (kBlocksPerSm == 2 && kBN <= 128), "two 256-wide blocks do not fit an SM");
   static constexpr int kBBytes = kBN * kBK * 4;
   static constexpr int kStageBytes = kTmaABytes + kBBytes;  // A then B
@@ -333,8 +334,10 @@ void launch_tma_wgmma(const Producer& producer, const Plan& plan, const Mainloop
   if constexpr (kBf16Operands<Producer>) {
     TG_CHECK(!plan.tma_split, "engine TMA kernel: bf16 operands have no FP32 (split) mode");
   } else if (plan.tma_split) {
-    TG_CHECK(plan.tma_cols == 128 && plan.tma_blocks_per_sm == 1, "engine TMA kernel: FP32 mode runs 128-wide tiles, "
-             "one block per SM; plan has ", plan.tma_cols, " columns, ", plan.tma_blocks_per_sm, " blocks per SM");
+    TG_CHECK((plan.tma_cols == 128 || plan.tma_cols == 64) && plan.tma_blocks_per_sm == 1,
+             "engine TMA kernel: FP32 mode runs 64- or 128-wide tiles, one block per SM; plan has ", plan.tma_cols,
+             " columns, ", plan.tma_blocks_per_sm, " blocks per SM");
+    if (plan.tma_cols == 64) return launch_tma_config<64, 1, Producer, true>(producer, plan, args, stream);
     return launch_tma_config<128, 1, Producer, true>(producer, plan, args, stream);
   }
   if (plan.tma_cols == 64) launch_tma_config<64, 2>(producer, plan, args, stream);
