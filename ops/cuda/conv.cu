@@ -178,7 +178,22 @@ bool direct_wins_tiny(const ConvProblem& p) {
 // ---- the rows ----
 
 bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return conv1x1_applies(p.shape, p.dtype); }
+// On Hopper the channels-first forward and grad-input run on the 1x1 TMA kernels at any channel
+// count (past 64 reduction channels with the weight streamed beside the input:
+// conv1x1/fprop_streamed_sm90.cu), reading the input where it lies, where the engine transposes
+// it first. Images of 64 pixels or fewer keep the rule above: the 1x1 tiles never straddle two
+// images, so most of each 128-pixel tile would be empty.
+bool pointwise_streams_channels_first(const ConvProblem& p, const ConvOperands& o) {
+  const ConvShape& s = p.shape;
+  if (p.pass == ConvPass::GradWeight || s.channels_last() || tiny_channels_first_images(s) ||
+      !conv1x1_applies(s, p.dtype))
+    return false;
+  const bool grad_input = p.pass == ConvPass::GradInput;
+  return conv1x1_runs_on_tma(o.out, grad_input ? o.dy : o.x, s, grad_input);
+}
+
 bool pointwise_preferred(const ConvProblem& p, const ConvOperands& o) {
+  if (pointwise_streams_channels_first(p, o)) return true;
   if (!pointwise_claims(p.shape, p.dtype)) return false;
   if (!engine_beats_pointwise(p.shape, p.pass, p.precision)) return true;
   const EnginePolicy& engine = kernel_policy().engine;

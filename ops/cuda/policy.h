@@ -39,6 +39,10 @@ struct Conv1x1Policy {
   // The forward and grad-input products on the TMA kernel (conv1x1/fprop_sm90.cu, Hopper) where it
   // applies; false: on the cp.async kernels everywhere.
   bool tma = true;
+  // Channels-first products up to 64 reduction channels on the streamed-weight kernel
+  // (conv1x1/fprop_streamed_sm90.cu) instead of the resident one (tests); past 64 it is the
+  // only Hopper one.
+  bool stream_weight = false;
 };
 
 struct KernelPolicy {

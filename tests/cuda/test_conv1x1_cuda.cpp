@@ -37,15 +37,19 @@ const char* name(Precision p) { return p == Precision::FP32 ? "FP32" : "TF32"; }
 const char* name(Layout l) { return l == Layout::NHWC ? "NHWC" : "NCHW"; }
 
 // The variants of the 1x1 path this GPU runs, each as the policy that selects it: the default
-// (on Hopper the TMA kernel wherever it applies, conv1x1/fprop_sm90.cu) and, where that differs, the
-// cp.async kernels for every shape.
+// (on Hopper the TMA kernels wherever they apply: conv1x1/fprop_sm90.cu, and past 64 reduction
+// channels channels-first conv1x1/fprop_streamed_sm90.cu) and, where that differs, the cp.async
+// kernels for every shape, and the streamed-weight kernel for every channels-first product.
 struct Variant {
   const char* name;
   cuda::Conv1x1Policy policy;
 };
 std::vector<Variant> variants() {
   std::vector<Variant> v{{"default kernels", {}}};
-  if (cuda::device_runs_wgmma(0)) v.push_back({"cp.async kernels (TMA off)", {.tma = false}});
+  if (cuda::device_runs_wgmma(0)) {
+    v.push_back({"cp.async kernels (TMA off)", {.tma = false}});
+    v.push_back({"streamed weight for every channels-first product", {.stream_weight = true}});
+  }
   return v;
 }
 cuda::KernelPolicy policy_for(const Variant& v) {
@@ -215,11 +219,20 @@ TEST(CudaConv1x1, TmaServesTheShapesItShould) {
     SCOPED_TRACE(nchw ? "NCHW" : "NHWC");
     EXPECT_TRUE(cuda::pointwise_tma_applies(problem(nchw, 16, int64_t(1) << 20, 128, 64), 0));  // workload B
     EXPECT_TRUE(cuda::pointwise_tma_applies(problem(nchw, 1, 8, 260, 4), 0));
-    EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 68), 0));  // more than 64 reduction channels
     EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 64, 0, 1), 0));  // y not 16-byte aligned
     EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 64, 2), 0));     // x not 16-byte aligned
     EXPECT_FALSE(cuda::pointwise_tma_applies(problem(nchw, 1, 100, 128, 0), 0));
   }
+  // Past 64 reduction channels only channels-first (the streamed weight), at any R and M.
+  EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 1, 100, 128, 68), 0));
+  EXPECT_TRUE(cuda::pointwise_tma_applies(problem(true, 1, 100, 128, 68), 0));
+  EXPECT_TRUE(cuda::pointwise_tma_applies(problem(true, 3, 100, 2051, 4099), 0));
+  EXPECT_TRUE(cuda::pointwise_tma_streamed_applies(problem(true, 1, 100, 5, 3), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_streamed_applies(problem(false, 1, 100, 128, 64), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_streamed_applies(problem(true, 1, 102, 128, 68), 0));  // rows of 102 pixels
+  EXPECT_FALSE(cuda::pointwise_tma_streamed_applies(problem(true, 1, 100, 128, 68, 1), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_streamed_applies(problem(true, 1, 100, 128, 68, 0, 2), 0));
+  EXPECT_FALSE(cuda::pointwise_tma_streamed_applies(problem(true, 0, 100, 128, 68), 0));
   // NHWC rows are channels: R and M must be multiples of 4; NCHW rows are pixels.
   EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 1, 100, 128, 30), 0));
   EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 1, 100, 37, 64), 0));
@@ -229,7 +242,8 @@ TEST(CudaConv1x1, TmaServesTheShapesItShould) {
   EXPECT_FALSE(cuda::pointwise_tma_applies(problem(false, 2, int64_t(1) << 30, 128, 64), 0));
   EXPECT_TRUE(cuda::pointwise_tma_applies(problem(true, 2, int64_t(1) << 30, 128, 64), 0));
   EXPECT_FALSE(cuda::pointwise_tma_applies(problem(true, 1, int64_t(1) << 31, 128, 64), 0));
-  EXPECT_THROW(cuda::pointwise_tma(problem(true, 1, 100, 128, 68), 0, nullptr), Error);
+  EXPECT_THROW(cuda::pointwise_tma(problem(false, 1, 100, 128, 68), 0, nullptr), Error);
+  EXPECT_THROW(cuda::pointwise_tma_streamed(problem(true, 1, 102, 128, 68), 0, nullptr), Error);
 }
 
 // The default policy sends the Hopper forward to the TMA kernel where it applies: the same bits
@@ -252,6 +266,41 @@ TEST(CudaConv1x1, DefaultPolicyRoutesTheForwardToTma) {
     cuda::pointwise_tma(q, 0, cuda::stream(0));
     cuda::conv1x1_forward(routed, x, w, b, s);
     EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv1x1_forward did not take the TMA kernel";
+  }
+}
+
+// The streamed-weight kernel past 64 reduction channels (the default on Hopper, channels-first):
+// reductions that end inside a 32-channel k-tile and inside an 8-channel group, several
+// 128-channel output blocks with a ragged last one, tiles that end inside an image, and more work
+// items than SMs (each block loops, the stage ring wraps across items).
+TEST(CudaConv1x1, StreamedWeightLongReductions) {
+  TG_REQUIRE_GPU();
+  check_case({2, 300, 96, 12, 12, true});   // R = 300 (10 k-tiles, the last 12 channels); grad-input R = 96
+  check_case({1, 67, 260, 10, 14, false});  // R = 67 (67 % 8 = 3); 3 output blocks, the last 4 wide; 140 pixels
+  check_case({3, 520, 136, 4, 4, true});    // 16 pixels per image: one nearly empty tile each; R = 520
+  check_case({70, 72, 260, 8, 16, true});   // 70 tiles x 3 output blocks = 210 items on fewer SMs
+}
+
+// The routed forward of a channels-first 1x1 past 64 reduction channels is the streamed kernel
+// called directly, bit for bit.
+TEST(CudaConv1x1, DefaultPolicyRoutesLongReductionsToTheStreamedKernel) {
+  TG_REQUIRE_GPU();
+  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernels need sm_90a code on an H100 / H200";
+  const Case c{2, 200, 72, 8, 12, true};
+  const ConvShape s = shape_of(c, Layout::NCHW);
+  const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
+  for (Precision precision : {Precision::FP32, Precision::TF32}) {
+    SCOPED_TRACE(name(precision));
+    PrecisionGuard guard(precision);
+    Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
+    const cuda::PointwiseTmaProblem q{const_cast<float*>(direct.data<float>()), x.data<float>(), w.data<float>(),
+                                      /*w_stride_m=*/c.C, /*w_stride_r=*/1, b.data<float>(), c.N, c.H * c.W,
+                                      /*M=*/c.K, /*R=*/c.C, /*nchw=*/true, precision == Precision::FP32};
+    ASSERT_TRUE(cuda::pointwise_tma_streamed_applies(q, 0));
+    cuda::pointwise_tma_streamed(q, 0, cuda::stream(0));
+    cuda::conv1x1_forward(routed, x, w, b, s);
+    EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>())
+        << "conv1x1_forward did not take the streamed kernel";
   }
 }
 

@@ -3,10 +3,11 @@
 // (measured by dev/conv_routing_probe.cu; ops/cuda/conv.cu gives the numbers):
 // - 1x1 forward and grad-input: the engine's TMA kernel from 96 channels on both sides
 //   channels-last (at TF32 also from 64 where the pass reduces over 256+) and channels-first on
-//   images of 64 pixels or fewer (their grad-weight too, from C K >= 36864); other
-//   channels-first images at TF32 from C K >= 36864 (both sides 96+), at FP32 where the pass
-//   reduces over more than 128 channels and writes 96+; grad-weight and everything narrower on
-//   the 1x1 kernels; past 512 channels the engine.
+//   images of 64 pixels or fewer (their grad-weight too, from C K >= 36864). Other
+//   channels-first images on Hopper: the 1x1 TMA kernels at any channel count (the weight
+//   streamed past 64 reduction channels); without them at TF32 the engine from C K >= 36864
+//   (both sides 96+), at FP32 where the pass reduces over more than 128 channels and writes 96+.
+//   Grad-weight and everything narrower on the 1x1 kernels; past 512 channels the engine.
 // - 3x3 NCHW forward and grad-input, by the channels the pass writes: TF32 the engine up to
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
@@ -16,6 +17,7 @@
 // Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
 #include "common/test_util.h"
 #include "core/precision.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv_variants.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
@@ -44,6 +46,7 @@ struct Case {
   Shape x, w;  // x in the layout's order
   Layout layout;
   Kernel want;
+  bool hopper_only = false;  // the rule names this kernel only where Hopper's TMA kernels run
 };
 
 Tensor out(const Shape& shape) {
@@ -101,6 +104,10 @@ void check_routes(const Case* cases, size_t n) {
     const char* mode = c.mode == Precision::FP32 ? ", fp32" : ", tf32";
     const std::string where = detail::concat(c.why, ": ", name_of(c.pass), mode, ", x ", c.x, ", w ", c.w,
                                              ", want the ", name_of(c.want));
+    if (c.hopper_only && !cuda::device_runs_wgmma(0)) {
+      std::printf("skipped (a Hopper rule): %s\n", where.c_str());
+      continue;
+    }
     if (c.want == Kernel::Engine && !engine_tma(c, s, x, dy)) {
       std::printf("skipped (no TMA kernel for it on this GPU): %s\n", where.c_str());
       continue;
@@ -119,17 +126,19 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
   const Case cases[] = {
       // Channels-first on 12x10 images: above the tiny-image rule (64 pixels), tested below.
       {"NCHW 384 -> 96: C K = 36864", kTf32, Pass::Forward, {2, 384, 12, 10}, {96, 384, 1, 1}, Layout::NCHW,
-       Kernel::Engine},
+       Kernel::Pointwise, true},
       {"NCHW 128 -> 128: C K under 36864", kTf32, Pass::Forward, {2, 128, 12, 10}, {128, 128, 1, 1}, Layout::NCHW,
        Kernel::Pointwise},
       {"NCHW 384 -> 40: a narrow side", kTf32, Pass::Forward, {2, 384, 12, 10}, {40, 384, 1, 1}, Layout::NCHW,
        Kernel::Pointwise},
-      {"NCHW 192 -> 192", kTf32, Pass::GradInput, {2, 192, 12, 10}, {192, 192, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"NCHW 192 -> 192", kTf32, Pass::GradInput, {2, 192, 12, 10}, {192, 192, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise, true},
       {"grad-weight stays", kTf32, Pass::GradWeight, {2, 384, 12, 10}, {96, 384, 1, 1}, Layout::NCHW,
        Kernel::Pointwise},
-      {"NCHW FP32 256 -> 256", kFp32, Pass::Forward, {2, 256, 12, 10}, {256, 256, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"NCHW FP32 256 -> 256", kFp32, Pass::Forward, {2, 256, 12, 10}, {256, 256, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise, true},
       {"NCHW FP32 384 -> 96: reduces over 384, writes 96", kFp32, Pass::Forward, {2, 384, 12, 10}, {96, 384, 1, 1},
-       Layout::NCHW, Kernel::Engine},
+       Layout::NCHW, Kernel::Pointwise, true},
       {"NCHW FP32 96 -> 384: reduces over 96", kFp32, Pass::Forward, {2, 96, 12, 10}, {384, 96, 1, 1}, Layout::NCHW,
        Kernel::Pointwise},
       {"NCHW FP32 384 -> 96 grad-input: reduces over 96", kFp32, Pass::GradInput, {2, 384, 12, 10}, {96, 384, 1, 1},
@@ -151,7 +160,12 @@ TEST(CudaConvDispatch, Pointwise1x1AgainstTheEngine) {
       {"NHWC FP32 256 -> 64", kFp32, Pass::Forward, {2, 9, 7, 256}, {64, 256, 1, 1}, Layout::NHWC, Kernel::Pointwise},
       {"NHWC grad-weight stays", kTf32, Pass::GradWeight, {2, 9, 7, 256}, {256, 256, 1, 1}, Layout::NHWC,
        Kernel::Pointwise},
-      {"past 512 channels", kTf32, Pass::Forward, {2, 640, 5, 4}, {40, 640, 1, 1}, Layout::NCHW, Kernel::Engine},
+      {"past 512 channels, 20-pixel images", kTf32, Pass::Forward, {2, 640, 5, 4}, {40, 640, 1, 1}, Layout::NCHW,
+       Kernel::Engine},
+      {"NCHW past 512 channels", kTf32, Pass::Forward, {2, 640, 12, 10}, {40, 640, 1, 1}, Layout::NCHW,
+       Kernel::Pointwise, true},
+      {"NCHW FP32 1024 -> 600 grad-input", kFp32, Pass::GradInput, {2, 1024, 12, 10}, {600, 1024, 1, 1},
+       Layout::NCHW, Kernel::Pointwise, true},
       // Images of 64 pixels or fewer, channels-first.
       {"8x8 NCHW 96 -> 96", kTf32, Pass::Forward, {4, 96, 8, 8}, {96, 96, 1, 1}, Layout::NCHW, Kernel::Engine},
       {"8x8 NCHW FP32 128 -> 128 grad-input", kFp32, Pass::GradInput, {4, 128, 8, 8}, {128, 128, 1, 1}, Layout::NCHW,

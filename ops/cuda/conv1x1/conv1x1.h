@@ -24,6 +24,12 @@ bool conv1x1_applies(const ConvShape& s);
 // The same, and the dtype is f32 (the only one the launchers below take).
 bool conv1x1_applies(const ConvShape& s, DType dtype);
 
+// Whether the forward (grad_input false: out y, in x) or the grad-input (out dx, in dy) of s runs
+// on a Hopper TMA kernel for these tensors (conv1x1/fprop_sm90.h: the weight resident up to 64
+// reduction channels, either layout; streamed past that, channels-first only), as the launchers
+// below would run it under the current KernelPolicy.
+bool conv1x1_runs_on_tma(const Tensor& out, const Tensor& in, const ConvShape& s, bool grad_input);
+
 // y = conv(x, w) + b; b may be undefined.
 void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                      Precision precision = tg::precision());

@@ -6,14 +6,17 @@
 // File map: conv1x1/tiles_sm80.cuh (fragments, swizzled tiles, resident weight), conv1x1/epilogue_sm80.cuh
 // (stores, tile walk), conv1x1/launch_sm80.cuh (host helpers), conv1x1/fprop_sm80.cu (forward and
 // grad-input), conv1x1/backward_tiles_sm80.cuh + conv1x1/backward_sm80.cu (dw and fused dx + dw),
-// conv1x1/fprop_sm90.cu (the Hopper forward with R <= 64).
+// conv1x1/fprop_sm90.cu (the Hopper forward with R <= 64), conv1x1/fprop_streamed_sm90.cu (the Hopper
+// channels-first forward past that).
 #include "ops/cuda/conv1x1/conv1x1.h"
 
 #include <initializer_list>
 #include <utility>
 
 #include "core/cuda_context.h"
+#include "ops/cuda/conv1x1/fprop_sm90.h"
 #include "ops/cuda/conv1x1/launch_sm80.cuh"
+#include "ops/cuda/policy.h"
 
 namespace tg::cuda {
 
@@ -46,6 +49,16 @@ bool conv1x1_applies(const ConvShape& s) {
 }
 
 bool conv1x1_applies(const ConvShape& s, DType dtype) { return dtype == DType::f32 && conv1x1_applies(s); }
+
+bool conv1x1_runs_on_tma(const Tensor& out, const Tensor& in, const ConvShape& s, bool grad_input) {
+  if (!out.defined() || !in.defined() || !conv1x1_applies(s) || out.dtype() != DType::f32 || in.dtype() != DType::f32 || !out.device().is_cuda() ||
+      !kernel_policy().conv1x1.tma)
+    return false;
+  const int64_t M = grad_input ? s.C : s.K, R = grad_input ? s.K : s.C;
+  const PointwiseTmaProblem q{const_cast<float*>(out.data<float>()), in.data<float>(), nullptr, 0, 0, nullptr, s.N,
+                              s.out_volume(), M, R, !s.channels_last(), false};
+  return pointwise_tma_applies(q, out.device().index);
+}
 
 void conv1x1_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvShape& s,
                      Precision precision) {

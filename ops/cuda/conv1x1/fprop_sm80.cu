@@ -246,7 +246,7 @@ void run_pointwise(const Tensor& out, const Tensor& in, const Tensor& w, const T
                                 bias.defined() ? bias.data<float>() : nullptr, s.N, P, M, R, !nhwc, split};
   // KernelPolicy::conv1x1.tma = false keeps the product on the kernels below (tests, benchmark).
   if (kernel_policy().conv1x1.tma && pointwise_tma_applies(tma, dev)) {
-    pointwise_tma(tma, dev, stream(dev));
+    pointwise_tma(tma, dev, stream(dev), kernel_policy().conv1x1.stream_weight);
     return;
   }
   const bool wide = R > 64;

@@ -29,16 +29,12 @@
 #include "ops/cuda/arch/tf32.cuh"
 #include "ops/cuda/arch/tma.cuh"
 #include "ops/cuda/arch/wgmma.cuh"
+#include "ops/cuda/conv1x1/tile_sm90.cuh"
 
 namespace tg::cuda {
 namespace {
 
-constexpr int kTileRows = 128;                  // pixels per tile
-constexpr int kHalfRows = 64;                   // per warpgroup (wgmma's M)
-constexpr int kOutChannels = 128;               // per launch (wgmma's N)
-constexpr int kBoxFloats = 32;                  // the inner side of a swizzled box: 128 bytes
-constexpr int kConsumers = 256, kThreads = kConsumers + 32;
-constexpr int kStagingBytes = kHalfRows * kOutChannels * 4;   // 32 KB per warpgroup
+using namespace conv1x1_sm90;
 constexpr uint32_t kWeightLbo = 16 * 128, kWeightSbo = 128;  // see the layout above
 
 struct Params {
@@ -70,26 +66,9 @@ struct Layout {
   static constexpr int kBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
-// Where a tile lies: NCHW tiles never straddle two images.
-struct TilePlace {
-  int n, pixel;  // image and first pixel (NHWC: n = 0, pixel = first row)
-};
 template <bool kNchw>
 __device__ __forceinline__ TilePlace place_of(const Params& p, int64_t tile) {
-  if constexpr (kNchw) {
-    const int64_t n = tile / p.tiles_per_image;
-    return {static_cast<int>(n), static_cast<int>((tile - n * p.tiles_per_image) * kTileRows)};
-  } else {
-    return {0, static_cast<int>(tile * kTileRows)};
-  }
-}
-
-// The reduction channel of column k of the product (see "Fragments" above).
-template <bool kNchw>
-__device__ __forceinline__ int channel_of_column(int k) {
-  if constexpr (!kNchw) return k;
-  const int c = k & 7;
-  return (k & ~7) + (c < 4 ? 2 * c : 2 * (c - 4) + 1);
+  return conv1x1_sm90::place_of<kNchw>(tile, p.tiles_per_image);
 }
 
 template <bool kNchw, int kKS, bool kSplit, bool kRows>
@@ -157,29 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
   uint32_t a_off[4], st_off[4], a_off_c[kRows ? kKS : 1];
   const int gq = g & 3;  // NHWC's staging rotation
   if constexpr (kNchw) {
-    // Lane (g, t)'s pixels 16 wi + g + 8 h of the warpgroup's 64 lie in box 2 wg + wi / 2 of the
-    // stage at 4-pixel chunk 4 (wi % 2) + 2 h + g / 4; its channels are rows 2 t + e (+ 8 per
-    // k-step) of that box, so the chunk is stored at position chunk ^ (2 t + e): 8 values over the
-    // warp's (g / 4, t), 32 different banks. a_off[2 e + h]: a[0..3] = (g, col t), (g + 8, t),
-    // (g, t + 4), (g + 8, t + 4).
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = 2 * t + e, chunk = (4 * (wi & 1) + 2 * h + (g >> 2)) ^ row;
-        a_off[2 * e + h] = (2 * wg + (wi >> 1)) * L::kInBoxBytes + row * 128 + chunk * 16 + 4 * (g & 3);
-      }
-    // Staging [128 channels][64 pixels], dense: result (pixel 16 wi + g + 8 h, channel 8 j + 2 t
-    // + e) at float (8 j + 2 t + e) 64 + 16 wi + g + 8 h. Rows are 256 bytes, so a float's bank is
-    // its pixel's: a warp's 16 pixels can fill 16 banks at best, and with all lanes storing the
-    // same h the 4 lanes of a g would collide 4 ways. In step x lane (g, t) stores h = x ^ (t / 2):
-    // 2 ways (st_off[2 e + x]), accepted for the 256-byte rows of one dense TMA store (short
-    // 128-byte box rows store slower; see docs/kernels/conv1x1.md).
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-        st_off[2 * e + x] = shared_address(staging + (2 * t + e) * kHalfRows + 16 * wi + g + 8 * (x ^ (t >> 1)));
+    nchw_fragment_offsets(a_off, wg, wi, g, t, L::kInBoxBytes);
+    nchw_staging_offsets(st_off, staging, wi, g, t);
   } else {
     // ldmatrix: lane 8 j + r hands row r of matrix j: rows 16 wi + r + 8 (j & 1) of the
     // warpgroup's half, 16-byte chunk 2 (ks % 4) + (j >> 1) of box ks / 4, stored at chunk ^ r.
@@ -279,18 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
       else return bias_r[j];
     };
     if constexpr (kNchw) {
-      // acc[4 j + 2 h + e] = (pixel 16 wi + g + 8 h, channel 8 j + 2 t + e); step x stores h =
-      // x ^ (t / 2) (a select: a register index must be known at compile time), 8 rows per j.
-      const bool upper = (t >> 1) != 0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const bool h = upper != (x != 0);
-          const float2 b = bias_of(j);
-          st_shared(st_off[x] + j * 8 * kHalfRows * 4, (h ? acc[4 * j + 2] : acc[4 * j]) + b.x);
-          st_shared(st_off[2 + x] + j * 8 * kHalfRows * 4, (h ? acc[4 * j + 3] : acc[4 * j + 1]) + b.y);
-        }
+      stage_nchw_tile(acc, st_off, t, bias_of);
     } else {
 #pragma unroll
       for (int j = 0; j < 16; ++j)
@@ -351,9 +298,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coordinates are 32-bit
 
-}  // namespace
-
-bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev) {
+// The resident kernel's own rule (R <= 64).
+bool resident_applies(const PointwiseTmaProblem& q, int dev) {
   if (q.R < 1 || q.R > 64 || q.M < 1 || q.images < 1 || q.pixels < 1 || !aligned16(q.x) || !aligned16(q.y))
     return false;
   const bool rows_ok = q.nchw ? q.pixels % 4 == 0 && q.pixels < kCoordinateLimit && q.images < kCoordinateLimit
@@ -361,9 +307,17 @@ bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev) {
   return rows_ok && device_runs_wgmma(dev);
 }
 
-void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st) {
+}  // namespace
+
+bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev) {
+  return resident_applies(q, dev) || pointwise_tma_streamed_applies(q, dev);
+}
+
+void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st, bool stream_weight) {
+  if ((stream_weight || !resident_applies(q, dev)) && pointwise_tma_streamed_applies(q, dev))
+    return pointwise_tma_streamed(q, dev, st);
   const char* op = q.nchw ? "conv1x1 (NCHW, TMA)" : "conv1x1 (NHWC, TMA)";
-  TG_CHECK(pointwise_tma_applies(q, dev), op, ": not applicable to ", q.images, " images of ", q.pixels,
+  TG_CHECK(resident_applies(q, dev), op, ": not applicable to ", q.images, " images of ", q.pixels,
            " pixels, ", q.R, " -> ", q.M, " channels on device ", dev);
   Params p{};
   if (q.nchw) {

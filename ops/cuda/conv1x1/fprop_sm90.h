@@ -23,12 +23,21 @@ struct PointwiseTmaProblem {
   bool nchw, split;
 };
 
-// Whether the kernel serves q on device dev: it runs sm_90a code, 1 <= R <= 64, x and y are
-// 16-byte aligned, their rows are whole 16-byte units (NCHW: pixels % 4 == 0; NHWC: R and M
-// multiples of 4) and TMA's 32-bit coordinates reach every tile.
+// Whether a Hopper kernel serves q on device dev: it runs sm_90a code, x and y are 16-byte
+// aligned, their rows are whole 16-byte units (NCHW: pixels % 4 == 0; NHWC: R and M multiples
+// of 4), TMA's 32-bit coordinates reach every tile, and either 1 <= R <= 64 (the weight resident
+// in shared memory, both layouts) or q is NCHW (any R: the weight streamed,
+// conv1x1/fprop_streamed_sm90.cu). Channels-last products past 64 reduction channels are the
+// engine's.
 bool pointwise_tma_applies(const PointwiseTmaProblem& q, int dev);
 
-// Runs q ordered on st. Throws unless pointwise_tma_applies.
-void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st);
+// Runs q ordered on st: the resident kernel up to 64 reduction channels (unless stream_weight),
+// else the streamed one. Throws unless pointwise_tma_applies.
+void pointwise_tma(const PointwiseTmaProblem& q, int dev, cudaStream_t st, bool stream_weight = false);
+
+// The streamed-weight kernel alone (NCHW, any R >= 1): whether it serves q, and the pass. Its
+// weight is first written, reordered and rounded, to a scratch on the framework's pool.
+bool pointwise_tma_streamed_applies(const PointwiseTmaProblem& q, int dev);
+void pointwise_tma_streamed(const PointwiseTmaProblem& q, int dev, cudaStream_t st);
 
 }  // namespace tg::cuda
