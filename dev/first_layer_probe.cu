@@ -1,8 +1,9 @@
-// Experiment (not built by CMake): the forward of first layers (1-4 input channels: RGB stems,
-// one-channel volumes, a few more of the kind) on every dispatcher row that implements it, the
-// few-tap FMA kernel (conv_few_channels.cu) among them, to set its routing rule: per problem
-// and precision each row's median ms (4 launches queued back to back), the default row, and
-// MISS where another row is more than 10% faster.
+// Experiment (not built by CMake): the three passes of first layers (1-4 input channels: RGB
+// stems, one-channel volumes, a few more of the kind) on every dispatcher row that implements
+// them, the few-tap FMA kernel (conv_few_channels.cu) among them for the forward, to set their
+// routing rules: per problem, pass and precision each row's median ms (4 launches queued back to
+// back), the default row, and MISS where another row is more than 10% faster. (A first layer's
+// grad-input is computed only where the input needs a gradient; the zoo's fwd+bwd rows ask for it.)
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include "conv_rows.h"
@@ -31,5 +32,5 @@ int main() {
       {"3x3 8->64 @64 b16", {16, 8, 64, 64}, {64, 8, 3, 3}, {.padding = {1}}},
       {"3x3 16->64 @64 b16", {16, 16, 64, 64}, {64, 16, 3, 3}, {.padding = {1}}},
   };
-  return conv_rows::time_problems(problems, std::span(conv_rows::kPasses, 1), /*direct=*/false);
+  return conv_rows::time_problems(problems, conv_rows::kPasses, /*direct=*/false);
 }

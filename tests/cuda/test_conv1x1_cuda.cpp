@@ -272,13 +272,17 @@ TEST(CudaConv1x1, DefaultPolicyRoutesTheForwardToTma) {
 // The streamed-weight kernel past 64 reduction channels (the default on Hopper, channels-first):
 // reductions that end inside a 32-channel k-tile and inside an 8-channel group, several
 // 128-channel output blocks with a ragged last one, tiles that end inside an image, and more work
-// items than SMs (each block loops, the stage ring wraps across items).
+// items than SMs (each block loops, the stage ring wraps across items), and FP32-accurate sums over
+// 2048 channels.
 TEST(CudaConv1x1, StreamedWeightLongReductions) {
   TG_REQUIRE_GPU();
   check_case({2, 300, 96, 12, 12, true});   // R = 300 (10 k-tiles, the last 12 channels); grad-input R = 96
   check_case({1, 67, 260, 10, 14, false});  // R = 67 (67 % 8 = 3); 3 output blocks, the last 4 wide; 140 pixels
   check_case({3, 520, 136, 4, 4, true});    // 16 pixels per image: one nearly empty tile each; R = 520
   check_case({70, 72, 260, 8, 16, true});   // 70 tiles x 3 output blocks = 210 items on fewer SMs
+  // 2048-channel reductions: FP32 mode must not drift over 64 k-tiles (forward, then grad-input).
+  check_case({1, 2048, 40, 4, 8, false});
+  check_case({1, 40, 2048, 4, 8, true});
 }
 
 // The routed forward of a channels-first 1x1 past 64 reduction channels is the streamed kernel

@@ -16,9 +16,9 @@
 // pixel tile follow each other (m-blocks inner), so its activations come from L2 after the first.
 // Per item, k-tiles of 32 channels: a stage holds four x boxes (16 KB) and the weight's 128 x 32
 // box (16 KB; FP32 mode also its remainder box). A consumer warp waits for `full`, loads its
-// fragments, runs 4 wgmma.m64n128k8 (12 in FP32 mode: lo w_hi + hi w_lo + hi w_hi), waits for
-// them (the weight box is read by the wgmma) and releases the stage on `empty` (one arrival per
-// consumer warp). The epilogue stages the 64 x 128 results and sends them with one TMA store per
+// fragments, runs 4 wgmma.m64n128k8 (12 in FP32 mode: lo w_hi + hi w_lo + hi w_hi, on a per-k-tile
+// accumulator added to the tile's in FP32), waits for them (the weight box is read by the wgmma)
+// and releases the stage on `empty` (one arrival per consumer warp). The epilogue stages the 64 x 128 results and sends them with one TMA store per
 // warpgroup, as the resident kernel does.
 #include <algorithm>
 
@@ -85,6 +85,7 @@ template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) pointwise_streamed_kernel(const __grid_constant__ StreamedParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = StreamedLayout<kSplit>;
+  constexpr int kGroup = kSplit ? 2 : 4;  // k8 steps per wgmma group
   constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzled boxes need 1024-byte alignment (the swizzle is a function of address bits 7-9).
@@ -137,7 +138,10 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_streamed_kernel(const _
   nchw_staging_offsets(st_off, staging, wi, g, t);
   const uint32_t stages_base = shared_address(smem);
 
-  float acc[64];
+  // FP32 mode runs each k-tile's products on `part` and adds it to acc in FP32, so that no
+  // accumulator chains more than one k-tile's 12 products (the tensor core's additions are not
+  // rounded to nearest: a chain over a long reduction drifts, 1e-5 at 2048 channels).
+  float acc[64], part[64];
   int i = 0;
   for (int64_t item = blockIdx.x; item < p.items; item += gridDim.x) {
     const int64_t tile = item / p.m_blocks;
@@ -146,46 +150,60 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_streamed_kernel(const _
       const int s = i % kStages;
       tma::mbar_wait(&full[s], (i / kStages) & 1);
       const uint32_t stage = stages_base + s * L::kStageBytes;
-      uint32_t a_hi[4][4], a_lo[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float v = __uint_as_float(ld_shared(stage + ks * 8 * 128 + a_off[u]));
-          if constexpr (kSplit) {
-            a_hi[ks][u] = tf32_bits(v);
-            a_lo[ks][u] = tf32_operand(v - __uint_as_float(a_hi[ks][u]));
-          } else {
-            a_hi[ks][u] = tf32_operand(v);
-          }
-        }
-      // The operands exist before the fence: left to itself the compiler sinks their arithmetic
-      // between the wgmma, and ptxas then serializes them (C7519/C7520).
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        asm volatile("" : "+r"(a_hi[ks][0]), "+r"(a_hi[ks][1]), "+r"(a_hi[ks][2]), "+r"(a_hi[ks][3]));
-        if constexpr (kSplit)
-          asm volatile("" : "+r"(a_lo[ks][0]), "+r"(a_lo[ks][1]), "+r"(a_lo[ks][2]), "+r"(a_lo[ks][3]));
-      }
       const uint64_t w_hi = wgmma::sw128_kmajor_desc(stage + kXBytes);
       const uint64_t w_lo = wgmma::sw128_kmajor_desc(stage + kXBytes + kWBytes);  // FP32 mode only
-      wgmma::fence();
+      // The k-tile's 4 k8 steps in groups of kGroup: each group's fragments stay in registers
+      // until its products retire, so FP32 mode (head and remainder fragments, two
+      // accumulators) takes two groups of 2 to stay within the registers of 288 threads.
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const bool accumulate = kt > 0 || ks > 0;
+      for (int k0 = 0; k0 < 4; k0 += kGroup) {
+        uint32_t a_hi[kGroup][4], a_lo[kGroup][4];
+#pragma unroll
+        for (int q = 0; q < kGroup; ++q)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float v = __uint_as_float(ld_shared(stage + (k0 + q) * 8 * 128 + a_off[u]));
+            if constexpr (kSplit) {
+              a_hi[q][u] = tf32_bits(v);
+              a_lo[q][u] = tf32_operand(v - __uint_as_float(a_hi[q][u]));
+            } else {
+              a_hi[q][u] = tf32_operand(v);
+            }
+          }
+        // The operands exist before the fence: left to itself the compiler sinks their arithmetic
+        // between the wgmma, and ptxas then serializes them (C7519/C7520).
+#pragma unroll
+        for (int q = 0; q < kGroup; ++q) {
+          asm volatile("" : "+r"(a_hi[q][0]), "+r"(a_hi[q][1]), "+r"(a_hi[q][2]), "+r"(a_hi[q][3]));
+          if constexpr (kSplit)
+            asm volatile("" : "+r"(a_lo[q][0]), "+r"(a_lo[q][1]), "+r"(a_lo[q][2]), "+r"(a_lo[q][3]));
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int q = 0; q < kGroup; ++q) {
+          const int ks = k0 + q;
+          const uint32_t k_bytes = ks * 32;
+          if constexpr (kSplit) {
+            // The small terms first; all three on one accumulator.
+            wgmma::mma_rs_tf32<128>(part, a_lo[q], wgmma::desc_advance(w_hi, k_bytes), ks > 0);
+            wgmma::mma_rs_tf32<128>(part, a_hi[q], wgmma::desc_advance(w_lo, k_bytes), true);
+            wgmma::mma_rs_tf32<128>(part, a_hi[q], wgmma::desc_advance(w_hi, k_bytes), true);
+          } else {
+            wgmma::mma_rs_tf32<128>(acc, a_hi[q], wgmma::desc_advance(w_hi, k_bytes), kt > 0 || ks > 0);
+          }
+        }
+        wgmma::commit();
+        wgmma::wait<0>();  // the group's fragments are free again; after the last, the weight box is read
+      }
+#pragma unroll
+      for (int e = 0; e < 64; ++e) {
         if constexpr (kSplit) {
-          // The small terms first; all three on one accumulator.
-          wgmma::mma_rs_tf32<128>(acc, a_lo[ks], wgmma::desc_advance(w_hi, ks * 32), accumulate);
-          wgmma::mma_rs_tf32<128>(acc, a_hi[ks], wgmma::desc_advance(w_lo, ks * 32), true);
-          wgmma::mma_rs_tf32<128>(acc, a_hi[ks], wgmma::desc_advance(w_hi, ks * 32), true);
+          wgmma::fence_operand(part[e]);
+          acc[e] = kt > 0 ? acc[e] + part[e] : part[e];
         } else {
-          wgmma::mma_rs_tf32<128>(acc, a_hi[ks], wgmma::desc_advance(w_hi, ks * 32), accumulate);
+          wgmma::fence_operand(acc[e]);
         }
       }
-      wgmma::commit();
-      wgmma::wait<0>();  // the weight box has been read
-#pragma unroll
-      for (int e = 0; e < 64; ++e) wgmma::fence_operand(acc[e]);
       __syncwarp();
       if (lane == 0) tma::mbar_arrive(&empty[s]);
     }
