@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/tensor_kernels.h"
+#include "ops/cuda/arch/hopper.h"
 #include "ops/cuda/conv.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
@@ -181,8 +182,12 @@ bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return
 // On Hopper the channels-first forward and grad-input run on the 1x1 TMA kernels at any channel
 // count (past 64 reduction channels with the weight streamed beside the input:
 // conv1x1/fprop_streamed_sm90.cu), reading the input where it lies, where the engine transposes
-// it first. Images of 64 pixels or fewer keep the rule above: the 1x1 tiles never straddle two
-// images, so most of each 128-pixel tile would be empty.
+// it first. dev/pointwise_nchw_probe.cu (H200, 64 .. 2048 channels, 14x14 .. 64x64 images at
+// ~64K pixels): 0.3-0.6 of the engine's time at TF32 (384 -> 96 at 32x32 0.017 ms against 0.042;
+// 1024 -> 256 at 14x14 0.024 against 0.054) and 0.4-0.6 at FP32; closest at 512 -> 2048 on 14x14
+// images (TF32 forward 0.77 against 0.72, the one row it loses, by 7%; its tiles cover 196 pixels
+// with 256). Images of 64 pixels or fewer keep the rule above: the 1x1 tiles never straddle two
+// images, so most of each 128-pixel tile would be empty (7x7: 2-18x the engine's time).
 bool pointwise_streams_channels_first(const ConvProblem& p, const ConvOperands& o) {
   const ConvShape& s = p.shape;
   if (p.pass == ConvPass::GradWeight || s.channels_last() || tiny_channels_first_images(s) ||
@@ -212,11 +217,26 @@ void pointwise_run(const ConvProblem& p, const ConvOperands& o) {
   }
 }
 
+// FP32 grad-input of a first layer (8 or fewer input channels): the engine's columns pass beats
+// the 3x3 kernels, whose tiles of dx channels are mostly empty. dev/first_layer_probe.cu (H200,
+// ms, engine / 3x3 kernels): 3 -> 64 at 224x224 0.574 / 0.673, at 96x96 0.122 / 0.148, 3 -> 32
+// at 64x64 0.156 / 0.213, 4 -> 128 0.095 / 0.188, 8 -> 64 0.079 / 0.102; level at 3 -> 64 at
+// 128x128 (0.203 / 0.199); lost at 3 -> 32 on 224x224 images (0.440 / 0.371): with 32 or fewer
+// output channels the 3x3 kernels keep images past 64x64. At TF32 the 3x3 kernels win or tie
+// but at 4 -> 128 (0.088 / 0.114) and stay.
+constexpr int64_t kFirstLayerMaxChannels = 8, kFirstLayerWideK = 64, kFirstLayerSmallImage = 64 * 64;
+bool first_layer_grad_input_to_engine(const ConvProblem& p, const ConvOperands& o) {
+  const ConvShape& s = p.shape;
+  return p.pass == ConvPass::GradInput && p.precision == Precision::FP32 && s.C <= kFirstLayerMaxChannels &&
+         (s.K >= kFirstLayerWideK || s.out_volume() <= kFirstLayerSmallImage) && o.out.defined() &&
+         device_runs_wgmma(o.out.device().index);
+}
+
 bool conv3x3_can_implement(const ConvProblem& p, const ConvOperands&) {
   return p.dtype == DType::f32 && conv3x3_applies(p.shape, p.precision);
 }
 bool conv3x3_preferred(const ConvProblem& p, const ConvOperands& o) {
-  if (direct_wins_tiny(p)) return false;
+  if (direct_wins_tiny(p) || first_layer_grad_input_to_engine(p, o)) return false;
   const EnginePolicy& engine = kernel_policy().engine;
   switch (p.pass) {
     case ConvPass::Forward:

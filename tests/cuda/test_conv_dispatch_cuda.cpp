@@ -12,6 +12,8 @@
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
 //   pixels and FP32 stays.
+// - 3x3 FP32 grad-input of 8 or fewer input channels on Hopper: the engine (its columns pass)
+//   where 64+ output channels or images of 64x64 or fewer.
 // - 3x3 grad-weight: the engine's TMA product on images under 128 pixels from C K >= 9216
 //   (FP32 4096) and under 512 pixels from 36864 (FP32 9216), where 2 K >= C.
 // Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
@@ -108,7 +110,7 @@ void check_routes(const Case* cases, size_t n) {
       std::printf("skipped (a Hopper rule): %s\n", where.c_str());
       continue;
     }
-    if (c.want == Kernel::Engine && !engine_tma(c, s, x, dy)) {
+    if (c.want == Kernel::Engine && !c.hopper_only && !engine_tma(c, s, x, dy)) {
       std::printf("skipped (no TMA kernel for it on this GPU): %s\n", where.c_str());
       continue;
     }
@@ -202,6 +204,26 @@ TEST(CudaConvDispatch, Conv3x3DataPassesAgainstTheEngine) {
       {"FP32 96x96", kFp32, Pass::Forward, {1, 32, 96, 96}, {96, 32, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       // 94 MFLOP: past the direct kernels' tiny problems (tested below).
       {"FP32 8x8", kFp32, Pass::GradInput, {64, 32, 8, 8}, {40, 32, 3, 3}, Layout::NCHW, Kernel::Engine},
+  };
+  check_routes(cases, std::size(cases));
+}
+
+// FP32 grad-input of a first layer (8 or fewer input channels) on Hopper: the engine's columns
+// pass (its TMA kernels do not run it, so these cases name the rule as Hopper's), unless 32 or
+// fewer output channels on images past 64x64. TF32 stays with the 3x3 kernels. Sizes past the
+// direct kernels' tiny problems.
+TEST(CudaConvDispatch, FirstLayerGradInputAgainstThe3x3Kernels) {
+  TG_REQUIRE_GPU();
+  const Case cases[] = {
+      {"FP32 3 -> 64", kFp32, Pass::GradInput, {8, 3, 96, 96}, {64, 3, 3, 3}, Layout::NCHW, Kernel::Engine, true},
+      {"FP32 4 -> 128", kFp32, Pass::GradInput, {16, 4, 32, 32}, {128, 4, 3, 3}, Layout::NCHW, Kernel::Engine, true},
+      {"FP32 3 -> 32 at 64x64", kFp32, Pass::GradInput, {16, 3, 64, 64}, {32, 3, 3, 3}, Layout::NCHW, Kernel::Engine,
+       true},
+      {"FP32 3 -> 32 past 64x64", kFp32, Pass::GradInput, {8, 3, 100, 100}, {32, 3, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
+      {"TF32 4 -> 128", kTf32, Pass::GradInput, {16, 4, 32, 32}, {128, 4, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"FP32 16 -> 64: not a first layer", kFp32, Pass::GradInput, {16, 16, 64, 64}, {64, 16, 3, 3}, Layout::NCHW,
+       Kernel::Conv3x3},
   };
   check_routes(cases, std::size(cases));
 }
