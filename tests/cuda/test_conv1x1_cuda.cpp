@@ -246,27 +246,43 @@ TEST(CudaConv1x1, TmaServesTheShapesItShould) {
   EXPECT_THROW(cuda::pointwise_tma_streamed(problem(true, 1, 102, 128, 68), 0, nullptr), Error);
 }
 
-// The default policy sends the Hopper forward to the TMA kernel where it applies: the same bits
-// as calling it directly. (check_case runs the cp.async kernels at the same shapes with
-// KernelPolicy::conv1x1.tma = false.)
-TEST(CudaConv1x1, DefaultPolicyRoutesTheForwardToTma) {
-  TG_REQUIRE_GPU();
-  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernel needs sm_90a code on an H100 / H200";
-  const Case c{2, 64, 128, 16, 16, true};
+namespace {
+
+// The routed conv1x1_forward of case c (NCHW) against the Hopper kernel the default policy should
+// take, called directly on the same problem (streamed: the streamed-weight kernel, else the
+// resident one): the same bits at both precisions.
+void expect_forward_routed_to_tma(const Case& c, bool streamed) {
   const ConvShape s = shape_of(c, Layout::NCHW);
   const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
   for (Precision precision : {Precision::FP32, Precision::TF32}) {
-    SCOPED_TRACE(name(precision));
+    SCOPED_TRACE(::testing::Message() << c << " " << name(precision) << (streamed ? " streamed" : " resident"));
     PrecisionGuard guard(precision);
     Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
     const cuda::PointwiseTmaProblem q{const_cast<float*>(direct.data<float>()), x.data<float>(), w.data<float>(),
                                       /*w_stride_m=*/c.C, /*w_stride_r=*/1, b.data<float>(), c.N, c.H * c.W,
                                       /*M=*/c.K, /*R=*/c.C, /*nchw=*/true, precision == Precision::FP32};
-    ASSERT_TRUE(cuda::pointwise_tma_applies(q, 0));
-    cuda::pointwise_tma(q, 0, cuda::stream(0));
+    if (streamed) {
+      ASSERT_TRUE(cuda::pointwise_tma_streamed_applies(q, 0));
+      cuda::pointwise_tma_streamed(q, 0, cuda::stream(0));
+    } else {
+      ASSERT_TRUE(cuda::pointwise_tma_applies(q, 0));
+      cuda::pointwise_tma(q, 0, cuda::stream(0));
+    }
     cuda::conv1x1_forward(routed, x, w, b, s);
-    EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv1x1_forward did not take the TMA kernel";
+    EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>()) << "conv1x1_forward took another kernel";
   }
+}
+
+}  // namespace
+
+// The default policy sends the Hopper forward to the TMA kernels where they apply: up to 64
+// reduction channels the resident one, past that (channels-first) the streamed one. (check_case
+// runs the cp.async kernels at the same shapes with KernelPolicy::conv1x1.tma = false.)
+TEST(CudaConv1x1, DefaultPolicyRoutesTheForwardToTma) {
+  TG_REQUIRE_GPU();
+  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernels need sm_90a code on an H100 / H200";
+  expect_forward_routed_to_tma({2, 64, 128, 16, 16, true}, /*streamed=*/false);
+  expect_forward_routed_to_tma({2, 200, 72, 8, 12, true}, /*streamed=*/true);
 }
 
 // The streamed-weight kernel past 64 reduction channels (the default on Hopper, channels-first):
@@ -283,29 +299,6 @@ TEST(CudaConv1x1, StreamedWeightLongReductions) {
   // 2048-channel reductions: FP32 mode must not drift over 64 k-tiles (forward, then grad-input).
   check_case({1, 2048, 40, 4, 8, false});
   check_case({1, 40, 2048, 4, 8, true});
-}
-
-// The routed forward of a channels-first 1x1 past 64 reduction channels is the streamed kernel
-// called directly, bit for bit.
-TEST(CudaConv1x1, DefaultPolicyRoutesLongReductionsToTheStreamedKernel) {
-  TG_REQUIRE_GPU();
-  if (!cuda::device_runs_wgmma(0)) GTEST_SKIP() << "the TMA kernels need sm_90a code on an H100 / H200";
-  const Case c{2, 200, 72, 8, 12, true};
-  const ConvShape s = shape_of(c, Layout::NCHW);
-  const Tensor x = random(s.x_shape(), f32, kGpu), w = random(s.w_shape(), f32, kGpu), b = random({c.K}, f32, kGpu);
-  for (Precision precision : {Precision::FP32, Precision::TF32}) {
-    SCOPED_TRACE(name(precision));
-    PrecisionGuard guard(precision);
-    Tensor direct = poisoned(s.y_shape()), routed = poisoned(s.y_shape());
-    const cuda::PointwiseTmaProblem q{const_cast<float*>(direct.data<float>()), x.data<float>(), w.data<float>(),
-                                      /*w_stride_m=*/c.C, /*w_stride_r=*/1, b.data<float>(), c.N, c.H * c.W,
-                                      /*M=*/c.K, /*R=*/c.C, /*nchw=*/true, precision == Precision::FP32};
-    ASSERT_TRUE(cuda::pointwise_tma_streamed_applies(q, 0));
-    cuda::pointwise_tma_streamed(q, 0, cuda::stream(0));
-    cuda::conv1x1_forward(routed, x, w, b, s);
-    EXPECT_EQ(routed.to_vector<float>(), direct.to_vector<float>())
-        << "conv1x1_forward did not take the streamed kernel";
-  }
 }
 
 TEST(CudaConv1x1, ReductionLengthsOffTheUnrolledPaths) {
