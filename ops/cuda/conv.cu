@@ -272,24 +272,15 @@ void conv3x3_run(const ConvProblem& p, const ConvOperands& o) {
 // stay with them from 128x128 pixels (between the 64x64 and 224x224 points measured). With 8+
 // input channels the tensor-core rows win (3x3 8 -> 64 at 64x64: 0.029 against 0.051).
 constexpr int64_t kFewMaxInputChannels = 4, kFewMaxPixelsBeside3x3 = 128 * 128;
-// The grad-input of a first layer (conv_few_channels_dgrad.cu) reads each dy value once and
-// multiplies it into every dx pixel and channel it reaches; the engine's columns pass writes
-// C kvol columns per dy pixel first (0.39 ms TF32 for the 7x7 s2 RGB stem at batch 16 in
-// dev/first_layer_probe.cu, against a floor of ~15 us). Taken wherever it applies (provisional:
-// dev/few_channel_dgrad_probe.cu sets the rule).
 bool few_channels_can_implement(const ConvProblem& p, const ConvOperands&) {
-  if (p.dtype != DType::f32) return false;
-  if (p.pass == ConvPass::Forward) return few_channels_forward_applies(p.shape);
-  return p.pass == ConvPass::GradInput && few_channels_grad_input_applies(p.shape);
+  return p.dtype == DType::f32 && p.pass == ConvPass::Forward && few_channels_forward_applies(p.shape);
 }
 bool few_channels_preferred(const ConvProblem& p, const ConvOperands& o) {
   if (!few_channels_can_implement(p, o) || p.shape.C > kFewMaxInputChannels || p.shape.kernel_volume() == 1)
     return false;
-  if (p.pass == ConvPass::GradInput) return true;
   return p.shape.out_volume() < kFewMaxPixelsBeside3x3 || !conv3x3_applies(p.shape, p.precision);
 }
 void few_channels_run(const ConvProblem& p, const ConvOperands& o) {
-  if (p.pass == ConvPass::GradInput) return few_channels_grad_input(o.out, o.dy, o.w, p.shape);
   few_channels_conv_forward(o.out, o.x, o.w, o.b, p.shape);
 }
 

@@ -12,9 +12,8 @@
 //   128x128 (under 8192 pixels with 64 or fewer channels), FP32 the engine under 8192 pixels
 //   (under 2048 with 64 or fewer); without the TMA kernel TF32 takes the engine under 512
 //   pixels and FP32 stays.
-// - grad-input of 1-4 input channels (channels-first 2-D, strides 1-2): the few-channel kernel;
-//   3x3 FP32 grad-input of 5-8 input channels on Hopper: the engine (its columns pass) where 64+
-//   output channels or images of 64x64 or fewer.
+// - 3x3 FP32 grad-input of 8 or fewer input channels on Hopper: the engine (its columns pass)
+//   where 64+ output channels or images of 64x64 or fewer.
 // - 3x3 grad-weight: the engine's TMA product on images under 128 pixels from C K >= 9216
 //   (FP32 4096) and under 512 pixels from 36864 (FP32 9216), where 2 K >= C.
 // Cases whose rule names the engine's TMA kernel are skipped on GPUs without it.
@@ -25,7 +24,6 @@
 #include "ops/cuda/conv_variants.h"
 #include "ops/cuda/conv1x1/conv1x1.h"
 #include "ops/cuda/conv3x3/conv3x3.h"
-#include "ops/cuda/conv_few_channels.h"
 #include "ops/cuda/gemm/engine.h"
 
 using namespace tg;
@@ -35,12 +33,9 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-enum class Kernel { Pointwise, FewChannels, Conv3x3, Engine };
+enum class Kernel { Pointwise, Conv3x3, Engine };
 const char* name_of(Kernel k) {
-  return k == Kernel::Pointwise     ? "1x1 kernel"
-         : k == Kernel::FewChannels ? "few-channel kernel"
-         : k == Kernel::Conv3x3     ? "3x3 kernel"
-                                    : "engine";
+  return k == Kernel::Pointwise ? "1x1 kernel" : k == Kernel::Conv3x3 ? "3x3 kernel" : "engine";
 }
 const char* name_of(cuda::ConvPass p) {
   return p == cuda::ConvPass::Forward ? "forward" : p == cuda::ConvPass::GradInput ? "grad-input" : "grad-weight";
@@ -78,9 +73,6 @@ std::vector<float> run(const Case& c, const ConvShape& s, const Tensor& x, const
     if (c.pass == ConvPass::Forward) cuda::engine_conv_forward(t, x, w, Tensor(), s, c.mode);
     else if (c.pass == ConvPass::GradInput) cuda::engine_conv_grad_input(t, dy, w, s, c.mode);
     else cuda::engine_conv_grad_weight(t, dy, x, s, c.mode);
-  } else if (*kernel == Kernel::FewChannels) {
-    if (c.pass == ConvPass::GradInput) cuda::few_channels_grad_input(t, dy, w, s);
-    else cuda::few_channels_conv_forward(t, x, w, Tensor(), s);
   } else if (*kernel == Kernel::Conv3x3) {
     if (c.pass == ConvPass::Forward) cuda::conv3x3_forward(t, x, w, Tensor(), s);
     else if (c.pass == ConvPass::GradInput) cuda::conv3x3_grad_input(t, dy, w, s);
@@ -216,23 +208,20 @@ TEST(CudaConvDispatch, Conv3x3DataPassesAgainstTheEngine) {
   check_routes(cases, std::size(cases));
 }
 
-// Grad-input of a first layer: with 1-4 input channels (channels-first 2-D, strides 1-2) the
-// few-channel FMA kernel at either precision; with 5-8 at FP32 on Hopper the engine's columns pass
-// (64+ output channels or images up to 64x64; its TMA kernels do not run it, so those cases name
-// the rule as Hopper's); TF32 with 5-8 and everything wider stays with the 3x3 kernels. Sizes past
-// the direct kernels' tiny problems.
-TEST(CudaConvDispatch, FirstLayerGradInput) {
+// FP32 grad-input of a first layer (8 or fewer input channels) on Hopper: the engine's columns
+// pass (its TMA kernels do not run it, so these cases name the rule as Hopper's), unless 32 or
+// fewer output channels on images past 64x64. TF32 stays with the 3x3 kernels. Sizes past the
+// direct kernels' tiny problems.
+TEST(CudaConvDispatch, FirstLayerGradInputAgainstThe3x3Kernels) {
   TG_REQUIRE_GPU();
   const Case cases[] = {
-      {"FP32 3 -> 64", kFp32, Pass::GradInput, {8, 3, 96, 96}, {64, 3, 3, 3}, Layout::NCHW, Kernel::FewChannels},
-      {"TF32 4 -> 128", kTf32, Pass::GradInput, {16, 4, 32, 32}, {128, 4, 3, 3}, Layout::NCHW, Kernel::FewChannels},
-      {"7x7 s2 stem", kTf32, Pass::GradInput, {2, 3, 64, 64}, {64, 3, 7, 7}, Layout::NCHW, Kernel::FewChannels},
-      {"FP32 8 -> 64", kFp32, Pass::GradInput, {16, 8, 32, 32}, {64, 8, 3, 3}, Layout::NCHW, Kernel::Engine, true},
-      {"FP32 6 -> 32 at 64x64", kFp32, Pass::GradInput, {16, 6, 64, 64}, {32, 6, 3, 3}, Layout::NCHW, Kernel::Engine,
+      {"FP32 3 -> 64", kFp32, Pass::GradInput, {8, 3, 96, 96}, {64, 3, 3, 3}, Layout::NCHW, Kernel::Engine, true},
+      {"FP32 4 -> 128", kFp32, Pass::GradInput, {16, 4, 32, 32}, {128, 4, 3, 3}, Layout::NCHW, Kernel::Engine, true},
+      {"FP32 3 -> 32 at 64x64", kFp32, Pass::GradInput, {16, 3, 64, 64}, {32, 3, 3, 3}, Layout::NCHW, Kernel::Engine,
        true},
-      {"FP32 6 -> 32 past 64x64", kFp32, Pass::GradInput, {8, 6, 100, 100}, {32, 6, 3, 3}, Layout::NCHW,
+      {"FP32 3 -> 32 past 64x64", kFp32, Pass::GradInput, {8, 3, 100, 100}, {32, 3, 3, 3}, Layout::NCHW,
        Kernel::Conv3x3},
-      {"TF32 8 -> 128", kTf32, Pass::GradInput, {16, 8, 32, 32}, {128, 8, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
+      {"TF32 4 -> 128", kTf32, Pass::GradInput, {16, 4, 32, 32}, {128, 4, 3, 3}, Layout::NCHW, Kernel::Conv3x3},
       {"FP32 16 -> 64: not a first layer", kFp32, Pass::GradInput, {16, 16, 64, 64}, {64, 16, 3, 3}, Layout::NCHW,
        Kernel::Conv3x3},
   };

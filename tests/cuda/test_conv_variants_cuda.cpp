@@ -52,12 +52,6 @@ std::vector<Case> cases() {
       {"3x3x3 C 1 K 70", {2, 1, 5, 6, 7}, {70, 1, 3, 3, 3}, {.padding = {1}}},
       {"3x3 NHWC C 3 K 17", {2, 9, 11, 3}, {17, 3, 3, 3}, {.padding = {1}, .layout = NHWC}},
       {"5x5 s2 d2 C 2 K 8", {3, 2, 13, 10}, {8, 2, 5, 5}, {.stride = {2}, .padding = {3}, .dilation = {2}}},
-      // The few-channel grad-input: stride 1 and 2, odd sizes past one 32 x 32 phase tile, dy
-      // channels past one 8-channel chunk and ragged, 1-4 input channels, sub-kernels of 1-5 taps.
-      {"3x3 C 4 K 13 (grad-input tiles)", {2, 4, 37, 70}, {13, 4, 3, 3}, {.padding = {1}}},
-      {"5x5 C 1 K 9", {3, 1, 11, 10}, {9, 1, 5, 5}, {.padding = {2}}},
-      {"4x4 s2 C 2 K 11", {2, 2, 67, 9}, {11, 2, 4, 4}, {.stride = {2}, .padding = {1}}},
-      {"9x9 s2 C 3 K 5 (5-tap phases)", {1, 3, 20, 19}, {5, 3, 9, 9}, {.stride = {2}, .padding = {4}}},
   };
 }
 
@@ -195,8 +189,7 @@ TEST(CudaConvVariants, ForcedRowThatCannotImplementThrows) {
 }
 
 // The few-tap forward refuses what it cannot index: more taps than its shared memory holds,
-// coordinates past 32 bits, more output-channel chunks than the grid's y extent; its grad-input
-// refuses the geometries it does not serve.
+// coordinates past 32 bits, more output-channel chunks than the grid's y extent.
 TEST(CudaConvVariants, FewChannelsRowRefusesWhatItCannotIndex) {
   const ConvShape ok = make_conv_shape("test", {2, 3, 30, 30}, {64, 3, 7, 7}, {.padding = {3}});
   EXPECT_TRUE(cuda::few_channels_forward_applies(ok));
@@ -206,21 +199,6 @@ TEST(CudaConvVariants, FewChannelsRowRefusesWhatItCannotIndex) {
   ConvShape far = ok;
   far.pad[2] = int64_t{1} << 40;
   EXPECT_FALSE(cuda::few_channels_forward_applies(far));
-  // The grad-input: channels-first 2-D, 1-4 input channels, equal strides of 1 or 2, dilation 1,
-  // sub-kernels of at most 8 taps a side.
-  const ConvParams stem{.stride = {2}, .padding = {3}};
-  EXPECT_TRUE(cuda::few_channels_grad_input_applies(make_conv_shape("test", {2, 3, 30, 30}, {64, 3, 7, 7}, stem)));
-  EXPECT_TRUE(cuda::few_channels_grad_input_applies(make_conv_shape("test", {2, 4, 9, 9}, {8, 4, 15, 15}, stem)));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(make_conv_shape("test", {2, 4, 40, 40}, {8, 4, 17, 17}, stem)));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(make_conv_shape("test", {2, 5, 30, 30}, {64, 5, 7, 7}, stem)));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(
-      make_conv_shape("test", {2, 30, 30, 3}, {64, 3, 7, 7}, {.stride = {2}, .padding = {3}, .layout = Layout::NHWC})));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(
-      make_conv_shape("test", {2, 3, 30, 30}, {64, 3, 3, 3}, {.stride = {3}, .padding = {1}})));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(
-      make_conv_shape("test", {2, 3, 30, 30}, {64, 3, 3, 3}, {.padding = {2}, .dilation = {2}})));
-  EXPECT_FALSE(cuda::few_channels_grad_input_applies(
-      make_conv_shape("test", {2, 1, 8, 8, 8}, {32, 1, 3, 3, 3}, {.padding = {1}})));
 }
 
 // Tiny passes (a few MFLOPs: a small model's layers) take the direct kernels: strided forwards
