@@ -15,7 +15,8 @@
 // jy x 4 rows x C FMAs on them. FP32 sums in a fixed order (deterministic).
 //
 // Per problem and precision: the routed pass's ms, this kernel's ms, and its relative L2 distance
-// to the routed output (FP32-accurate both: expect ~1e-7 at FP32, the TF32 error at TF32).
+// to the routed output (FP32-accurate both: expect ~1e-7 at FP32, the TF32 error at TF32); at
+// stride 2 also the variant that takes one phase at a time (fewer registers, dy staged per phase).
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <algorithm>
@@ -42,93 +43,100 @@ struct DgradGeometry {
   PhaseTaps phase[4];                    // [ry * SX + rx]
 };
 
-template <int C, int SY, int SX, int kMaxJ>
-__global__ void __launch_bounds__(kThreads) few_dgrad_kernel(float* __restrict__ dx, const float* __restrict__ dy,
-                                                             const float* __restrict__ w, const DgradGeometry g) {
+// kPhaseOuter false: every phase's accumulators at once, dy's tile staged once for all of them;
+// true: one phase at a time (a quarter of the accumulators at stride 2, more blocks per SM), dy's
+// tile staged again per phase (from L2 after the first).
+template <int C, int SY, int SX, int kMaxJ, bool kPhaseOuter>
+__global__ void __launch_bounds__(kThreads, 1) few_dgrad_kernel(float* __restrict__ dx, const float* __restrict__ dy,
+                                                                const float* __restrict__ w, const DgradGeometry g) {
   constexpr int P = SY * SX;
+  constexpr int PA = kPhaseOuter ? 1 : P;  // phases per pass
   constexpr int V = kRows + kMaxJ - 1;
   extern __shared__ float4 smem4[];
-  float4* ws = smem4;                                              // [kChunk][KH][KW]
+  float4* ws = smem4;                                                  // [kChunk][KH][KW]
   float* ys = reinterpret_cast<float*>(smem4 + kChunk * g.KH * g.KW);  // [kChunk][tile_rows][tile_cols]
   const int n = blockIdx.z;
   const int a0 = (blockIdx.x / g.tiles_b) * kTileA, b0 = (blockIdx.x % g.tiles_b) * kTileB;
   const int q = threadIdx.x >> 5, l = threadIdx.x & 31;
   const int plane = g.tile_rows * g.tile_cols;
+  const int taps = g.KH * g.KW;
 
-  float acc[P][kRows][C];
+  for (int pass = 0; pass < P / PA; ++pass) {
+    float acc[PA][kRows][C];
 #pragma unroll
-  for (int p = 0; p < P; ++p)
+    for (int p = 0; p < PA; ++p)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int c = 0; c < C; ++c) acc[p][r][c] = 0.f;
+        for (int c = 0; c < C; ++c) acc[p][r][c] = 0.f;
 
-  for (int k0 = 0; k0 < g.K; k0 += kChunk) {
-    __syncthreads();  // the previous chunk's readers are done
-    for (int e = threadIdx.x; e < kChunk * plane; e += kThreads) {
-      const int kk = e / plane, rc = e - kk * plane, r = rc / g.tile_cols, cc = rc - r * g.tile_cols;
-      const int k = k0 + kk, oy = a0 + g.lo_y + r, ox = b0 + g.lo_x + cc;
-      float v = 0.f;
-      if (k < g.K && oy >= 0 && oy < g.OH && ox >= 0 && ox < g.OW)
-        v = dy[((int64_t(n) * g.K + k) * g.OH + oy) * g.OW + ox];
-      ys[e] = v;
-    }
-    const int taps = g.KH * g.KW;
-    for (int e = threadIdx.x; e < kChunk * taps; e += kThreads) {
-      const int kk = e / taps, t = e - kk * taps, k = k0 + kk;
-      float f[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < g.K; k0 += kChunk) {
+      __syncthreads();  // the previous chunk's readers are done
+      for (int e = threadIdx.x; e < kChunk * plane; e += kThreads) {
+        const int kk = e / plane, rc = e - kk * plane, r = rc / g.tile_cols, cc = rc - r * g.tile_cols;
+        const int k = k0 + kk, oy = a0 + g.lo_y + r, ox = b0 + g.lo_x + cc;
+        float v = 0.f;
+        if (k < g.K && oy >= 0 && oy < g.OH && ox >= 0 && ox < g.OW)
+          v = dy[((int64_t(n) * g.K + k) * g.OH + oy) * g.OW + ox];
+        ys[e] = v;
+      }
+      for (int e = threadIdx.x; e < kChunk * taps; e += kThreads) {
+        const int kk = e / taps, t = e - kk * taps, k = k0 + kk;
+        float f[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int c = 0; c < C; ++c) f[c] = k < g.K ? w[(int64_t(k) * C + c) * taps + t] : 0.f;
-      ws[e] = make_float4(f[0], f[1], f[2], f[3]);
-    }
-    __syncthreads();
-    for (int kk = 0; kk < kChunk; ++kk) {
-      const float* yk = ys + kk * plane;
-      const float4* wk = ws + kk * taps;
+        for (int c = 0; c < C; ++c) f[c] = k < g.K ? w[(int64_t(k) * C + c) * taps + t] : 0.f;
+        ws[e] = make_float4(f[0], f[1], f[2], f[3]);
+      }
+      __syncthreads();
+      for (int kk = 0; kk < kChunk; ++kk) {
+        const float* yk = ys + kk * plane;
+        const float4* wk = ws + kk * taps;
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const PhaseTaps ph = g.phase[p];
-        // Row of v[u]: this thread's rows, shifted so that tap j of row r reads v[r - j + kMaxJ - 1].
-        const int row0 = kRows * q + ph.oyoff - g.lo_y - (kMaxJ - 1);
-        for (int i = 0; i < ph.jx; ++i) {
-          const int col = l + ph.oxoff - i - g.lo_x;
-          float v[V];
+        for (int pa = 0; pa < PA; ++pa) {
+          const PhaseTaps ph = g.phase[kPhaseOuter ? pass : pa];
+          // Row of v[u]: this thread's rows, shifted so that tap j of row r reads v[r - j + kMaxJ - 1].
+          const int row0 = kRows * q + ph.oyoff - g.lo_y - (kMaxJ - 1);
+          for (int i = 0; i < ph.jx; ++i) {
+            const int col = l + ph.oxoff - i - g.lo_x;
+            float v[V];
 #pragma unroll
-          for (int u = 0; u < V; ++u) {
-            const int row = min(max(row0 + u, 0), g.tile_rows - 1);  // rows past the taps' reach go unused
-            v[u] = yk[row * g.tile_cols + col];
-          }
-          const float4* wrow = wk + ph.kx0 + i * SX;
+            for (int u = 0; u < V; ++u) {
+              const int row = min(max(row0 + u, 0), g.tile_rows - 1);  // rows past the taps' reach go unused
+              v[u] = yk[row * g.tile_cols + col];
+            }
+            const float4* wrow = wk + ph.kx0 + i * SX;
 #pragma unroll
-          for (int j = 0; j < kMaxJ; ++j) {
-            if (j >= ph.jy) break;
-            const float4 wv = wrow[(ph.ky0 + j * SY) * g.KW];
-            const float wc[4] = {wv.x, wv.y, wv.z, wv.w};
+            for (int j = 0; j < kMaxJ; ++j) {
+              if (j >= ph.jy) break;
+              const float4 wv = wrow[(ph.ky0 + j * SY) * g.KW];
+              const float wc[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-            for (int r = 0; r < kRows; ++r)
+              for (int r = 0; r < kRows; ++r)
 #pragma unroll
-              for (int c = 0; c < C; ++c) acc[p][r][c] = fmaf(v[r - j + kMaxJ - 1], wc[c], acc[p][r][c]);
+                for (int c = 0; c < C; ++c) acc[pa][r][c] = fmaf(v[r - j + kMaxJ - 1], wc[c], acc[pa][r][c]);
+            }
           }
         }
       }
     }
-  }
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int ry = p / SX, rx = p % SX;
+    for (int pa = 0; pa < PA; ++pa) {
+      const int p = kPhaseOuter ? pass : pa;
+      const int ry = p / SX, rx = p % SX;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int iy = (a0 + kRows * q + r) * SY + ry, ix = (b0 + l) * SX + rx;
-      if (iy >= g.H || ix >= g.W) continue;
+      for (int r = 0; r < kRows; ++r) {
+        const int iy = (a0 + kRows * q + r) * SY + ry, ix = (b0 + l) * SX + rx;
+        if (iy >= g.H || ix >= g.W) continue;
 #pragma unroll
-      for (int c = 0; c < C; ++c) dx[((int64_t(n) * C + c) * g.H + iy) * g.W + ix] = acc[p][r][c];
+        for (int c = 0; c < C; ++c) dx[((int64_t(n) * C + c) * g.H + iy) * g.W + ix] = acc[pa][r][c];
+      }
     }
   }
 }
 
 // The launch for s (2-D NCHW, C <= 4, strides 1-2, dilation 1, every sub-kernel within 8 taps a
 // side); false where it does not serve s.
-bool few_dgrad(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s) {
+bool few_dgrad(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvShape& s, bool phase_outer) {
   if (s.channels_last() || s.spatial_dims != 2 || s.C > 4 || s.stride[1] > 2 || s.stride[2] > 2 ||
       s.dilation[1] != 1 || s.dilation[2] != 1)
     return false;
@@ -167,12 +175,14 @@ bool few_dgrad(const Tensor& dx, const Tensor& dy, const Tensor& w, const ConvSh
     cuda::allow_dynamic_smem(kernel, smem);
     kernel<<<grid, kThreads, smem, st>>>(dx.data<float>(), dy.data<float>(), w.data<float>(), g);
   };
-  // Instantiations the probe's problems need.
-  if (g.C == 3 && sy == 2 && sx == 2 && kMaxJ == 4) go(few_dgrad_kernel<3, 2, 2, 4>);
-  else if (g.C == 3 && sy == 1 && sx == 1 && kMaxJ == 4) go(few_dgrad_kernel<3, 1, 1, 4>);
-  else if (g.C == 1 && sy == 1 && sx == 1 && kMaxJ == 8) go(few_dgrad_kernel<1, 1, 1, 8>);
-  else if (g.C == 4 && sy == 1 && sx == 1 && kMaxJ == 4) go(few_dgrad_kernel<4, 1, 1, 4>);
-  else if (g.C == 3 && sy == 1 && sx == 1 && kMaxJ == 8) go(few_dgrad_kernel<3, 1, 1, 8>);
+  // Instantiations the probe's problems need (phases outermost only matters at stride 2).
+  if (g.C == 3 && sy == 2 && sx == 2 && kMaxJ == 4) {
+    if (phase_outer) go(few_dgrad_kernel<3, 2, 2, 4, true>);
+    else go(few_dgrad_kernel<3, 2, 2, 4, false>);
+  } else if (g.C == 3 && sy == 1 && sx == 1 && kMaxJ == 4) go(few_dgrad_kernel<3, 1, 1, 4, false>);
+  else if (g.C == 1 && sy == 1 && sx == 1 && kMaxJ == 8) go(few_dgrad_kernel<1, 1, 1, 8, false>);
+  else if (g.C == 4 && sy == 1 && sx == 1 && kMaxJ == 4) go(few_dgrad_kernel<4, 1, 1, 4, false>);
+  else if (g.C == 3 && sy == 1 && sx == 1 && kMaxJ == 8) go(few_dgrad_kernel<3, 1, 1, 8, false>);
   else return false;
   return cudaGetLastError() == cudaSuccess;
 }
@@ -186,15 +196,22 @@ void time_problem(const Problem& pr) {
     auto time = [&](auto&& launch) { return probe_common::median_ms(10, launch, 4, cuda::stream(0)); };
     cuda::conv_grad_input(check, dy, w, s, precision);
     const float routed = time([&] { cuda::conv_grad_input(check, dy, w, s, precision); });
-    if (!few_dgrad(dx, dy, w, s)) {
+    if (!few_dgrad(dx, dy, w, s, false)) {
       std::printf("%s %s: routed %.4f | not served\n", pr.name, precision == Precision::FP32 ? "fp32" : "tf32",
                   routed);
       continue;
     }
     const double err = probe_common::rel_l2(dx, check);
-    const float direct = time([&] { few_dgrad(dx, dy, w, s); });
-    std::printf("%s %s: routed %.4f | few_dgrad %.4f (x%.2f), differs from the routed pass by %.1e\n", pr.name,
+    const float direct = time([&] { few_dgrad(dx, dy, w, s, false); });
+    std::printf("%s %s: routed %.4f | few_dgrad %.4f (x%.2f), differs from the routed pass by %.1e", pr.name,
                 precision == Precision::FP32 ? "fp32" : "tf32", routed, direct, direct / routed, err);
+    if (s.stride[1] == 2) {
+      few_dgrad(dx, dy, w, s, true);
+      const double err_outer = probe_common::rel_l2(dx, check);
+      const float outer = time([&] { few_dgrad(dx, dy, w, s, true); });
+      std::printf(" | phases outermost %.4f (x%.2f), differs by %.1e", outer, outer / routed, err_outer);
+    }
+    std::printf("\n");
   }
 }
 

@@ -41,6 +41,9 @@ void time_problem(const Problem& pr) {
       {"s12", {.splits = 12}},       {"b1", {.blocks_per_sm = 1}},    {"b2", {.blocks_per_sm = 2}},
       {"t64", {.tile = 64}},         {"cols", {.wgrad_shifted = -1}}, {"shift", {.wgrad_shifted = 1}},
       {"shift-s2", {.splits = 2, .wgrad_shifted = 1}}, {"shift-s4", {.splits = 4, .wgrad_shifted = 1}},
+      // 128 x 256 tiles (a quarter fewer bytes per product), where the planner only takes them unsplit.
+      {"t256", {.tile = 256}},       {"t256-s2", {.tile = 256, .splits = 2}}, {"t256-s4", {.tile = 256, .splits = 4}},
+      {"t256-s8", {.tile = 256, .splits = 8}},
   };
   for (const Precision precision : {Precision::TF32, Precision::FP32}) {
     const Tensor x = uniform(s.x_shape(), -1, 1, {.device = gpu});
