@@ -8,83 +8,37 @@
 //
 // Built against the library and run by `scripts/gpu-check --probes`.
 #include <cstdio>
-#include <exception>
-#include <string>
 
-#include "conv_rows.h"
-#include "ops/cuda/gemm/engine.h"
+#include "forced_plans.h"
 
 namespace {
 
 using namespace tg;
 using conv_rows::Problem;
+using forced_plans::ForcedPlan;
 
-void run(const Tensor& dw, const Tensor& dy, const Tensor& x, const ConvShape& s, Precision precision,
-         const cuda::EnginePolicy& policy) {
-  cuda::KernelPolicy forced;
-  forced.conv_variant = "engine";
-  forced.engine = policy;
-  cuda::KernelPolicyGuard guard(forced);
-  cuda::conv_grad_weight(dw, dy, x, s, precision);
-}
-
-struct Forced {
-  const char* name;
-  cuda::EnginePolicy policy;
+const ForcedPlan kPlans[] = {
+    {"s1", {.splits = 1}},         {"s2", {.splits = 2}},           {"s3", {.splits = 3}},
+    {"s4", {.splits = 4}},         {"s6", {.splits = 6}},           {"s8", {.splits = 8}},
+    {"s12", {.splits = 12}},       {"b1", {.blocks_per_sm = 1}},    {"b2", {.blocks_per_sm = 2}},
+    {"t64", {.tile = 64}},         {"cols", {.wgrad_shifted = -1}}, {"shift", {.wgrad_shifted = 1}},
+    {"shift-s2", {.splits = 2, .wgrad_shifted = 1}}, {"shift-s4", {.splits = 4, .wgrad_shifted = 1}},
+    // 128 x 256 tiles (a quarter fewer bytes per product), where the planner only takes them unsplit.
+    {"t256", {.tile = 256}},       {"t256-s2", {.tile = 256, .splits = 2}}, {"t256-s4", {.tile = 256, .splits = 4}},
+    {"t256-s8", {.tile = 256, .splits = 8}},
 };
 
 void time_problem(const Problem& pr) {
   const Device gpu = Device::cuda(0);
   const ConvShape s = make_conv_shape("probe", pr.x, pr.w, pr.p);
-  const Forced forced[] = {
-      {"s1", {.splits = 1}},         {"s2", {.splits = 2}},           {"s3", {.splits = 3}},
-      {"s4", {.splits = 4}},         {"s6", {.splits = 6}},           {"s8", {.splits = 8}},
-      {"s12", {.splits = 12}},       {"b1", {.blocks_per_sm = 1}},    {"b2", {.blocks_per_sm = 2}},
-      {"t64", {.tile = 64}},         {"cols", {.wgrad_shifted = -1}}, {"shift", {.wgrad_shifted = 1}},
-      {"shift-s2", {.splits = 2, .wgrad_shifted = 1}}, {"shift-s4", {.splits = 4, .wgrad_shifted = 1}},
-      // 128 x 256 tiles (a quarter fewer bytes per product), where the planner only takes them unsplit.
-      {"t256", {.tile = 256}},       {"t256-s2", {.tile = 256, .splits = 2}}, {"t256-s4", {.tile = 256, .splits = 4}},
-      {"t256-s8", {.tile = 256, .splits = 8}},
-  };
+  const Tensor x = uniform(s.x_shape(), -1, 1, {.device = gpu}), dy = uniform(s.y_shape(), -1, 1, {.device = gpu});
+  const Tensor dw = Tensor::empty(s.w_shape(), {.device = gpu});
   for (const Precision precision : {Precision::TF32, Precision::FP32}) {
-    const Tensor x = uniform(s.x_shape(), -1, 1, {.device = gpu});
-    const Tensor dy = uniform(s.y_shape(), -1, 1, {.device = gpu});
-    const Tensor dw = Tensor::empty(s.w_shape(), {.device = gpu}), check = Tensor::empty(s.w_shape(), {.device = gpu});
-    const cuda::EnginePolicy by_default{};
-    run(check, dy, x, s, precision, by_default);
-    auto time = [&](const cuda::EnginePolicy& policy) {
-      return probe_common::median_ms(10, [&] { run(dw, dy, x, s, precision, policy); }, 4, cuda::stream(0));
-    };
-    const float base = time(by_default);
-    std::string line;
-    char buf[160];
-    float best = base;
-    const char* best_name = "default";
-    for (const Forced& f : forced) {
-      const bool uses_tma = cuda::engine_conv_grad_weight_uses_tma(s, dw, precision, f.policy);
-      if (!uses_tma) continue;
-      try {
-        run(dw, dy, x, s, precision, f.policy);
-      } catch (const std::exception& e) {  // a plan the kernels refuse: say so, go on
-        line += std::string(" ") + f.name + " (refused)";
-        continue;
-      }
-      const double err = probe_common::rel_l2(dw, check);
-      const float ms = time(f.policy);
-      std::snprintf(buf, sizeof buf, " %s %.4f", f.name, ms);
-      line += buf;
-      if (err > (precision == Precision::FP32 ? 1e-5 : 2e-3)) {
-        std::snprintf(buf, sizeof buf, " (differs by %.1e)", err);
-        line += buf;
-      }
-      if (ms < best) {
-        best = ms;
-        best_name = f.name;
-      }
-    }
-    const bool shifted = cuda::engine_conv_grad_weight_uses_shifted_rows(s, dw, precision, false, by_default);
-    std::printf("%s %s: default%s %.4f |%s | best %s x%.2f\n", pr.name, precision == Precision::FP32 ? "fp32" : "tf32",
-                shifted ? "/shifted" : "", base, line.c_str(), best_name, best / base);
+    const bool shifted = cuda::engine_conv_grad_weight_uses_shifted_rows(s, dw, precision, false, {});
+    forced_plans::time_plans(pr.name, shifted ? "/shifted" : "", kPlans, cuda::ConvPass::GradWeight, dw, x, Tensor(),
+                             dy, s, precision, [&](const cuda::EnginePolicy& policy) {
+                               return cuda::engine_conv_grad_weight_uses_tma(s, dw, precision, policy);
+                             });
   }
 }
 
