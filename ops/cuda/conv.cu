@@ -190,9 +190,7 @@ bool pointwise_can_implement(const ConvProblem& p, const ConvOperands&) { return
 // images, so most of each 128-pixel tile would be empty (7x7: 2-18x the engine's time).
 bool pointwise_streams_channels_first(const ConvProblem& p, const ConvOperands& o) {
   const ConvShape& s = p.shape;
-  if (p.pass == ConvPass::GradWeight || s.channels_last() || tiny_channels_first_images(s) ||
-      !conv1x1_applies(s, p.dtype))
-    return false;
+  if (p.pass == ConvPass::GradWeight || s.channels_last() || tiny_channels_first_images(s)) return false;
   const bool grad_input = p.pass == ConvPass::GradInput;
   return conv1x1_runs_on_tma(o.out, grad_input ? o.dy : o.x, s, grad_input);
 }

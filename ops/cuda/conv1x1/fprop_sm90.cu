@@ -198,22 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_tma_kernel(const __grid
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks)
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if constexpr (kSplit) {
-          a_hi[ks][u] = tf32_bits(__uint_as_float(raw[ks][u]));
-          a_lo[ks][u] = tf32_operand(__uint_as_float(raw[ks][u]) - __uint_as_float(a_hi[ks][u]));
-        } else {
-          a_hi[ks][u] = tf32_operand(__uint_as_float(raw[ks][u]));
-        }
-      }
-    // The operands exist before the fence: left to itself the compiler sinks their arithmetic
-    // between the wgmma, and ptxas then serializes them (C7519/C7520).
-#pragma unroll
-    for (int ks = 0; ks < kKS; ++ks) {
-      asm volatile("" : "+r"(a_hi[ks][0]), "+r"(a_hi[ks][1]), "+r"(a_hi[ks][2]), "+r"(a_hi[ks][3]));
-      if constexpr (kSplit)
-        asm volatile("" : "+r"(a_lo[ks][0]), "+r"(a_lo[ks][1]), "+r"(a_lo[ks][2]), "+r"(a_lo[ks][3]));
-    }
+      for (int u = 0; u < 4; ++u) tf32_fragment<kSplit>(__uint_as_float(raw[ks][u]), a_hi[ks][u], a_lo[ks][u]);
+    pin_fragments<kSplit>(a_hi, a_lo);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
@@ -293,10 +279,6 @@ void launch_for(const Params& p, int64_t R, int dev, cudaStream_t st) {
   else if (!kNchw && nhwc_whole_rows(R)) launch<false, 8, kSplit, true>(p, dev, st);
   else launch<kNchw, 8, kSplit, false>(p, dev, st);
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coordinates are 32-bit
 
 // The resident kernel's own rule (R <= 64).
 bool resident_applies(const PointwiseTmaProblem& q, int dev) {

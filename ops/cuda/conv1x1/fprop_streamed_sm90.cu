@@ -161,23 +161,10 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_streamed_kernel(const _
 #pragma unroll
         for (int q = 0; q < kGroup; ++q)
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float v = __uint_as_float(ld_shared(stage + (k0 + q) * 8 * 128 + a_off[u]));
-            if constexpr (kSplit) {
-              a_hi[q][u] = tf32_bits(v);
-              a_lo[q][u] = tf32_operand(v - __uint_as_float(a_hi[q][u]));
-            } else {
-              a_hi[q][u] = tf32_operand(v);
-            }
-          }
-        // The operands exist before the fence: left to itself the compiler sinks their arithmetic
-        // between the wgmma, and ptxas then serializes them (C7519/C7520).
-#pragma unroll
-        for (int q = 0; q < kGroup; ++q) {
-          asm volatile("" : "+r"(a_hi[q][0]), "+r"(a_hi[q][1]), "+r"(a_hi[q][2]), "+r"(a_hi[q][3]));
-          if constexpr (kSplit)
-            asm volatile("" : "+r"(a_lo[q][0]), "+r"(a_lo[q][1]), "+r"(a_lo[q][2]), "+r"(a_lo[q][3]));
-        }
+          for (int u = 0; u < 4; ++u)
+            tf32_fragment<kSplit>(__uint_as_float(ld_shared(stage + (k0 + q) * 8 * 128 + a_off[u])), a_hi[q][u],
+                                  a_lo[q][u]);
+        pin_fragments<kSplit>(a_hi, a_lo);
         wgmma::fence();
 #pragma unroll
         for (int q = 0; q < kGroup; ++q) {
@@ -230,10 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1) pointwise_streamed_kernel(const _
   __trap();  // launched only where device_runs_wgmma (sm_90a code on an H100 / H200)
 #endif
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coordinates are 32-bit
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/arch/cp_async.cuh"
 #include "ops/cuda/arch/shared_memory.cuh"
+#include "ops/cuda/arch/tf32.cuh"
 
 namespace tg::cuda::conv1x1_sm90 {
 
@@ -17,6 +18,33 @@ constexpr int kOutChannels = 128;              // per tile (wgmma's N)
 constexpr int kBoxFloats = 32;                 // the inner side of a swizzled box: 128 bytes
 constexpr int kConsumers = 256, kThreads = kConsumers + 32;
 constexpr int kStagingBytes = kHalfRows * kOutChannels * 4;  // 32 KB per warpgroup
+
+constexpr int64_t kCoordinateLimit = (int64_t(1) << 31) - kTileRows;  // TMA coordinates are 32-bit
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// An activation value as wgmma's A operand: FP32 mode (kSplit) its TF32 head and the TF32
+// rounding of the remainder; else the plain TF32 operand (lo unused).
+template <bool kSplit>
+__device__ __forceinline__ void tf32_fragment(float v, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit) {
+    hi = tf32_bits(v);
+    lo = tf32_operand(v - __uint_as_float(hi));
+  } else {
+    hi = tf32_operand(v);
+  }
+}
+
+// Makes the k8 steps' fragments exist before wgmma::fence: left to itself the compiler sinks
+// their arithmetic between the wgmma, and ptxas then serializes them (C7519/C7520).
+template <bool kSplit, int kSteps>
+__device__ __forceinline__ void pin_fragments(uint32_t (&hi)[kSteps][4], uint32_t (&lo)[kSteps][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    asm volatile("" : "+r"(hi[ks][0]), "+r"(hi[ks][1]), "+r"(hi[ks][2]), "+r"(hi[ks][3]));
+    if constexpr (kSplit) asm volatile("" : "+r"(lo[ks][0]), "+r"(lo[ks][1]), "+r"(lo[ks][2]), "+r"(lo[ks][3]));
+  }
+}
 
 // Where a tile lies: channels-first tiles never straddle two images.
 struct TilePlace {
