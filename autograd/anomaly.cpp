@@ -33,7 +33,13 @@ DetectAnomalyGuard::DetectAnomalyGuard(bool on) : previous_(detect_anomaly()) { 
 DetectAnomalyGuard::~DetectAnomalyGuard() { set_detect_anomaly(previous_); }
 
 int64_t first_non_finite(const Tensor& t) {
-  if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return -1;
+  if (!t.defined() || !(is_floating(t.dtype()) || is_half(t.dtype())) || t.numel() == 0) return -1;
+  // bf16 / f16 (Autocast's products, and their gradients): every half value, inf and NaN
+  // included, is exact in f32.
+  if (is_half(t.dtype())) {
+    std::vector<float> host = t.to_vector<float>();
+    return scan(host.data(), t.numel());
+  }
   if (t.device().is_cpu()) {
     return t.dtype() == DType::f32 ? scan(t.data<float>(), t.numel()) : scan(t.data<double>(), t.numel());
   }

@@ -34,6 +34,12 @@ Tensor accumulate_grad(const Tensor& a, const Tensor& b) {
   return sum_of(a, b);
 }
 
+// Guards leaves' grad() while a backward accumulates into it.
+std::mutex& leaf_grad_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 std::atomic<uint64_t> g_next_tape_id{1};  // 0 means "recorded on no tape"
 
 // The calling thread's active tapes, outermost first. It holds slots, not tapes: a slot
@@ -115,6 +121,7 @@ void record(std::string op, std::vector<Tensor> inputs, std::vector<Tensor> outp
   e.op = std::move(op);
   e.inputs = std::move(inputs);
   e.outputs = std::move(outputs);
+  for (const Tensor& o : e.outputs) e.output_versions.push_back(o.defined() ? o.version() : 0);
   for (const Tensor& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
   e.saved = std::move(saved);
   e.backward = std::move(backward);
@@ -184,8 +191,14 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
       needed = needed || needs[i];
     }
     std::vector<Tensor> gouts;
-    for (const Tensor& o : e.outputs) {
+    for (size_t j = 0; j < e.outputs.size(); ++j) {
+      const Tensor& o = e.outputs[j];
       auto g = grads.find(o.impl());
+      TG_CHECK(g == grads.end() || o.version() == e.output_versions[j], "Tape::backward: output ", j, " ",
+               describe(o), " of '", e.op, "' was modified in place after it was recorded (version ",
+               e.output_versions[j], " -> ", o.version(), "), so what flowed on is not what '", e.op,
+               "' computed and its gradient would be wrong; write into a clone() or a tensor made outside "
+               "the tape instead");
       gouts.push_back(g != grads.end() ? g->second
                                        : zeros(o.shape(), {.dtype = o.dtype(), .device = o.device()}));
       // A non-leaf output gets no more gradient once its producer is processed.
@@ -240,15 +253,28 @@ void Tape::backward(const Tensor& loss, const Tensor& seed) {
         if (in.requires_grad() && seen.insert(in.impl()).second) ready_at[k].push_back(in);
       }
   }
+  // Whether a gradient still waiting in `grads` (for a tensor not processed yet) shares
+  // `t`'s storage: a post-accumulate hook that edits the leaf's grad in place would change it.
+  auto shares_a_pending_gradient = [&](const Tensor& t, const TensorImpl* owner) {
+    for (const auto& [impl, g] : grads)
+      if (impl != owner && g.impl()->storage == t.impl()->storage) return true;
+    return false;
+  };
   auto finish_leaves = [&](size_t k) {
     for (const Tensor& in : ready_at[k]) {
       auto g = grads.find(in.impl());
       if (g == grads.end()) continue;  // no gradient reached this leaf
-      Tensor old = in.grad();
-      Tensor next = old.defined() ? accumulate_grad(old, g->second) : g->second;
-      if (!taken.insert(next.impl()->storage.get()).second) next = next.clone();
-      taken.insert(next.impl()->storage.get());
-      in.set_grad(next);
+      {
+        // Leaves may be shared by backward passes running on several threads (one model,
+        // one tape per thread): the read, sum and write of grad() are one step.
+        std::lock_guard<std::mutex> lock(leaf_grad_mutex());
+        Tensor old = in.grad();
+        Tensor next = old.defined() ? accumulate_grad(old, g->second) : g->second;
+        if (!taken.insert(next.impl()->storage.get()).second || shares_a_pending_gradient(next, in.impl()))
+          next = next.clone();
+        taken.insert(next.impl()->storage.get());
+        in.set_grad(next);
+      }
       grads.erase(g);
       run_post_accumulate_grad_hooks(in);
     }

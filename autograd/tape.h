@@ -55,6 +55,9 @@ struct TapeEntry {
   std::vector<Tensor> outputs;
   std::vector<Tensor> saved;
   std::vector<uint64_t> saved_versions;
+  // The outputs' versions when recorded: an output written in place afterwards (fill_,
+  // copy_, ...) no longer holds what the op produced, so backward refuses it.
+  std::vector<uint64_t> output_versions;
   BackwardFn backward;
 };
 

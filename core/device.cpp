@@ -33,17 +33,17 @@ Device parse_device(const std::string& s) {
 
 void check_device(const char* op, Device d) {
   if (d.is_cpu()) {
-    TG_CHECK(d.index == 0, op, ": the CPU device has index 0, got ", d.index);
+    TG_CHECK_AS(DeviceError, d.index == 0, op, ": the CPU device has index 0, got ", d.index);
     return;
   }
-  TG_CHECK(d.is_cuda(), op, ": unknown device kind ", static_cast<int>(d.kind));
-  TG_CHECK(d.index >= 0 && d.index < kMaxCudaDevices, op, ": GPU ordinal ", d.index, " out of range [0, ",
+  TG_CHECK_AS(DeviceError, d.is_cuda(), op, ": unknown device kind ", static_cast<int>(d.kind));
+  TG_CHECK_AS(DeviceError, d.index >= 0 && d.index < kMaxCudaDevices, op, ": GPU ordinal ", d.index, " out of range [0, ",
            kMaxCudaDevices, ")");
 #if TG_CUDA
   const int count = cuda_device_count();
-  TG_CHECK(d.index < count, op, ": no such device ", d.str(), " (", count, " GPUs visible)");
+  TG_CHECK_AS(DeviceError, d.index < count, op, ": no such device ", d.str(), " (", count, " GPUs visible)");
 #else
-  TG_FAIL(op, ": ", d.str(), " requested, but tapegrad was built without CUDA");
+  TG_FAIL_AS(UnsupportedError, op, ": ", d.str(), " requested, but tapegrad was built without CUDA");
 #endif
 }
 

@@ -98,6 +98,8 @@ Tensor empty_for(const char* op, const Shape& shape, TensorOptions opts) {
 Tensor Tensor::empty(const Shape& shape, TensorOptions opts) { return empty_for("Tensor::empty", shape, opts); }
 
 Tensor& Tensor::fill_(double value) {
+  TG_CHECK_AS(DTypeError, dtype() != DType::i64 || (value >= -9223372036854775808.0 && value < 9223372036854775808.0),
+              "fill_: ", value, " has no i64 value, for ", describe(*this));
   if (device().is_cpu() && is_half(dtype())) {
     uint16_t* p = static_cast<uint16_t*>(raw_data());
     const uint16_t v = encode_half(dtype(), value);

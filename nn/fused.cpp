@@ -19,7 +19,7 @@ Conv3dGroupNormMean::Conv3dGroupNormMean(Conv3dGroupNormMeanOptions o, TensorOpt
 }
 
 Tensor Conv3dGroupNormMean::forward(const Tensor& x) {
-  TG_CHECK(x.defined() && x.dim() == 5 && x.size(1) == options_.in_channels,
+  TG_CHECK_AS(ShapeError, x.defined() && x.dim() == 5 && x.size(1) == options_.in_channels,
            "Conv3dGroupNormMean: expected input (N, ", options_.in_channels, ", D, H, W), got ",
            x.defined() ? describe(x) : std::string("an undefined tensor"));
   return conv3d_group_norm_mean(x, conv->weight, conv->bias, norm->weight, norm->bias, options_.num_groups,

@@ -108,7 +108,8 @@ Tensor Linear::forward(const Tensor& x) {
   // Both reshapes are views recorded on the tape, so gradients reach x in its own shape.
   if (!x.defined() || x.dim() <= 2) return linear(x, weight, bias);
   const int64_t in = x.size(x.dim() - 1);
-  TG_CHECK(in == options_.in_features, "Linear: expected input (..., ", options_.in_features, "), got ", describe(x));
+  TG_CHECK_AS(ShapeError, in == options_.in_features, "Linear: expected input (..., ", options_.in_features,
+              "), got ", describe(x));
   std::vector<int64_t> out_dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
   int64_t batch = 1;
   for (int64_t d : out_dims) batch = checked_mul(batch, d, "Linear: ", describe(x));
@@ -170,14 +171,14 @@ GroupNorm::GroupNorm(GroupNormOptions o, TensorOptions t) : options_(o) {
 }
 
 Tensor GroupNorm::forward(const Tensor& x) {
-  TG_CHECK(x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
+  TG_CHECK_AS(ShapeError, x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
            options_.num_channels, ", *) of rank >= 3, got ", describe(x));
   return options_.relu ? group_norm_relu(x, weight, bias, options_.num_groups, options_.eps)
                        : group_norm(x, weight, bias, options_.num_groups, options_.eps);
 }
 
 Tensor GroupNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
-  TG_CHECK(x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
+  TG_CHECK_AS(ShapeError, x.defined() && x.dim() >= 3 && x.size(1) == options_.num_channels, "GroupNorm: expected input (N, ",
            options_.num_channels, ", *) of rank >= 3, got ", describe(x));
   TG_CHECK(!options_.relu, "GroupNorm::forward_add_relu: the norm's own relu option would apply the ReLU before "
                            "the residual; build it without");
@@ -189,12 +190,12 @@ Tensor GroupNorm::forward_add_relu(const Tensor& x, const Tensor& residual) {
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
 Tensor Flatten::forward(const Tensor& x) {
-  TG_CHECK(x.defined() && x.dim() >= 1, "Flatten: expected a tensor with a batch dim, got ", describe(x));
+  TG_CHECK_AS(ShapeError, x.defined() && x.dim() >= 1, "Flatten: expected a tensor with a batch dim, got ", describe(x));
   return flatten(x, start_dim_, end_dim_);
 }
 
 Tensor MeanPool::forward(const Tensor& x) {
-  TG_CHECK(x.defined() && x.dim() >= 3, "MeanPool: expected (N, C, *) of rank >= 3, got ", describe(x));
+  TG_CHECK_AS(ShapeError, x.defined() && x.dim() >= 3, "MeanPool: expected (N, C, *) of rank >= 3, got ", describe(x));
   std::vector<int64_t> dims;
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
   return mean(x, dims);

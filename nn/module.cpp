@@ -126,21 +126,23 @@ std::vector<std::pair<std::string, Tensor*>> Module::named_parameter_slots() {
   return out;
 }
 
+// A tensor registered under several names (tied weights, a shared submodule) is listed once,
+// under its first name, as in PyTorch: an optimizer must update it once, a gradient norm
+// must count it once.
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor*>> slots;
   collect("", slots);
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(slots.size());
-  for (auto& [name, slot] : slots) out.emplace_back(std::move(name), *slot);
+  std::unordered_set<const TensorImpl*> seen;
+  for (auto& [name, slot] : slots)
+    if (seen.insert(slot->impl()).second) out.emplace_back(std::move(name), *slot);
   return out;
 }
 
 std::vector<Tensor> Module::parameters() const {
-  std::vector<std::pair<std::string, Tensor*>> slots;
-  collect("", slots);
   std::vector<Tensor> out;
-  out.reserve(slots.size());
-  for (auto& [name, slot] : slots) out.push_back(*slot);
+  for (auto& [name, t] : named_parameters()) out.push_back(std::move(t));
   return out;
 }
 

@@ -30,7 +30,9 @@ class Module {
   Tensor operator()(const Tensor& x) { return forward(x); }
 
   // Recursive, in registration order (own parameters first, then each child's).
-  // Undefined slots (a layer built with bias = false) are left out, as PyTorch leaves out None.
+  // Undefined slots (a layer built with bias = false) are left out, as PyTorch leaves out None;
+  // a tensor held by several slots (tied weights) is listed once, under its first name.
+  // named_parameter_slots() lists every slot (for loading into each).
   std::vector<Tensor> parameters() const;
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<std::pair<std::string, Tensor*>> named_parameter_slots();

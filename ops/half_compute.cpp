@@ -25,11 +25,19 @@ Tensor compute_in_f32(const char* op, const std::vector<Tensor>& inputs,
                       const std::function<Tensor(const std::vector<Tensor>&)>& f) {
   const Tensor* first = first_defined(inputs);
   TG_CHECK(first, op, ": no inputs");
-  const DType half = first->dtype();
+  // Called when some input is a half type: every input must be that same type. The message
+  // names the first input that differs from the first half one.
+  const Tensor* half_input = first;
+  for (const Tensor& t : inputs)
+    if (t.defined() && is_half(t.dtype())) {
+      half_input = &t;
+      break;
+    }
+  const DType half = half_input->dtype();
   for (const Tensor& t : inputs) {
     if (!t.defined()) continue;
-    TG_CHECK_AS(DTypeError, t.dtype() == half && is_half(half), op, ": dtypes differ: ", describe(*first), " and ",
-                describe(t), " (convert one with .to(dtype))");
+    TG_CHECK_AS(DTypeError, t.dtype() == half && is_half(half), op, ": dtypes differ: ", describe(*half_input),
+                " and ", describe(t), " (convert one with .to(dtype))");
   }
   // The casts and the f32 op are ordinary recorded ops: under a tape, with an input that
   // requires grad (a half result of a recorded op), the gradient flows back through them, in

@@ -125,8 +125,29 @@ void permute(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dim
   });
 }
 
+namespace {
+
+// f32 / f64 -> i64: truncated toward zero where the value has an i64; a NaN, an infinity or a
+// value past i64's range is a DTypeError, as for the half types (ops/cpu/cast_half.cpp).
+template <class S>
+void floating_to_i64(const Tensor& out, const Tensor& x) {
+  const S* ps = static_cast<const S*>(x.raw_data());
+  int64_t* pd = out.data<int64_t>();
+  constexpr S kLimit = static_cast<S>(9223372036854775808.0);  // 2^63, exact in both types
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    const S v = ps[i];
+    TG_CHECK_AS(DTypeError, v >= -kLimit && v < kLimit, "Tensor::to(i64): element ", i, " of ", describe(x),
+                " is ", v, ", which has no i64 value");
+    pd[i] = static_cast<int64_t>(v);
+  }
+}
+
+}  // namespace
+
 void cast(const Tensor& out, const Tensor& x) {
   if (is_half(x.dtype()) || is_half(out.dtype())) return cast_half(out, x);
+  if (out.dtype() == DType::i64 && x.dtype() == DType::f32) return floating_to_i64<float>(out, x);
+  if (out.dtype() == DType::i64 && x.dtype() == DType::f64) return floating_to_i64<double>(out, x);
   dispatch_any(x.dtype(), [&](auto* stag) {
     using S = TG_ELEMENT_TYPE(stag);
     const S* ps = static_cast<const S*>(x.raw_data());

@@ -32,8 +32,11 @@ inline Tensor random(const Shape& s, DType dt = DType::f64, Device d = Device::c
 // A leaf that requires grad.
 inline Tensor param(const Shape& s, DType dt = DType::f64) { return random(s, dt).requires_grad_(); }
 
-// Poisons a buffer with NaN so that any element a kernel fails to write is caught.
-inline void poison(Tensor& t) { t.fill_(std::numeric_limits<double>::quiet_NaN()); }
+// Poisons a buffer so that any element a kernel fails to write is caught: NaN, or for i64
+// (which has no NaN) its lowest value.
+inline void poison(Tensor& t) {
+  t.fill_(t.dtype() == DType::i64 ? -9223372036854775808.0 : std::numeric_limits<double>::quiet_NaN());
+}
 
 // Rows [begin, end) of an (N, ...) tensor, as a new tensor of its dtype on `device` (through
 // the host: tests use it to cut batches without any slicing op under test).

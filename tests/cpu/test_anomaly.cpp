@@ -104,6 +104,19 @@ TEST(Anomaly, NaNMadeOnTheTapeBlamesItsOp) {
   TG_EXPECT_ERROR(mul(h, 2.0), "forward of 'affine' produced NaN/Inf in output 0");
 }
 
+// Autocast's half results are scanned too: the f16 product overflows where it is made (on
+// the CPU, in the cast that ends the f32 matmul), before anything carries the inf on.
+TEST(Anomaly, HalfResultsAreScanned) {
+  EXPECT_EQ(first_non_finite(from_vector(std::vector<float>{1, 70000, 2}, {3}).to(DType::f16)), 1);
+  EXPECT_EQ(first_non_finite(from_vector(std::vector<float>{1, 2}, {2}).to(DType::bf16)), -1);
+  DetectAnomalyGuard on;
+  Tensor w = from_vector(std::vector<float>{300, 300}, {2, 1}).requires_grad_();
+  Tensor x = full({1, 2}, 300.0);
+  Tape tape;
+  Autocast f16(DType::f16);
+  TG_EXPECT_ERROR(matmul(x, w), "produced NaN/Inf in output 0 f16[1, 1]", "element 0 is inf");
+}
+
 TEST(Anomaly, OnlyOpsOnATapeAreScanned) {
   DetectAnomalyGuard on;
   Tensor a = from_vector(std::vector<float>{1, 2}, {2});

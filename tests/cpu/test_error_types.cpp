@@ -66,6 +66,36 @@ TEST(ErrorTypes, DeviceMismatchesAreDeviceErrors) {
       "cross_entropy targets on the CPU");
 }
 
+// A GPU that is not there: DeviceError where CUDA is built but that ordinal is missing,
+// UnsupportedError in a build without CUDA. Either way before anything is allocated.
+TEST(ErrorTypes, MissingDevicesAreDeviceOrUnsupportedErrors) {
+#if TG_CUDA
+  const Device beyond = Device::cuda(cuda_device_count());  // one past the last visible GPU
+  expect_throws_exactly<DeviceError>([&] { zeros({2}, {.device = beyond}); }, "zeros on a missing GPU");
+  expect_throws_exactly<DeviceError>([&] { random({2}, f32).to(beyond); }, "to() a missing GPU");
+#else
+  expect_throws_exactly<UnsupportedError>([] { zeros({2}, {.device = Device::cuda(0)}); }, "zeros on cuda, no CUDA");
+#endif
+}
+
+// Layers check their input's shape as the ops do: ShapeError, naming the layer.
+TEST(ErrorTypes, LayerInputShapesAreShapeErrors) {
+  nn::Linear linear({.in_features = 3, .out_features = 2});
+  expect_throws_exactly<ShapeError>([&] { linear.forward(random({2, 5, 4}, f32)); }, "Linear (..., in)");
+  nn::GroupNorm norm({.num_groups = 2, .num_channels = 4});
+  expect_throws_exactly<ShapeError>([&] { norm.forward(random({2, 6, 3}, f32)); }, "GroupNorm channels");
+  nn::Flatten flatten;
+  expect_throws_exactly<ShapeError>([&] { flatten.forward(random({}, f32)); }, "Flatten of a 0-d tensor");
+}
+
+// A mixed-precision pair names both types, the half one first.
+TEST(ErrorTypes, MixedHalfAndF32NamesBothTypes) {
+  const std::string msg = expect_throws_exactly<DTypeError>(
+      [] { add(random({2, 3}, f32), random({2, 3}, f32).to(DType::bf16)); }, "add f32 + bf16");
+  EXPECT_NE(msg.find("bf16[2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[2, 3]"), std::string::npos) << msg;
+}
+
 TEST(ErrorTypes, FileProblemsAreIOErrors) {
   const std::string missing = ::testing::TempDir() + "tg_no_such_dir/none.safetensors";
   const std::string msg =

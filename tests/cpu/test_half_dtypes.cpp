@@ -241,6 +241,25 @@ TEST(HalfDtypes, F64IsRoundedOnceNotTwice) {
   }
 }
 
+// f32 / f64 to i64 follow the half types' rule: truncated toward zero where the value has an
+// i64, a DTypeError for NaN, infinities and values past i64's range (never a wrapped number).
+TEST(HalfDtypes, FloatingToI64TruncatesOrRefuses) {
+  const std::vector<double> fine = {-3.7, -0.5, 0.0, 0.9, 3.7, 1e18, -9.223372036854775808e18};
+  const std::vector<int64_t> want = {-3, 0, 0, 0, 3, 1000000000000000000, std::numeric_limits<int64_t>::min()};
+  EXPECT_EQ(from_vector(fine, {7}).to(DType::i64).to_vector<int64_t>(), want);
+  EXPECT_EQ(from_vector(fine, {7}).to_vector<int64_t>(), want);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (double bad : {nan, inf, -inf, 1e30, -1e30, 9.223372036854775808e18}) {
+    for (DType from : {DType::f32, DType::f64}) {
+      Tensor t = from_vector(std::vector<double>{1.0, bad}, {2}).to(from);
+      TG_EXPECT_ERROR(t.to(DType::i64), "Tensor::to(i64)", "element 1", "no i64 value");
+      EXPECT_THROW(t.to_vector<int64_t>(), DTypeError);
+    }
+    TG_EXPECT_ERROR(full({2}, bad, {.dtype = DType::i64}), "fill_", "has no i64 value");
+  }
+  EXPECT_EQ(full({1}, -7.9, {.dtype = DType::i64}).to_vector<int64_t>()[0], -7);
+}
+
 TEST(HalfDtypes, IntegersToAndFromHalves) {
   const int64_t big = (int64_t{1} << 62) + (int64_t{1} << 54) + 1;  // just past a bf16 midpoint
   const std::vector<int64_t> ints = {0, -1, 257, 259, 2049, 2051, 65504, 65519, 65520, -70000,

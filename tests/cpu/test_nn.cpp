@@ -52,6 +52,25 @@ TEST(Module, NestedNamesAndSlots) {
   EXPECT_TRUE(net.head->bias.same(replacement));
 }
 
+// A weight tied between two layers is one parameter: listed once (under its first name), so
+// an optimizer accepts the list and a gradient norm counts it once; every slot still loads.
+TEST(Module, TiedWeightIsListedOnce) {
+  auto a = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 2, .out_features = 2, .bias = false});
+  auto b = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 2, .out_features = 2, .bias = false});
+  b->weight = a->weight;
+  nn::Sequential seq{a, b};
+  const auto named = seq.named_parameters();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].first, "0.weight");
+  EXPECT_EQ(seq.parameters().size(), 1u);
+  EXPECT_EQ(seq.named_parameter_slots().size(), 2u);
+  a->weight.set_grad(from_vector(std::vector<float>{3, 4, 0, 0}, {2, 2}));
+  EXPECT_NEAR(nn::clip_grad_norm_(seq.parameters(), 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(a->weight.grad().to_vector<double>()[0], 0.6, 1e-6);
+  nn::SGD opt(seq.parameters(), {.lr = 0.1});
+  EXPECT_EQ(opt.params().size(), 1u);
+}
+
 TEST(Module, RegistrationErrors) {
   Registrar r;
   r.param("a", &r.a);

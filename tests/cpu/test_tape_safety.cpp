@@ -1,12 +1,14 @@
 // The tape's safety contract: which tape records when tapes are destroyed out of order or
 // on another thread (never a dangling tape), gradients that would stop at a tape boundary
-// (an error, not a silent missing gradient), and leaf gradients that share no storage
-// with each other or with the caller's seed.
+// (an error, not a silent missing gradient), outputs written in place after they were
+// recorded (refused), and leaf gradients that share no storage with each other, with the
+// caller's seed or with gradients still on their way, also when threads share a leaf.
 #include <atomic>
 #include <future>
 #include <memory>
 #include <thread>
 
+#include "autograd/grad_hooks.h"
 #include "common/test_util.h"
 
 using namespace tg;
@@ -240,4 +242,65 @@ TEST(LeafGrads, UnsharedGradientIsNotCopied) {
   tape.backward(sum(x * 3.0));
   ASSERT_TRUE(produced.defined());
   EXPECT_EQ(x.grad().raw_data(), produced.raw_data());
+}
+
+// ---- what backward refuses, and what it keeps apart ----------------------------------------
+
+// y no longer holds x * 2 once written in place: the gradient through it would be the
+// multiply's, for a value that does not depend on x. Backward refuses rather than lie.
+TEST(TapeOutputs, WrittenInPlaceAfterRecordingIsRefused) {
+  for (int how = 0; how < 2; ++how) {
+    Tensor x = param({2});
+    Tensor w = random({2});
+    Tape tape;
+    Tensor y = x * 2.0;
+    if (how == 0) y.fill_(7.0);
+    else y.copy_(random({2}));
+    TG_EXPECT_ERROR(tape.backward(sum(y * w)), "output 0 f64[2] on cpu of 'affine' was modified in place");
+  }
+}
+
+// Written before anything consumed it, or not at all: nothing to refuse.
+TEST(TapeOutputs, UntouchedOutputsStillRunBackward) {
+  Tensor x = param({3});
+  Tensor w = random({3});
+  Tape tape;
+  Tensor y = x * 2.0;
+  Tensor copy = y.detach().clone();
+  copy.fill_(1.0);  // a clone has its own storage and version
+  tape.backward(sum(y * w));
+  const std::vector<double> g = x.grad().to_vector<double>(), wv = w.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], 2.0 * wv[i]);
+}
+
+// add hands one gradient to both of its inputs: the leaf a gets it while b's copy is still
+// on its way to x. A post-accumulate hook that edits a's grad in place must not change x's.
+TEST(LeafGrads, HookEditingALeafGradLeavesPendingGradientsAlone) {
+  Tensor a = param({2});
+  Tensor x = param({2});
+  Tensor w = from_vector(std::vector<double>{3, 4}, {2});
+  register_post_accumulate_grad_hook(a, [](const Tensor& leaf) { leaf.grad().fill_(0.0); });
+  Tape tape;
+  Tensor b = x * 2.0;
+  tape.backward(sum((a + b) * w));
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{0, 0}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{6, 8}));
+}
+
+// One model, one tape per thread: every thread's backward adds into the shared leaf's grad.
+// Each adds 1 per element per step, so the sum is exact whatever the interleaving.
+TEST(LeafGrads, BackwardOnSeveralThreadsAccumulatesEveryGradient) {
+  Tensor w = zeros({4}, {.dtype = f64});
+  w.requires_grad_();
+  constexpr int kThreads = 4, kSteps = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < kSteps; ++i) {
+        Tape tape;
+        tape.backward(sum(w * 1.0));
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (double g : w.grad().to_vector<double>()) EXPECT_EQ(g, double(kThreads * kSteps));
 }
