@@ -303,34 +303,57 @@ std::string printable(std::string_view s, std::size_t max) {
   return out;
 }
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence starting at s[i], or 0 if there is none
+// (a stray continuation byte, a truncated sequence, an overlong form, a UTF-16 surrogate,
+// a code point past Unicode's last).
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  std::size_t len = 0;
+  uint32_t cp = 0, min = 0;
+  if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+  else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+  else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+  bool ok = len > 0 && s.size() - i >= len;
+  for (std::size_t k = 1; ok && k < len; ++k) {
+    const unsigned char b = static_cast<unsigned char>(s[i + k]);
+    ok = (b & 0xC0) == 0x80;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+  return ok ? len : 0;
+}
+
+}  // namespace
+
 bool valid_utf8(std::string_view s, std::size_t* bad) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    uint32_t cp = 0, min = 0;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    bool ok = len > 0 && s.size() - i >= len;
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      const unsigned char b = static_cast<unsigned char>(s[i + k]);
-      ok = (b & 0xC0) == 0x80;
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    // Overlong forms, UTF-16 surrogates and code points past Unicode's last.
-    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (!ok) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
       if (bad) *bad = i;
       return false;
     }
     i += len;
   }
   return true;
+}
+
+std::string with_replacement_characters(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the one byte that starts no sequence
+      ++i;
+    } else {
+      out.append(s.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
 }
 
 std::string quote(std::string_view s) {

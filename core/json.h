@@ -70,6 +70,9 @@ Value parse(std::string_view text, std::size_t base = 0);
 // surrogates, nothing past U+10FFFF); if not and `bad` is given, the offset of the first
 // byte of the first ill-formed sequence.
 bool valid_utf8(std::string_view s, std::size_t* bad = nullptr);
+// `s` with each byte that starts no well-formed UTF-8 sequence replaced by U+FFFD, for text
+// that must be written whatever it holds (op names in a trace).
+std::string with_replacement_characters(std::string_view s);
 
 // `s` for an error message: control and non-ASCII bytes as \xNN, cut after `max` bytes
 // (a hostile header may hold a 100 MB string).

@@ -465,8 +465,11 @@ void Profiler::write_trace(const std::string& path) {
       tracks[t] = r.device.is_cuda() ? r.device.str() + " (tapegrad stream)" : "cpu thread " + std::to_string(r.thread);
     out += first ? "\n" : ",\n";
     first = false;
-    out += "{\"name\":" + json::quote(r.op) + ",\"cat\":\"" + profile::phase_name(r.phase) +
-           "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + std::to_string(t) + ",\"ts\":" + fmt("%.3f", r.start_us) +
+    // Op names come from user code (record(), an optimizer's name()): the trace must parse
+    // whatever bytes they hold.
+    out += "{\"name\":" + json::quote(json::with_replacement_characters(r.op)) + ",\"cat\":\"" +
+           profile::phase_name(r.phase) + "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + std::to_string(t) +
+           ",\"ts\":" + fmt("%.3f", r.start_us) +
            ",\"dur\":" + fmt("%.3f", r.ms * 1e3) + ",\"args\":{\"phase\":\"" + profile::phase_name(r.phase) +
            "\",\"device\":\"" + r.device.str() + "\",\"shapes\":" + shapes_json(r.input_shapes) +
            ",\"flops\":" + fmt("%.17g", r.flops) + ",\"bytes\":" + fmt("%.17g", r.bytes) + "}}";

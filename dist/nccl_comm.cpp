@@ -27,7 +27,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType t) {
-  return t == DType::f32 ? ncclFloat32 : t == DType::f64 ? ncclFloat64 : ncclInt64;
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i64: return ncclInt64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+  }
+  TG_FAIL_AS(DTypeError, "dist: no NCCL type for dtype ", static_cast<int>(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

@@ -135,7 +135,16 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 MPI_Datatype mpi_type(DType t) {
-  return t == DType::f32 ? MPI_FLOAT : t == DType::f64 ? MPI_DOUBLE : MPI_INT64_T;
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i64: return MPI_INT64_T;
+    // MPI has no 2-byte float: the half types move as 2-byte words (broadcasts of DDP's
+    // buffers); reductions over them are refused before they get here.
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
+  }
+  TG_FAIL_AS(DTypeError, "dist: no MPI type for dtype ", static_cast<int>(t));
 }
 
 // ---- Impl -------------------------------------------------------------------------------
@@ -181,31 +190,38 @@ void ProcessGroup::Impl::wait(MPI_Request& request, const char* op) {
   }
 }
 
-void ProcessGroup::Impl::verify_same(const char* op, const Tensor& t) {
+void ProcessGroup::Impl::verify_same(const char* op, const Tensor& t, CollectiveArgs args) {
   if (!options.verify_collectives || size == 1) return;
-  // dtype, device kind, rank of the shape, the dims: a fixed-size record per rank.
-  constexpr int kLen = 3 + kMaxDims;
+  // The reduce op, the root, dtype, device kind, rank of the shape, the dims: a fixed-size
+  // record per rank. Ranks that disagree on the op or the root would not fail in MPI or
+  // NCCL: their replicas would silently differ.
+  constexpr int kLen = 5 + kMaxDims;
   int64_t mine[kLen] = {};
-  mine[0] = static_cast<int64_t>(t.dtype());
-  mine[1] = t.device().is_cuda() ? 1 : 0;
-  mine[2] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) mine[3 + d] = t.size(d);
+  mine[0] = args.reduce_op ? static_cast<int64_t>(*args.reduce_op) : -1;
+  mine[1] = args.root;
+  mine[2] = static_cast<int64_t>(t.dtype());
+  mine[3] = t.device().is_cuda() ? 1 : 0;
+  mine[4] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) mine[5 + d] = t.size(d);
   std::vector<int64_t> all(static_cast<size_t>(kLen) * size);
   MPI_Request req;
   check_mpi(MPI_Iallgather(mine, kLen, MPI_INT64_T, all.data(), kLen, MPI_INT64_T, comm, &req), op);
   wait(req, op);
   auto describe_record = [&](int r) {
     const int64_t* x = &all[static_cast<size_t>(r) * kLen];
-    std::string s = dtype_name(static_cast<DType>(x[0]));
+    std::string s = dtype_name(static_cast<DType>(x[2]));
     s += "[";
-    for (int64_t d = 0; d < x[2]; ++d) s += (d ? ", " : "") + std::to_string(x[3 + d]);
-    return s + "] on " + (x[1] ? "cuda" : "cpu");
+    for (int64_t d = 0; d < x[4]; ++d) s += (d ? ", " : "") + std::to_string(x[5 + d]);
+    s += std::string("] on ") + (x[3] ? "cuda" : "cpu");
+    if (x[0] >= 0) s += std::string(" with op ") + reduce_op_name(static_cast<ReduceOp>(x[0]));
+    if (x[1] >= 0) s += " from root " + std::to_string(x[1]);
+    return s;
   };
   for (int r = 1; r < size; ++r)
     if (std::memcmp(&all[0], &all[static_cast<size_t>(r) * kLen], sizeof(mine)) != 0)
-      throw DistError("dist::" + std::string(op) + ": ranks disagree on the tensor: rank 0 passes " +
+      throw DistError("dist::" + std::string(op) + ": ranks disagree on the call: rank 0 passes " +
                       describe_record(0) + ", rank " + std::to_string(r) + " passes " + describe_record(r) +
-                      " (every rank must pass the same shape, dtype and device kind)");
+                      " (every rank must pass the same shape, dtype, device kind, reduce op and root)");
 }
 
 // ---- ProcessGroup -----------------------------------------------------------------------
@@ -296,7 +312,7 @@ std::unique_ptr<Work> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
   check_tensor("all_reduce", g, t);
   TG_CHECK_AS(DTypeError, op != ReduceOp::avg || t.dtype() != DType::i64, "dist::all_reduce: avg of ",
               describe(t), " is not defined for an integer dtype; use sum");
-  g.verify_same("all_reduce", t);
+  g.verify_same("all_reduce", t, {.reduce_op = op});
   return g.start_all_reduce(t, op);
 }
 
@@ -307,7 +323,7 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
   g.check_usable("broadcast");
   check_tensor("broadcast", g, t);
   TG_CHECK(root >= 0 && root < g.size, "dist::broadcast: root ", root, " is not a rank of a group of ", g.size);
-  g.verify_same("broadcast", t);
+  g.verify_same("broadcast", t, {.root = root});
   g.start_broadcast(t, root)->wait();
 }
 
@@ -341,7 +357,7 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op) {
               " must have a first dim divisible by the group size ", g.size);
   TG_CHECK_AS(DTypeError, op != ReduceOp::avg || t.dtype() != DType::i64, "dist::reduce_scatter: avg of ",
               describe(t), " is not defined for an integer dtype; use sum");
-  g.verify_same("reduce_scatter", t);
+  g.verify_same("reduce_scatter", t, {.reduce_op = op});
   std::vector<int64_t> dims = t.shape().dims();
   dims[0] /= g.size;
   Tensor out = Tensor::empty(Shape(dims), {.dtype = t.dtype(), .device = t.device()});
@@ -370,6 +386,8 @@ void ProcessGroup::barrier() {
 std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
   Impl& g = *impl_;
   g.check_usable("broadcast_string");
+  TG_CHECK_AS(DistError, root >= 0 && root < g.size, "dist::broadcast_string: root ", root,
+              " is not a rank of a group of ", g.size);
   int64_t n = static_cast<int64_t>(s.size());
   MPI_Request req;
   g.check_mpi(MPI_Ibcast(&n, 1, MPI_INT64_T, root, g.comm, &req), "broadcast_string");

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "dist/process_group.h"
@@ -22,6 +23,12 @@
 namespace tg::dist {
 
 class NcclComm;  // dist/nccl_comm.h (builds with NCCL only)
+
+// What a collective takes besides its tensor, for verify_same (root -1: none).
+struct CollectiveArgs {
+  std::optional<ReduceOp> reduce_op;
+  int64_t root = -1;
+};
 
 struct ProcessGroup::Impl {
   ProcessGroupOptions options;
@@ -51,8 +58,8 @@ struct ProcessGroup::Impl {
   std::unique_ptr<Work> start_all_reduce(Tensor& t, ReduceOp op);
   std::unique_ptr<Work> start_broadcast(Tensor& t, int root);
   // With options.verify_collectives: throws DistError on every rank unless all ranks pass
-  // a tensor of this shape and dtype (and device kind).
-  void verify_same(const char* op, const Tensor& t);
+  // a tensor of this shape and dtype (and device kind), and the same reduce op and root.
+  void verify_same(const char* op, const Tensor& t, CollectiveArgs args = {});
 };
 
 // MPI's datatype for a tensor dtype.

@@ -76,6 +76,17 @@ TEST(Json, StringsMustBeUtf8) {
   EXPECT_FALSE(json::valid_utf8("\x80"));                  // a lone continuation byte
 }
 
+TEST(Json, BrokenUtf8CanBeMadeWritable) {
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(json::with_replacement_characters("plain \xc3\xa9 \xf0\x9f\x98\x80"), "plain \xc3\xa9 \xf0\x9f\x98\x80");
+  EXPECT_EQ(json::with_replacement_characters("a\xff" "b"), "a" + fffd + "b");
+  EXPECT_EQ(json::with_replacement_characters("x\xe2\x82"), "x" + fffd + fffd);  // truncated: each byte
+  EXPECT_EQ(json::with_replacement_characters("\xed\xa0\x80"), fffd + fffd + fffd);  // a surrogate
+  const std::string quoted = json::quote(json::with_replacement_characters("op\xc0\x80\"\n"));
+  EXPECT_TRUE(json::valid_utf8(quoted));
+  EXPECT_EQ(json::parse(quoted).text, "op" + fffd + fffd + "\"\n");
+}
+
 TEST(Json, NumbersAreExactIntegersOrRefused) {
   TG_EXPECT_ERROR(json::parse("-0").as_size("n"), "non-negative integer, found -0");
   TG_EXPECT_ERROR(json::parse("1e3").as_size("n"), "non-negative integer, found 1e3");

@@ -219,6 +219,31 @@ TEST(Profiler, TraceIsChromeJsonWithOneEventPerOp) {
   std::remove(path.c_str());
 }
 
+// Op names are the user's bytes (an optimizer subclass names its own op): the trace parses
+// whatever they hold, a byte that starts no UTF-8 sequence becoming U+FFFD.
+TEST(Profiler, TraceOfAnOpNamedInBrokenUtf8StillParses) {
+  struct OddSgd : nn::SGD {
+    using nn::SGD::SGD;
+    const char* name() const override { return "sgd\xff\xfe \xc3\xa9"; }
+  };
+  Model m;
+  OddSgd opt(m.params(), {.lr = 0.1});
+  Profiler prof;
+  m.step(opt);
+  prof.stop();
+  const std::string path = ::testing::TempDir() + "tg_profiler_trace_utf8.json";
+  prof.write_trace(path);
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  const json::Value doc = json::parse(text.str());
+  int renamed = 0;
+  for (const json::Value& e : doc.find("traceEvents")->items)
+    renamed += e.find("name")->text == "sgd\xef\xbf\xbd\xef\xbf\xbd \xc3\xa9";
+  EXPECT_EQ(renamed, 4);  // one per parameter update, as for SGD above
+  std::remove(path.c_str());
+}
+
 TEST(Profiler, OnlyOneActiveAtATime) {
   Profiler a;
   EXPECT_THROW(Profiler b, Error);

@@ -304,6 +304,27 @@ TEST(DDP, BuffersFollowRankZero) {
   }
 }
 
+// A bf16 buffer (2-byte elements) moves whole at construction and before each forward:
+// each element is rank 0's, and nothing is read or written past the buffer.
+struct HalfBuffered : Buffered {
+  Tensor half;
+  explicit HalfBuffered(int rank) : Buffered(rank) {
+    half = register_buffer("half", full({67}, 1.5 * (rank + 1), {.dtype = DType::bf16, .device = test_device()}));
+  }
+};
+
+TEST(DDP, HalfBuffersAreBroadcastWhole) {
+  const int me = group().rank();
+  auto m = std::make_shared<HalfBuffered>(me);
+  Tensor half = m->half;
+  DistributedDataParallel ddp(group(), m);
+  for (double v : half.to_vector<double>()) EXPECT_EQ(v, 1.5);
+  half.fill_(4.0 * (me + 1));
+  Tape tape;
+  tape.backward(sum(ddp(ones({2, 3}, {.dtype = f64, .device = test_device()}))));
+  for (double v : half.to_vector<double>()) EXPECT_EQ(v, 4.0);
+}
+
 // A frozen parameter (requires_grad off) is broadcast with the rest but never bucketed: it
 // keeps no grad, and the trainable ones are averaged as usual.
 TEST(DDP, FrozenParametersAreBroadcastNotReduced) {

@@ -174,4 +174,23 @@ TEST(DistCollectives, RanksThatDisagreeOnTheShapeGetDistError) {
   EXPECT_EQ(ok.to_vector<float>()[0], static_cast<float>(group().size()));
 }
 
+// Ranks that agree on the tensor but not on the reduce op or the root would not fail in MPI
+// or NCCL, only end with different replicas: DistError on every rank, naming both.
+TEST(DistCollectives, RanksThatDisagreeOnTheOpOrRootGetDistError) {
+  if (group().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int me = group().rank();
+  Tensor t = ones({3}, {.device = test_device()});
+  expect_message<DistError>([&] { group().all_reduce(t, me == 0 ? dist::ReduceOp::sum : dist::ReduceOp::avg); },
+                            {"all_reduce", "with op sum", "with op avg"});
+  expect_message<DistError>([&] { group().broadcast(t, me == 0 ? 0 : 1); }, {"broadcast", "from root 0", "from root 1"});
+  Tensor rows = ones({2 * group().size(), 2}, {.device = test_device()});
+  expect_message<DistError>(
+      [&] { group().reduce_scatter(rows, me == 0 ? dist::ReduceOp::max : dist::ReduceOp::min); },
+      {"reduce_scatter", "with op max", "with op min"});
+  expect_message<DistError>([&] { group().broadcast_string("x", group().size()); }, {"broadcast_string", "root"});
+  Tensor ok = ones({3}, {.device = test_device()});
+  group().all_reduce(ok);  // the group is still usable
+  EXPECT_EQ(ok.to_vector<float>()[2], static_cast<float>(group().size()));
+}
+
 TG_DIST_TEST_MAIN()
