@@ -24,11 +24,38 @@ class File {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Throws IOError unless [offset, offset + n) lies inside the file; `what` names the part
+  // for the message.
+  void require(uint64_t offset, uint64_t n, const std::string& what) const {
+    if (offset > size_ || n > size_ - offset) truncated(offset, detail::concat(n, " bytes"), what);
+  }
+
+  // The byte count of `count` elements of `elem_size` bytes at `offset`, checked against
+  // the rest of the file. A header can claim any count: the check divides rather than
+  // multiplies so that the product cannot wrap, and it runs before anything is allocated.
+  uint64_t require_elements(uint64_t offset, int64_t count, int elem_size, const std::string& what) const {
+    const uint64_t n = static_cast<uint64_t>(count), size = static_cast<uint64_t>(elem_size);
+    if (offset > size_ || n > (size_ - offset) / size) {
+      uint64_t bytes = 0;
+      const bool wraps = __builtin_mul_overflow(n, size, &bytes);
+      truncated(offset, wraps ? detail::concat(n, " x ", size, " bytes") : detail::concat(bytes, " bytes"), what);
+    }
+    return n * size;
+  }
+
+  // Reads [offset, offset + n) into a new buffer (std::vector<uint8_t> or std::string),
+  // allocated only once the file is known to hold that many bytes.
+  template <class Buffer>
+  Buffer read_new(uint64_t offset, uint64_t n, const std::string& what) {
+    require(offset, n, what);
+    Buffer buf(static_cast<std::size_t>(n), '\0');
+    read(offset, buf.data(), n, what);
+    return buf;
+  }
+
   // Reads [offset, offset + n) into dst; `what` names the part for the message.
   void read(uint64_t offset, void* dst, uint64_t n, const std::string& what) {
-    if (offset > size_ || n > size_ - offset)
-      TG_FAIL_AS(IOError, reader_, ": '", path_, "' is truncated: ", what, " needs ", n, " bytes at byte offset ",
-                 offset, ", but the file ends at byte ", size_);
+    require(offset, n, what);
     if (n == 0) return;
     in_.seekg(static_cast<std::streamoff>(offset));
     in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
@@ -46,6 +73,11 @@ class File {
   }
 
  private:
+  [[noreturn]] void truncated(uint64_t offset, const std::string& needed, const std::string& what) const {
+    TG_FAIL_AS(IOError, reader_, ": '", path_, "' is truncated: ", what, " needs ", needed, " at byte offset ", offset,
+               ", but the file ends at byte ", size_);
+  }
+
   const char* reader_;
   std::string path_;
   std::ifstream in_;
@@ -128,7 +160,8 @@ Tensor convert(const File& f, uint64_t base, const uint8_t* src, ElemType t, con
       int64_t* p = out.data<int64_t>();
       for (int64_t i = 0; i < n; ++i) p[i] = value_at(i, static_cast<int64_t*>(nullptr));
       break;
-    }    case DType::bf16:
+    }
+    case DType::bf16:
     case DType::f16:
       break;  // refused above, before the allocation
   }
@@ -171,12 +204,11 @@ Idx load_idx(File& f) {
   f.read(4, sizes.data(), sizes.size(), "the dimension sizes");
   for (int d = 0; d < ndims; ++d) r.dims.push_back(static_cast<int64_t>(load_bits(&sizes[4 * d], 4, true)));
   r.data_offset = 4 + sizes.size();
-  const int64_t numel = checked_numel(r.dims, "read_idx");
-  const int64_t bytes = checked_mul(numel, r.elem.size, "read_idx: data of '", f.path(), "'");
-  r.data.resize(static_cast<std::size_t>(bytes));
-  f.read(r.data_offset, r.data.data(), r.data.size(),
-         detail::concat("the data (", detail::dims_str(r.dims), " elements of ", r.elem.size, " bytes)"));
-  const uint64_t end = r.data_offset + static_cast<uint64_t>(bytes);
+  const int64_t numel = checked_numel(r.dims, detail::concat("read_idx: '", f.path(), "'").c_str());
+  const std::string what = detail::concat("the data (", detail::dims_str(r.dims), " elements of ", r.elem.size, " bytes)");
+  const uint64_t bytes = f.require_elements(r.data_offset, numel, r.elem.size, what);
+  r.data = f.read_new<std::vector<uint8_t>>(r.data_offset, bytes, what);
+  const uint64_t end = r.data_offset + bytes;
   if (f.size() != end)
     f.malformed(end, f.size() - end, " bytes past the end of the data the header describes (", detail::dims_str(r.dims),
                 ")");
@@ -315,8 +347,7 @@ Tensor read_npy(const std::string& path, std::optional<DType> as) {
     header_len = load_bits(len, 4, false);
     header_at = 12;
   }
-  std::string text(header_len, '\0');
-  f.read(header_at, text.data(), header_len, "the header");
+  const std::string text = f.read_new<std::string>(header_at, header_len, "the header");
   const NpyHeader h = HeaderParser(f, text, header_at).parse();
   if (h.fortran_order)
     f.unsupported(header_at, "fortran_order is True (a column-major array); save it in C order, e.g. "
@@ -349,12 +380,11 @@ Tensor read_npy(const std::string& path, std::optional<DType> as) {
     f.unsupported(header_at, "dtype '", d, "' (read: f4, f8, i1-i8, u1-u8, b1, little or big endian)");
 
   const uint64_t data_at = header_at + header_len;
-  const int64_t numel = checked_numel(h.shape, "read_npy");
-  const int64_t bytes = checked_mul(numel, elem.size, "read_npy: data of '", path, "'");
-  std::vector<uint8_t> data(static_cast<std::size_t>(bytes));
-  f.read(data_at, data.data(), data.size(),
-         detail::concat("the data (", detail::dims_str(h.shape), " of '", d, "')"));
-  const uint64_t end = data_at + static_cast<uint64_t>(bytes);
+  const int64_t numel = checked_numel(h.shape, detail::concat("read_npy: '", path, "'").c_str());
+  const std::string what = detail::concat("the data (", detail::dims_str(h.shape), " of '", d, "')");
+  const uint64_t bytes = f.require_elements(data_at, numel, elem.size, what);
+  const std::vector<uint8_t> data = f.read_new<std::vector<uint8_t>>(data_at, bytes, what);
+  const uint64_t end = data_at + bytes;
   if (f.size() != end)
     f.malformed(end, f.size() - end, " bytes past the end of the data the header describes (", detail::dims_str(h.shape),
                 " of '", d, "')");
@@ -400,8 +430,7 @@ Cifar10Dataset::Cifar10Dataset(const std::vector<std::string>& paths) {
       TG_FAIL_AS(IOError, "Cifar10Dataset: '", path, "' is truncated: record ", records, " starts at byte offset ", whole,
                  " and needs ", kRecordBytes, " bytes (1 label + 3072 image), but the file ends at byte ", f.size());
     if (records == 0) f.malformed(0, "the file holds no records");
-    std::vector<uint8_t> bytes(static_cast<std::size_t>(f.size()));
-    f.read(0, bytes.data(), bytes.size(), "the records");
+    const std::vector<uint8_t> bytes = f.read_new<std::vector<uint8_t>>(0, f.size(), "the records");
     const std::size_t base = images_.size();
     images_.resize(base + records * pixels);
     for (uint64_t r = 0; r < records; ++r) {

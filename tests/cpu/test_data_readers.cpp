@@ -2,6 +2,7 @@
 // (so a reader bug cannot be mirrored by a writer bug), and their errors on truncated and
 // corrupted files (type, file name, byte offset). The DataLoader: test_data_loader.cpp.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cstring>
@@ -148,6 +149,38 @@ TEST(data_idx, TruncatedHeader) {
   EXPECT_TRUE(contains(empty, "at byte offset 0")) << empty;
 }
 
+// The peak resident memory grown while fn runs, in MiB (ru_maxrss is in KiB on Linux).
+// The claims below are >= 1 GiB, so reading one into memory first shows up plainly.
+template <class Fn>
+long peak_growth_mib(Fn fn) {
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  fn();
+  getrusage(RUSAGE_SELF, &after);
+  return (after.ru_maxrss - before.ru_maxrss) / 1024;
+}
+
+// A small file whose header claims gigabytes is an IOError naming the sizes, raised before
+// the claimed size is allocated: no std::bad_alloc, no gigabytes resident.
+TEST(data_idx, HugeClaimedSizeFailsBeforeAllocating) {
+  TempDir dir;
+  const auto gib = dir.write("gib", idx_file(0x08, {32768, 32768}, {}));  // 1 GiB of ubyte
+  std::string msg;
+  const long grown = peak_growth_mib([&] { msg = message_of<tg::IOError>([&] { read_idx(gib); }); });
+  EXPECT_LT(grown, 64) << "MiB resident while refusing a 1 GiB claim";
+  EXPECT_TRUE(contains(msg, gib) && contains(msg, "truncated") && contains(msg, "[32768, 32768]") &&
+              contains(msg, "needs 1073741824 bytes at byte offset 12") && contains(msg, "ends at byte 12"))
+      << msg;
+  // 2^62 bytes: more than any allocator gives.
+  const auto huge = dir.write("huge", idx_file(0x08, {0x80000000u, 0x80000000u}, {}));
+  msg = message_of<tg::IOError>([&] { read_idx(huge); });
+  EXPECT_TRUE(contains(msg, "needs 4611686018427387904 bytes")) << msg;
+  // 2^62 doubles: a byte count past 2^64, refused without wrapping.
+  const auto wraps = dir.write("wraps", idx_file(0x0E, {0x80000000u, 0x80000000u}, {}));
+  msg = message_of<tg::IOError>([&] { read_idx(wraps); });
+  EXPECT_TRUE(contains(msg, "needs 4611686018427387904 x 8 bytes")) << msg;
+}
+
 TEST(data_idx, CorruptedFilesAreFormatErrors) {
   TempDir dir;
   // A format error is a plain tg::Error, not an IOError: the file was read fine.
@@ -275,6 +308,27 @@ TEST(data_npy, DtypesShapesAndVersions) {
   // A row of a (rows, features) array feeds a TensorDataset.
   TensorDataset ds(a, c.reshape({2, 2}));
   EXPECT_EQ(ds.get(1).input.to_vector<float>(), (std::vector<float>{4.f, 5.f, 6.25f}));
+}
+
+TEST(data_npy, HugeClaimedSizesFailBeforeAllocating) {
+  TempDir dir;
+  const auto shape = dir.write(
+      "shape.npy", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }", {}));
+  std::string msg = message_of<tg::IOError>([&] { read_npy(shape); });
+  EXPECT_TRUE(contains(msg, shape) && contains(msg, "needs 8000000000000 bytes at byte offset 128")) << msg;
+  const auto wraps = dir.write(
+      "wraps.npy", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904,), }", {}));
+  msg = message_of<tg::IOError>([&] { read_npy(wraps); });
+  EXPECT_TRUE(contains(msg, "4611686018427387904 x 8 bytes")) << msg;
+
+  // A 12-byte version 2.0 file whose header length says 4 GiB.
+  Bytes v2{0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0};
+  put_le<uint32_t>(v2, 0xFFFFFFFFu);
+  const auto header = dir.write("header.npy", v2);
+  const long grown = peak_growth_mib([&] { msg = message_of<tg::IOError>([&] { read_npy(header); }); });
+  EXPECT_LT(grown, 64) << "MiB resident while refusing a 4 GiB header";
+  EXPECT_TRUE(contains(msg, "the header needs 4294967295 bytes at byte offset 12") && contains(msg, "ends at byte 12"))
+      << msg;
 }
 
 TEST(data_npy, Errors) {
