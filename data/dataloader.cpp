@@ -47,7 +47,7 @@ constexpr int kMaxWorkers = 256;
 
 // One epoch: its order, its workers, and the batches made but not yet handed out.
 struct DataLoader::Run {
-  Run(const DataLoader& loader, int64_t epoch, uint64_t generation);
+  Run(const DataLoader& loader, int64_t epoch);
   ~Run();
   Produced make(int64_t k, int slot) const;
   void work();
@@ -59,11 +59,11 @@ struct DataLoader::Run {
   const Dataset& dataset;
   const DataLoaderOptions& opt;
   detail::DeviceStage* stage;  // null for a CPU target
-  const uint64_t generation;
   std::vector<int64_t> order;
   int64_t num_batches;
   int64_t capacity;  // batches claimed by workers but not yet taken by the consumer
   bool failed = false;  // a batch threw: the epoch is over
+  int64_t next_hand_out = 0;  // batches are handed out once each, in order
 
   std::mutex m;
   std::condition_variable work_cv;   // workers wait for room in the queue (or a slot)
@@ -82,11 +82,10 @@ struct DataLoader::Run {
   Batch staged_batch;
 };
 
-DataLoader::Run::Run(const DataLoader& loader, int64_t epoch, uint64_t gen)
+DataLoader::Run::Run(const DataLoader& loader, int64_t epoch)
     : dataset(*loader.dataset_),
       opt(loader.options_),
       stage(loader.stage_.get()),
-      generation(gen),
       order(loader.order(epoch)),
       num_batches(loader.num_batches()),
       capacity(std::max<int64_t>(1, int64_t{opt.num_workers} * opt.prefetch_factor)) {
@@ -259,6 +258,10 @@ Batch DataLoader::Run::finish(int64_t k, Produced&& p, int& slot) {
 
 Batch DataLoader::Run::hand_out(int64_t k) {
   TG_CHECK(!failed, "DataLoader: this epoch ended with an error; begin() starts the next one");
+  // A batch asked for twice would never arrive: whoever took it first removed it.
+  TG_CHECK(k == next_hand_out, "DataLoader: batch ", k, " asked for, but the next batch of this epoch is ",
+           next_hand_out, "; each batch is handed out once, in order");
+  ++next_hand_out;
   Batch b;
   int slot = -1;
   if (staged && staged_index == k) {
@@ -369,18 +372,44 @@ std::vector<int64_t> DataLoader::order(int64_t epoch) const {
 
 DataLoader::Iterator DataLoader::begin() {
   run_.reset();  // stops the previous epoch's workers first
-  ++generation_;
-  run_ = std::make_unique<Run>(*this, epoch_, generation_);
+  run_ = std::make_shared<Run>(*this, epoch_);
   ++epoch_;
-  Iterator it(this, generation_);
+  Iterator it(run_);
   it.fetch();
   return it;
 }
 
+DataLoader::Iterator::Iterator(Iterator&& other) noexcept
+    : run_(std::move(other.run_)),
+      moved_from_(other.moved_from_),
+      next_(other.next_),
+      done_(other.done_),
+      batch_(std::move(other.batch_)) {
+  other.moved_from_ = true;
+}
+
+DataLoader::Iterator& DataLoader::Iterator::operator=(Iterator&& other) noexcept {
+  if (this != &other) {
+    run_ = std::move(other.run_);
+    moved_from_ = other.moved_from_;
+    next_ = other.next_;
+    done_ = other.done_;
+    batch_ = std::move(other.batch_);
+    other.moved_from_ = true;
+  }
+  return *this;
+}
+
+std::shared_ptr<DataLoader::Run> DataLoader::Iterator::live_run() const {
+  TG_CHECK(!moved_from_, "DataLoader: using a moved-from iterator");
+  std::shared_ptr<Run> run = run_.lock();
+  TG_CHECK(run != nullptr, "DataLoader: this iterator's epoch was ended by a later begin() or by the "
+                           "DataLoader's destruction (one iteration at a time)");
+  return run;
+}
+
 void DataLoader::Iterator::fetch() {
-  Run* run = loader_->run_.get();
-  TG_CHECK(run && run->generation == generation_,
-           "DataLoader: this iterator's epoch was ended by a later begin() (one iteration at a time)");
+  const std::shared_ptr<Run> run = live_run();
   if (next_ >= run->num_batches) {
     done_ = true;
     batch_ = Batch{};
@@ -390,10 +419,8 @@ void DataLoader::Iterator::fetch() {
   ++next_;
 }
 
-Batch& DataLoader::Iterator::operator*() {
-  Run* run = loader_->run_.get();
-  TG_CHECK(run && run->generation == generation_,
-           "DataLoader: this iterator's epoch was ended by a later begin() (one iteration at a time)");
+Batch& DataLoader::Iterator::operator*() const {
+  live_run();
   TG_CHECK(!done_, "DataLoader: dereferencing the end of an epoch");
   return batch_;
 }

@@ -47,8 +47,11 @@
 // batch k is handed out, so it runs beside the step on batch k (see device_stage.h).
 //
 // One iteration at a time: begin() ends the previous epoch, and an iterator of an ended
-// epoch throws when used.
+// epoch (or of a destroyed loader) throws when used. An iterator is move-only: batches
+// are handed out once each, in order, so a copy could only re-ask for batches its
+// original already took. A moved-from iterator throws when used.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -109,36 +112,53 @@ class DataLoader {
   // loader's shard only, with its padding).
   std::vector<int64_t> order(int64_t epoch) const;
 
+ private:
+  struct Run;  // one epoch's order, workers and queue (dataloader.cpp)
+
+ public:
   struct End {};
+  // A C++20 input iterator (std::input_iterator, with End as its sentinel).
   class Iterator {
    public:
-    Batch& operator*();
-    Batch* operator->() { return &**this; }
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+
+    Iterator(Iterator&& other) noexcept;
+    Iterator& operator=(Iterator&& other) noexcept;
+    Iterator(const Iterator&) = delete;
+    Iterator& operator=(const Iterator&) = delete;
+
+    // const, as std::indirectly_readable asks: the batch is the iterator's own, and a
+    // const iterator hands it out mutable, as a const pointer does.
+    Batch& operator*() const;
+    Batch* operator->() const { return &**this; }
     Iterator& operator++();
+    void operator++(int) { ++*this; }
     bool operator==(End) const { return done_; }
 
    private:
     friend class DataLoader;
-    Iterator(DataLoader* loader, uint64_t generation) : loader_(loader), generation_(generation) {}
+    explicit Iterator(std::weak_ptr<Run> run) : run_(std::move(run)) {}
+    std::shared_ptr<Run> live_run() const;
     void fetch();
-    DataLoader* loader_;
-    uint64_t generation_;
+    std::weak_ptr<Run> run_;  // expires when a later begin() or the loader's end stops it
+    bool moved_from_ = false;
     int64_t next_ = 0;  // the batch fetch() makes current
     bool done_ = false;
-    Batch batch_;
+    mutable Batch batch_;
   };
   // Starts the next epoch (stopping the previous one's workers) and makes its first batch.
   Iterator begin();
   End end() const { return {}; }
 
  private:
-  struct Run;
   DataLoaderOptions options_;
   std::shared_ptr<const Dataset> dataset_;
   int64_t epoch_ = 0;
-  uint64_t generation_ = 0;
   std::unique_ptr<detail::DeviceStage> stage_;  // CUDA target only; kept across epochs
-  std::unique_ptr<Run> run_;                    // the epoch in progress
+  // The epoch in progress. Its only owner: iterators hold weak references, so that ending
+  // the epoch (begin(), the destructor) stops it at once and its iterators see that.
+  std::shared_ptr<Run> run_;
 };
 
 }  // namespace tg::data

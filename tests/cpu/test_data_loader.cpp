@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <iterator>
 #include <numeric>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "common/expect_message.h"
 #include "data/dataloader.h"
@@ -219,6 +221,45 @@ TEST(data_loader, DestroyedOrRestartedMidEpoch) {
     ds->throw_at = -1;
   }
   SUCCEED();
+}
+
+// Batches are handed out once each, in order, so a copied iterator could only wait for a
+// batch its original already took (with workers, forever). Iterators are move-only; a
+// moved-from one, or one whose loader is gone, throws instead of waiting or reading freed
+// memory.
+TEST(data_loader, IteratorIsMoveOnly) {
+  EXPECT_FALSE(std::is_copy_constructible_v<DataLoader::Iterator>);
+  EXPECT_FALSE(std::is_copy_assignable_v<DataLoader::Iterator>);
+  EXPECT_TRUE(std::input_iterator<DataLoader::Iterator>);
+  EXPECT_TRUE((std::sentinel_for<DataLoader::End, DataLoader::Iterator>));
+  auto ds = std::make_shared<Indexed>(20);
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(workers);
+    DataLoader loader(ds, {.batch_size = 2, .num_workers = workers});
+    auto it = loader.begin();
+    auto moved = std::move(it);
+    ++moved;
+    EXPECT_EQ(moved->index, 1);
+    // ASSERT: without the check, the moved-from iterator asks again for batch 1, which
+    // (with workers) never arrives.
+    ASSERT_TRUE(contains(message_of<tg::Error>([&] { ++it; }), "moved-from iterator"));
+    EXPECT_TRUE(contains(message_of<tg::Error>([&] { *it; }), "moved-from iterator"));
+    it = std::move(moved);  // assigning a live iterator makes it usable again
+    ++it;
+    EXPECT_EQ(it->index, 2);
+    int rest = 0;
+    for (; it != loader.end(); ++it) ++rest;
+    EXPECT_EQ(rest, 8);
+  }
+}
+
+TEST(data_loader, IteratorOfDestroyedLoaderThrows) {
+  auto ds = std::make_shared<Indexed>(20);
+  auto loader = std::make_unique<DataLoader>(ds, DataLoaderOptions{.batch_size = 2, .num_workers = 2});
+  auto it = loader->begin();
+  loader.reset();
+  EXPECT_TRUE(contains(message_of<tg::Error>([&] { ++it; }), "DataLoader's destruction"));
+  EXPECT_TRUE(contains(message_of<tg::Error>([&] { *it; }), "DataLoader's destruction"));
 }
 
 // ---- shards -----------------------------------------------------------------------------
