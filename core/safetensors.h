@@ -85,6 +85,13 @@ NamedTensors read_tensors(const std::string& path, const Header& header, const s
 // at any point leaves a previous file at `path` as it was (and no temporary behind).
 // Names, metadata keys and values must be valid UTF-8.
 //
+// The save acts as writing the file in place would, though it replaces it: when `path` is
+// a symbolic link its target is written (the temporary goes beside the target) and the
+// link stays; the new file keeps the replaced file's permission bits (and, where this
+// process may set them, its owner and group), a new file gets 0666 less the umask; a file
+// this process may not write (faccessat W_OK: 0444 for its owner, say, though root may) or
+// a directory at `path` is refused with IOError before anything is written.
+//
 // A process killed during a save cannot clean up. Where the file system supports it
 // (Linux O_TMPFILE: ext4, xfs, btrfs, tmpfs...) the data is written to an unnamed file,
 // which disappears with the process; it is named "<path>.tmp.<pid>.<n>" only once complete,

@@ -1,7 +1,9 @@
 // Writing safetensors files atomically (save_file): the header is built and every name checked
 // before the file system is touched; the data goes to a temporary file next to the target
 // (O_TMPFILE where the file system has it), is fsync'ed and renamed over the target; stale
-// temporaries of dead processes are removed. The format: core/safetensors.h.
+// temporaries of dead processes are removed. The target is the file a symbolic link names,
+// and the replacement keeps the replaced file's mode; a file this process could not write
+// is refused, not replaced. The format: core/safetensors.h.
 #include "core/safetensors.h"
 
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <unordered_set>
@@ -141,6 +144,77 @@ void sync_directory_of(const std::string& path) {
   ::close(fd);
 }
 
+// "0644": the permission bits as chmod takes them.
+std::string octal_mode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+// The file a save of `path` replaces: `path` with its symbolic links followed (a save
+// through a link writes the link's target and keeps the link), and that file's status
+// when it exists.
+struct Target {
+  std::string path;
+  bool exists = false;
+  struct stat status {};
+};
+
+// Follows `path` while it names a symbolic link; a link to a missing file gives that
+// file's path, as open(O_CREAT) would create it.
+std::string follow_symlinks(const std::string& path) {
+  constexpr int kMaxLinks = 40;  // the kernel's own limit (ELOOP)
+  std::string p = path;
+  for (int links = 0;; ++links) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    TG_CHECK_AS(IOError, links < kMaxLinks, "safetensors: cannot save to '", path, "': more than ", kMaxLinks,
+                " symbolic links (a loop?)");
+    std::error_code ec;
+    const std::filesystem::path link = std::filesystem::read_symlink(p, ec);
+    TG_CHECK_AS(IOError, !ec, "safetensors: cannot read the symbolic link '", p, "': ", ec.message());
+    p = link.is_absolute() ? link.string() : (std::filesystem::path(p).parent_path() / link).string();
+  }
+}
+
+// Refuses, before anything is written, to replace what a plain write could not: a
+// directory or other non-regular file, or a file this process may not write. The test is
+// the kernel's own for opening the file for writing (faccessat with the effective ids), so
+// a save succeeds exactly where writing the file in place would: root may replace a 0444
+// file, as `cp` or open(O_WRONLY) may, and the file keeps its 0444 mode.
+Target inspect_target(const std::string& path) {
+  Target t;
+  t.path = follow_symlinks(path);
+  const std::string shown = t.path == path ? "'" + path + "'" : "'" + path + "' (a link to '" + t.path + "')";
+  t.exists = ::stat(t.path.c_str(), &t.status) == 0;
+  if (!t.exists) return t;
+  TG_CHECK_AS(IOError, S_ISREG(t.status.st_mode), "safetensors: cannot save to ", shown,
+              ": it exists and is not a regular file");
+  if (::faccessat(AT_FDCWD, t.path.c_str(), W_OK, AT_EACCESS) != 0) {
+    const std::string why = errno_text();
+    TG_FAIL_AS(IOError, "safetensors: cannot save to ", shown, ": the file is not writable (mode ",
+               octal_mode(t.status.st_mode), "): ", why, "; it was left as it is");
+  }
+  return t;
+}
+
+// The replacement keeps the replaced file's permission bits (a private 0600 checkpoint
+// stays private) and, where this process may set them, its owner and group. A new file
+// keeps the mode open() gave it, which respects the umask.
+void carry_over_mode(const TempFile& tmp, const Target& target) {
+  if (!target.exists) return;
+  const struct stat& old = target.status;
+  // Owner and group are best effort: only root may give a file away, but a user may set
+  // the group to one of their own. Before fchmod: chown clears set-id bits.
+  if (::fchown(tmp.fd.get(), old.st_uid, old.st_gid) != 0)
+    (void)::fchown(tmp.fd.get(), static_cast<uid_t>(-1), old.st_gid);
+  if (::fchmod(tmp.fd.get(), old.st_mode & 07777) != 0) {
+    const std::string why = errno_text();
+    TG_FAIL_AS(IOError, "safetensors: cannot give the temporary file of '", target.path, "' the mode ",
+               octal_mode(old.st_mode), " of the file it replaces: ", why);
+  }
+}
+
 // Names and metadata must be UTF-8: the format says so, and our reader (as Python's)
 // refuses a file that breaks it.
 void check_utf8(const std::string& s, const char* what) {
@@ -235,9 +309,11 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
 
-  remove_stale_temps(path);
-  TempFile tmp = create_temp(path);
+  const Target target = inspect_target(path);
+  remove_stale_temps(target.path);
+  TempFile tmp = create_temp(target.path);
   try {
+    carry_over_mode(tmp, target);
     TempWriter out(tmp.fd.get(), tmp.name, fail_after);
     out.write(len_bytes, 8);
     out.write(header.data(), header.size());
@@ -251,16 +327,16 @@ void save_file(const NamedTensors& tensors, const std::string& path, const Metad
       }
     }
     TG_CHECK_AS(IOError, ::fsync(tmp.fd.get()) == 0, "safetensors: fsync of '", tmp.name, "' failed: ", errno_text());
-    name_temp(tmp, path);
+    name_temp(tmp, target.path);
     TG_CHECK_AS(IOError, tmp.fd.close() == 0, "safetensors: closing '", tmp.name, "' failed: ", errno_text());
-    TG_CHECK_AS(IOError, ::rename(tmp.name.c_str(), path.c_str()) == 0, "safetensors: renaming '", tmp.name, "' to '", path,
-                "' failed: ", errno_text());
+    TG_CHECK_AS(IOError, ::rename(tmp.name.c_str(), target.path.c_str()) == 0, "safetensors: renaming '", tmp.name,
+                "' to '", target.path, "' failed: ", errno_text());
   } catch (...) {
     tmp.fd.close();
     if (!tmp.unnamed) ::unlink(tmp.name.c_str());
     throw;
   }
-  sync_directory_of(path);
+  sync_directory_of(target.path);
 }
 
 namespace testing {

@@ -61,6 +61,7 @@ TEST(Checkpoint, SaveIntoAReadOnlyDirectoryFailsAndKeepsTheFile) {
   save(*a, p);
   const std::string before = read_bytes(p);
   ASSERT_EQ(::chmod(dir.file("").c_str(), 0755), 0);  // `nobody` may enter the test directory
+  ASSERT_EQ(::chmod(p.c_str(), 0666), 0);             // only the directory stops the save
   ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
   const int rc = run_in_child([&] {
     if (!nobody.become()) return 3;
@@ -74,6 +75,100 @@ TEST(Checkpoint, SaveIntoAReadOnlyDirectoryFailsAndKeepsTheFile) {
   EXPECT_EQ(rc, 0) << "4: the directory was writable, 1: no error or another one";
   EXPECT_EQ(read_bytes(p), before);
   EXPECT_TRUE(temporaries(dir).empty());
+}
+
+// ---- what a save replaces ----------------------------------------------------------------
+
+mode_t mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+mode_t current_umask() {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return mask;
+}
+
+TEST(Checkpoint, SaveKeepsTheModeOfTheFileItReplaces) {
+  TempDir dir;
+  auto a = small_cnn(1), b = small_cnn(2);
+  const std::string p = dir.file("m.safetensors");
+  save(*a, p);
+  EXPECT_EQ(mode_of(p), 0666 & ~current_umask()) << "a new file takes the umask's mode";
+  for (mode_t mode : {0600, 0640, 0444}) {
+    ASSERT_EQ(::chmod(p.c_str(), mode), 0);
+    if (mode == 0444 && ::geteuid() != 0) continue;  // refused: see SaveRefusesAFileItMayNotWrite
+    save(*b, p);
+    EXPECT_EQ(mode_of(p), mode) << "a private or read-only checkpoint must stay so";
+    auto c = small_cnn(3);
+    load(*c, p);
+    expect_same_parameters(*b, *c);
+  }
+  EXPECT_TRUE(temporaries(dir).empty());
+}
+
+// A save through a symbolic link writes the link's target (beside it, then renamed over it)
+// and leaves the link a link.
+TEST(Checkpoint, SaveThroughASymlinkWritesItsTarget) {
+  TempDir dir;
+  auto a = small_cnn(1), b = small_cnn(2);
+  std::filesystem::create_directories(dir.file("store"));
+  const std::string real = dir.file("store/real.safetensors"), link = dir.file("latest.safetensors");
+  save(*a, real);
+  ASSERT_EQ(::chmod(real.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("store/real.safetensors", link.c_str()), 0);  // relative to the link's directory
+  save(*b, link);
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(mode_of(real), 0600u);
+  auto c = small_cnn(3);
+  load(*c, real);
+  expect_same_parameters(*b, *c);
+  // A dangling link: the save creates its target.
+  const std::string dangling = dir.file("next.safetensors");
+  ASSERT_EQ(::symlink("store/new.safetensors", dangling.c_str()), 0);
+  save(*a, dangling);
+  EXPECT_TRUE(std::filesystem::is_symlink(dangling));
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir.file("store/new.safetensors")));
+  EXPECT_TRUE(temporaries(dir).empty());
+  EXPECT_EQ(dir.entries(), std::vector<std::string>({"latest.safetensors", "next.safetensors", "store"}));
+  // A loop of links is an IOError.
+  ASSERT_EQ(::symlink("loop2", dir.file("loop1").c_str()), 0);
+  ASSERT_EQ(::symlink("loop1", dir.file("loop2").c_str()), 0);
+  TG_EXPECT_ERROR(save(*a, dir.file("loop1")), "symbolic links", "loop1");
+}
+
+// A file the user may not write (0444, or another user's) is refused and left alone, as a
+// plain write would be, though the directory would allow replacing it. Root may write any
+// file, so the refusal runs as `nobody`, in a directory `nobody` may write.
+TEST(Checkpoint, SaveRefusesAFileItMayNotWrite) {
+  TempDir dir;
+  const Nobody nobody;
+  auto a = small_cnn(1), b = small_cnn(2);
+  const std::string p = dir.file("m.safetensors");
+  save(*a, p);
+  const std::string before = read_bytes(p);
+  ASSERT_EQ(::chmod(dir.file("").c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(p.c_str(), 0444), 0);
+  const int rc = run_in_child([&] {
+    if (!nobody.become()) return 3;
+    if (::access(p.c_str(), W_OK) == 0) return 4;
+    return throws_error([&] { save(*b, p); }, {"m.safetensors", "not writable", "0444", "left as it is"}) ? 0 : 1;
+  });
+  if (rc == 3) GTEST_SKIP() << "root here cannot become nobody (setuid refused): permissions cannot be tested";
+  EXPECT_EQ(rc, 0) << "4: the file was writable, 1: no error or another one";
+  EXPECT_EQ(read_bytes(p), before);
+  EXPECT_EQ(mode_of(p), 0444u);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>({"m.safetensors"}));
+}
+
+TEST(Checkpoint, SaveOverADirectoryFails) {
+  TempDir dir;
+  auto a = small_cnn(1);
+  std::filesystem::create_directories(dir.file("d.safetensors"));
+  TG_EXPECT_ERROR(save(*a, dir.file("d.safetensors")), "not a regular file", "d.safetensors");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>({"d.safetensors"}));
 }
 
 TEST(Checkpoint, UnreadableFileFailsAndChangesNothing) {
