@@ -81,10 +81,14 @@ void Optimizer::set_lr(size_t group, double lr) {
   store_group_lr(group, lr);
 }
 
-void Optimizer::set_scheduled_lr(size_t group, double lr) {
-  check_group("set_scheduled_lr", group);
+void Optimizer::validate_scheduled_lr(size_t group, double lr) const {
+  check_group("validate_scheduled_lr", group);
   TG_CHECK(std::isfinite(lr) && lr >= 0, group_name(group), ": invalid scheduled learning rate ", lr,
            " (it must be finite and >= 0)");
+}
+
+void Optimizer::set_scheduled_lr(size_t group, double lr) {
+  validate_scheduled_lr(group, lr);
   store_group_lr(group, lr);
 }
 

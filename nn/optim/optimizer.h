@@ -74,7 +74,10 @@ class Optimizer {
   // For learning-rate schedules (nn/optim/scheduler.h) and checkpoints that restore one:
   // a schedule may legitimately reach 0 (cosine annealing to eta_min = 0, warmup from 0),
   // which set_lr refuses as a likely mistake. Throws tg::Error unless finite and >= 0.
+  // validate_scheduled_lr only checks (for a schedule that must check every group's lr
+  // before setting any).
   void set_scheduled_lr(size_t group, double lr);
+  void validate_scheduled_lr(size_t group, double lr) const;
 
   // The momentum a schedule may cycle (PyTorch's OneCycleLR with cycle_momentum): SGD's
   // momentum, Adam's and AdamW's beta1 (a PyTorch group's "momentum" or betas[0]).

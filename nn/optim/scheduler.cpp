@@ -26,8 +26,11 @@ void LRScheduler::apply(int64_t step) {
            " (build the scheduler after adding every group)");
   std::vector<double> lrs;
   std::vector<std::optional<double>> momenta;
+  // Every group's values are computed and checked before any is set: a schedule that
+  // throws (an lr overflowing to inf in one group) leaves the optimizer and step as they were.
   for (size_t g = 0; g < base_lrs_.size(); ++g) {
     lrs.push_back(lr_at(g, step));
+    opt_.validate_scheduled_lr(g, lrs.back());
     momenta.push_back(compute_momentum(g, step));
     if (momenta.back()) opt_.validate_momentum(g, *momenta.back());
   }

@@ -198,3 +198,30 @@ TEST(Scheduler, BadOptionsAndGroupChangesAreRejected) {
   m.opt.add_param_group({random({4}).requires_grad_()});
   TG_EXPECT_ERROR(s.step(), "StepLR", "3 param groups but the scheduler was built for 2");
 }
+
+// A step that throws changes nothing: group 1's lr overflows to inf at step 1 (1e308 * 2),
+// so group 0's (0.1 -> 0.2) must not be set either, nor the step counted.
+TEST(Scheduler, AStepThatThrowsChangesNoGroup) {
+  Tensor p = random({3}).requires_grad_(), q = random({2}).requires_grad_();
+  nn::SGD opt{{{.params = {p}}, {.params = {q}, .options = {.lr = 1e308}}}, {.lr = 0.1}};
+  nn::ExponentialLR s(opt, {.gamma = 2});
+  TG_EXPECT_ERROR(s.step(), "invalid scheduled learning rate inf");
+  EXPECT_EQ(opt.lr(0), 0.1);
+  EXPECT_EQ(opt.lr(1), 1e308);
+  EXPECT_EQ(s.last_step(), 0);
+  TG_EXPECT_ERROR(s.set_last_step(5), "invalid scheduled learning rate inf");
+  EXPECT_EQ(opt.lr(0), 0.1);
+  EXPECT_EQ(s.last_step(), 0);
+  // The same for a schedule that also sets momenta: group 1's final lr (1e308 / 1e-10)
+  // overflows, so its second phase, from step 3 on, has no finite lr.
+  nn::SGD sgd{{{.params = {p}}, {.params = {q}, .options = {.lr = 1e308}}}, {.lr = 0.1, .momentum = 0.9}};
+  nn::OneCycleLR cycle(sgd, {.total_steps = 10, .pct_start = 0.3, .div_factor = 1, .final_div_factor = 1e-10});
+  cycle.step();
+  cycle.step();
+  const double lr0 = sgd.lr(0), momentum0 = sgd.momentum(0), momentum1 = sgd.momentum(1);
+  TG_EXPECT_ERROR(cycle.step(), "SGD param group 1: invalid scheduled learning rate");
+  EXPECT_EQ(sgd.lr(0), lr0);
+  EXPECT_EQ(sgd.momentum(0), momentum0);
+  EXPECT_EQ(sgd.momentum(1), momentum1);
+  EXPECT_EQ(cycle.last_step(), 2);
+}
