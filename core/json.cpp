@@ -262,7 +262,7 @@ int64_t Value::as_size(const char* what, std::size_t base) const {
   for (char c : text) {
     int digit = c - '0';
     TG_CHECK(v <= (std::numeric_limits<int64_t>::max() - digit) / 10, "json: ", what, " ", printable(text, 40),
-             " does not fit in 64 bits at byte ", base + offset);
+             " does not fit in int64 (the largest is ", std::numeric_limits<int64_t>::max(), ") at byte ", base + offset);
     v = v * 10 + digit;
   }
   return v;

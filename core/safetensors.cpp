@@ -171,7 +171,7 @@ class HeaderBuilder : public json::Handler {
     } else if (state_ == State::offsets) {
       TG_CHECK(n_offsets_ < 2, "tensor '", entry_.name, "': data_offsets at byte ", offsets_at_,
                " must be an array [begin, end]");
-      const auto o = static_cast<uint64_t>(size_of(v, "data_offsets"));
+      const uint64_t o = offset_of(v);
       (n_offsets_++ == 0 ? entry_.begin : entry_.end) = o;
     } else {
       wrong(v.kind, v.offset);
@@ -228,6 +228,19 @@ class HeaderBuilder : public json::Handler {
         v.text.find_first_not_of("0123456789") == std::string::npos)
       return std::stoll(v.text);  // at most 18 digits: fits
     return v.as_size((std::string(field) + " of tensor '" + entry_.name + "'").c_str());
+  }
+
+  // A data offset: past int64's range it lies past the end of any file, and is reported
+  // as that rather than as a number too long.
+  uint64_t offset_of(const json::Value& v) const {
+    constexpr std::string_view kMax = "9223372036854775807";
+    const std::string& t = v.text;
+    const bool integer = v.is_number() && !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+    if (integer && (t.size() > kMax.size() || (t.size() == kMax.size() && t > kMax)))
+      TG_FAIL("tensor '", entry_.name, "': data_offsets value ", json::printable(t, 40), " at byte ", v.offset,
+              " lies past the end of the data section (", h_.file_size - h_.data_start,
+              " bytes; offsets are at most 2^63 - 1)");
+    return static_cast<uint64_t>(size_of(v, "data_offsets"));
   }
 
   Header& h_;

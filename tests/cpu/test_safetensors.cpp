@@ -153,7 +153,17 @@ TEST(Safetensors, CorruptFilesNameTheTensorOrTheOffset) {
   TG_EXPECT_ERROR(st::read_header(p), "corrupt header", "duplicate key \"a\"", "at byte 63");
   write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[" + std::string(65, '1') +
                             "],\"data_offsets\":[0,12]}}", data));
-  TG_EXPECT_ERROR(st::read_header(p), "shape of tensor 'a'", "does not fit in 64 bits");
+  TG_EXPECT_ERROR(st::read_header(p), "shape of tensor 'a'",
+                  "does not fit in int64 (the largest is 9223372036854775807)");
+  // Offsets past int64 (2^63, 2^64 - 1, 30 digits) are past the end of any file: said so,
+  // with the tensor's name and the data section's size.
+  const std::vector<std::string> past_int64 = {"9223372036854775808", "18446744073709551615", std::string(30, '9')};
+  for (const std::string& big : past_int64) {
+    const std::string offsets = "[" + big + "," + big + "]";
+    write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":" + offsets + "}}", data));
+    const std::string named = "tensor 'a': data_offsets value " + big.substr(0, 19);
+    TG_EXPECT_ERROR(st::read_header(p), named.c_str(), "past the end of the data section (12 bytes");
+  }
   write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3.0],\"data_offsets\":[0,12]}}", data));
   TG_EXPECT_ERROR(st::read_header(p), "shape of tensor 'a'", "non-negative integer, found 3.0");
   write_bytes(p, file_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,1.2e1]}}", data));
