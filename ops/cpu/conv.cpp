@@ -64,11 +64,13 @@ struct ChunkGeometry {
   }
 };
 
-// Output columns ow whose input column ow*stride - pad + tap lies in [0, W).
+// Output columns ow whose input column ow*stride - pad + tap lies in [0, W). Both bounds fit
+// (tap < padded input size, W + pad <= padded input size); the rounding up divides first, since
+// first + stride - 1 overflows for a stride near INT64_MAX.
 void valid_columns(int64_t W, int64_t stride, int64_t pad, int64_t tap, int64_t& lo, int64_t& hi) {
   const int64_t first = pad - tap;              // ow*stride >= first
   const int64_t last = W - 1 + pad - tap;       // ow*stride <= last
-  lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  lo = first <= 0 ? 0 : first / stride + (first % stride != 0);
   hi = last < 0 ? 0 : last / stride + 1;
 }
 
@@ -89,13 +91,17 @@ void for_each_tap(const ConvShape& s, const ChunkGeometry& g, int64_t len, Visit
           const int64_t ih = r.oh * s.stride[1] - s.pad[1] + kh * s.dilation[1];
           if (id < 0 || id >= D || ih < 0 || ih >= H) continue;
           const int64_t a = std::max(lo, r.ow0), b = std::min(hi, r.ow1);
+          // Only columns a < b are real outputs, whose input column fits; lo alone may lie past
+          // the output (a window of padding only), where a * stride overflows.
+          if (a >= b) continue;
           const int64_t iw0 = a * s.stride[2] - s.pad[2] + kw * s.dilation[2];
-          const int64_t x_step = s.stride[2] * xs.position;
+          // Two columns in the run mean stride <= W - 1, so stride * position stays inside x;
+          // a single column takes no step (stride * channels may overflow for channels-last).
+          const int64_t x_step = b - a > 1 ? s.stride[2] * xs.position : 0;
           for (int64_t c = 0; c < s.C; ++c) {
             const int64_t col = (c * s.kernel_volume() + kk) * len + r.j0 - r.ow0;
             const int64_t xi = c * xs.channel + ((id * H + ih) * W + iw0) * xs.position;
-            // Offsets from the run's first column: no step past the last one (a stride near
-            // INT64_MAX has a single column, and one more step would overflow).
+            // Offsets from the run's first column: no step past the last one.
             for (int64_t ow = a; ow < b; ++ow) visit(col + ow, xi + (ow - a) * x_step);
           }
         }
@@ -151,9 +157,16 @@ struct ChunkGrid {
   }
 };
 
+// a * b for cost hints, saturating at INT64_MAX: an empty batch (N = 0) admits output volumes
+// near INT64_MAX that allocate nothing, so products of counts need not fit.
+int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 // Multiply-adds of one chunk's GEMM: the cost hint for the thread count.
 int64_t chunk_cost(const ConvShape& s, const ChunkGrid& grid) {
-  return std::max<int64_t>(1, s.K * s.C * s.kernel_volume()) * grid.chunk;
+  return saturating_mul(std::max<int64_t>(1, s.K * s.C * s.kernel_volume()), grid.chunk);
 }
 
 template <class T>
@@ -179,7 +192,7 @@ void grad_input_impl(T* dx, const T* dy, const T* w, const ConvShape& s) {
   const int64_t CK = s.C * s.kernel_volume();
   Eigen::Map<const RowMat<T>> wmat(w, s.K, CK);
   const ChunkGrid grid(s);
-  parallel_ranges(s.N, grid.chunks * chunk_cost(s, grid), [&](int64_t n0, int64_t n1) {
+  parallel_ranges(s.N, saturating_mul(grid.chunks, chunk_cost(s, grid)), [&](int64_t n0, int64_t n1) {
     T* dx0 = dx + n0 * s.C * s.in_volume();
     std::fill(dx0, dx0 + (n1 - n0) * s.C * s.in_volume(), T(0));  // overlapping windows accumulate
     std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
@@ -201,7 +214,7 @@ void grad_weight_impl(T* dw, const T* dy, const T* x, const ConvShape& s) {
   const int64_t groups = std::min(kFixedGroups, std::max<int64_t>(grid.pairs, 1));
   std::vector<T> partial(static_cast<size_t>((groups - 1) * wsize));
   auto group_out = [&](int64_t q) { return q == 0 ? dw : partial.data() + (q - 1) * wsize; };
-  const int64_t per_group = (grid.pairs + groups - 1) / groups * chunk_cost(s, grid);
+  const int64_t per_group = saturating_mul((grid.pairs + groups - 1) / groups, chunk_cost(s, grid));
   parallel_ranges(groups, per_group, [&](int64_t q0, int64_t q1) {
     std::vector<T> col(static_cast<size_t>(column_buffer_size(s)));
     for (int64_t q = q0; q < q1; ++q) {
