@@ -131,76 +131,15 @@ void record_conv(const char* op, const ConvParams& p, const ConvShape& s, const 
          });
 }
 
-// y = conv(x, w) + b on the kernels of x's device, for a validated problem s.
-Tensor forward_on(const char* op, const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b) {
-  profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
-  Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
-  TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
-  return y;
-}
-
 Tensor conv_nd(const char* op, int spatial_dims, const Tensor& x, const Tensor& w, const Tensor& b,
                const ConvParams& p) {
   check_operands(op, spatial_dims, x, w, b, p);
   const ConvShape s = make_conv_shape(op, x.shape(), w.shape(), p);
-  Tensor y = forward_on(op, s, x, w, b);
+  profile::OpScope scope(op, [&] { return conv_forward_info(s, x, w, b); });
+  Tensor y = Tensor::empty(s.y_shape(), {.dtype = x.dtype(), .device = x.device()});
+  TG_DISPATCH(x.device(), conv_forward(y, x, w, b, s));
   if (should_record({x, w, b})) record_conv(op, p, s, x, w, b, y, conv_grads);
   return y;
-}
-
-// dx of a validated problem s whose weight is w (dy is checked against s here).
-Tensor backward_input_on(const char* op, const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  check_gradient(op, dy, s, s.x_shape(), w.shape());
-  profile::OpScope scope(op, [&] {
-    return profile::OpInfo{{&dy, &w}, conv_flops(s), profile::bytes_of({&dy, &w}) + s.N * s.C * s.in_volume() *
-                           static_cast<double>(dtype_size(dy.dtype())), true};
-  });
-  Tensor dx = Tensor::empty(s.x_shape(), {.dtype = dy.dtype(), .device = dy.device()});
-  TG_DISPATCH(dy.device(), conv_grad_input(dx, dy, w, s));
-  return dx;
-}
-
-// dw of a validated problem s whose input is x (dy is checked against s here).
-Tensor backward_weight_on(const char* op, const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  check_gradient(op, dy, s, x.shape(), s.w_shape());
-  profile::OpScope scope(op, [&] {
-    return profile::OpInfo{{&dy, &x}, conv_flops(s), profile::bytes_of({&dy, &x}) + s.K * s.C * s.kernel_volume() *
-                           static_cast<double>(dtype_size(dy.dtype())), true};
-  });
-  Tensor dw = Tensor::empty(s.w_shape(), {.dtype = dy.dtype(), .device = dy.device()});
-  TG_DISPATCH(dy.device(), conv_grad_weight(dw, dy, x, s));
-  return dw;
-}
-
-// The parameters that make_conv_shape turns into s (one value per spatial dim).
-ConvParams params_of(const ConvShape& s) {
-  ConvParams p{.stride = {}, .padding = {}, .dilation = {}, .layout = s.layout};
-  for (int slot = 3 - s.spatial_dims; slot < 3; ++slot) {
-    p.stride.push_back(s.stride[slot]);
-    p.padding.push_back(s.pad[slot]);
-    p.dilation.push_back(s.dilation[slot]);
-  }
-  return p;
-}
-
-// s must be what make_conv_shape makes of its own shapes and parameters, but for output sizes
-// that may stop short of the full ones (1 <= s.out[d] <= full). The CUDA kernels are not
-// known to take a cut-short output: there it is an UnsupportedError. `t` gives the device.
-void check_problem(const char* op, const ConvShape& s, const Tensor& t) {
-  TG_CHECK_AS(ShapeError, s.spatial_dims == 2 || s.spatial_dims == 3, op, ": a problem of ", s.spatial_dims,
-              " spatial dims; expected 2 or 3");
-  const ConvShape full = make_conv_shape(op, s.x_shape(), s.w_shape(), params_of(s));
-  bool cut = false;
-  for (int d = 0; d < 3; ++d) {
-    TG_CHECK_AS(ShapeError, s.in[d] == full.in[d] && s.kernel[d] == full.kernel[d] && s.stride[d] == full.stride[d] &&
-                                s.pad[d] == full.pad[d] && s.dilation[d] == full.dilation[d],
-                op, ": the problem's spatial slot ", d, " is not one that make_conv_shape makes");
-    TG_CHECK_AS(ShapeError, s.out[d] >= 1 && s.out[d] <= full.out[d], op, ": output size ", s.out[d], " in slot ", d,
-                " of input ", s.x_shape(), " and weight ", s.w_shape(), " must lie in [1, ", full.out[d], "]");
-    cut = cut || s.out[d] < full.out[d];
-  }
-  TG_CHECK_AS(UnsupportedError, !cut || t.device().is_cpu(), op, ": an output cut short of the full convolution (",
-              s.y_shape(), " of ", full.y_shape(), ") is implemented on the CPU only, got ", t.device());
 }
 
 #if TG_CUDA
@@ -369,44 +308,30 @@ Tensor conv_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_sha
   const char* op = "conv_backward_input";
   TG_CHECK(dy.defined() && w.defined(), op, ": an input is an undefined tensor");
   check_same_device_dtype(op, dy, w);
-  return backward_input_on(op, dy, w, make_conv_shape(op, x_shape, w.shape(), p));
+  const ConvShape s = make_conv_shape(op, x_shape, w.shape(), p);
+  check_gradient(op, dy, s, x_shape, w.shape());
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &w}, conv_flops(s), profile::bytes_of({&dy, &w}) + s.N * s.C * s.in_volume() *
+                           static_cast<double>(dtype_size(dy.dtype())), true};
+  });
+  Tensor dx = Tensor::empty(x_shape, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_input(dx, dy, w, s));
+  return dx;
 }
 
 Tensor conv_backward_weight(const Tensor& dy, const Tensor& x, const Shape& w_shape, const ConvParams& p) {
   const char* op = "conv_backward_weight";
   TG_CHECK(dy.defined() && x.defined(), op, ": an input is an undefined tensor");
   check_same_device_dtype(op, dy, x);
-  return backward_weight_on(op, dy, x, make_conv_shape(op, x.shape(), w_shape, p));
-}
-
-Tensor conv_problem_forward(const Tensor& x, const Tensor& w, const ConvShape& s) {
-  const char* op = s.spatial_dims == 3 ? "conv3d" : "conv2d";
-  TG_CHECK(x.defined() && w.defined(), op, ": an input is an undefined tensor");
-  check_same_device_dtype(op, x, w);
-  check_problem(op, s, x);
-  TG_CHECK_AS(ShapeError, x.shape() == s.x_shape() && w.shape() == s.w_shape(), op, ": input ", describe(x),
-              " and weight ", w.shape(), " do not match the problem's input ", s.x_shape(), " and weight ", s.w_shape());
-  return forward_on(op, s, x, w, Tensor());
-}
-
-Tensor conv_problem_backward_input(const Tensor& dy, const Tensor& w, const ConvShape& s) {
-  const char* op = "conv_backward_input";
-  TG_CHECK(dy.defined() && w.defined(), op, ": an input is an undefined tensor");
-  check_same_device_dtype(op, dy, w);
-  check_problem(op, s, dy);
-  TG_CHECK_AS(ShapeError, w.shape() == s.w_shape(), op, ": weight ", describe(w), " does not match the problem's ",
-              s.w_shape());
-  return backward_input_on(op, dy, w, s);
-}
-
-Tensor conv_problem_backward_weight(const Tensor& dy, const Tensor& x, const ConvShape& s) {
-  const char* op = "conv_backward_weight";
-  TG_CHECK(dy.defined() && x.defined(), op, ": an input is an undefined tensor");
-  check_same_device_dtype(op, dy, x);
-  check_problem(op, s, dy);
-  TG_CHECK_AS(ShapeError, x.shape() == s.x_shape(), op, ": input ", describe(x), " does not match the problem's ",
-              s.x_shape());
-  return backward_weight_on(op, dy, x, s);
+  const ConvShape s = make_conv_shape(op, x.shape(), w_shape, p);
+  check_gradient(op, dy, s, x.shape(), w_shape);
+  profile::OpScope scope(op, [&] {
+    return profile::OpInfo{{&dy, &x}, conv_flops(s), profile::bytes_of({&dy, &x}) + s.K * s.C * s.kernel_volume() *
+                           static_cast<double>(dtype_size(dy.dtype())), true};
+  });
+  Tensor dw = Tensor::empty(w_shape, {.dtype = dy.dtype(), .device = dy.device()});
+  TG_DISPATCH(dy.device(), conv_grad_weight(dw, dy, x, s));
+  return dw;
 }
 
 std::pair<Tensor, Tensor> conv_backward_input_weight(const Tensor& dy, const Tensor& x, const Tensor& w,

@@ -93,17 +93,4 @@ std::pair<Tensor, Tensor> conv_backward_input_weight(const Tensor& dy, const Ten
                                                      const ConvParams& p = {});
 Tensor conv_backward_bias(const Tensor& dy, Layout layout = Layout::NCHW);
 
-// The passes for an explicit problem s, as make_conv_shape makes it but for output sizes that
-// may stop short of the full ones (1 <= s.out[d] <= conv_output_size): the convolution then
-// has only the first s.out[d] output positions of each dim, and its gradients are the full
-// convolution's with a zero output gradient past them. conv_transpose needs this where its
-// output_padding reaches the stride. Validated like the pieces above; not recorded on a tape.
-// A cut-short output is implemented on the CPU only (UnsupportedError on a GPU).
-//   y  = conv_problem_forward(x, w, s)           (no bias)
-//   dx = conv_problem_backward_input(dy, w, s)
-//   dw = conv_problem_backward_weight(dy, x, s)
-Tensor conv_problem_forward(const Tensor& x, const Tensor& w, const ConvShape& s);
-Tensor conv_problem_backward_input(const Tensor& dy, const Tensor& w, const ConvShape& s);
-Tensor conv_problem_backward_weight(const Tensor& dy, const Tensor& x, const ConvShape& s);
-
 }  // namespace tg

@@ -46,10 +46,64 @@ static double pass_flops(const ConvShape& s) {
          static_cast<double>(s.kernel_volume()) * static_cast<double>(s.out_volume());
 }
 
-// The convolution this op transposes: its input is y, its output x. Its full output has
-// in + output_padding / stride positions per dim (at least x's); the problem keeps x's, the
-// first ones (output_padding reaching the stride, below the dilation, adds positions past x).
-ConvShape transposed_problem(const char* op, const Shape& x_shape, const Shape& w_shape, const ConvTransposeParams& p) {
+Tensor conv_transpose_nd(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
+                         const ConvTransposeParams& p) {
+  check_operands(op, dims, x, w, b, p);
+  const Shape y_shape = conv_transpose_output_shape(op, x.shape(), w.shape(), p);
+  const ConvParams cp = conv_params(p);
+  const ConvShape s = make_conv_shape(op, y_shape, w.shape(), cp);
+  profile::OpScope scope(op, [&] {
+    const double y_elems = static_cast<double>(y_shape.numel());
+    return profile::OpInfo{{&x, &w, &b}, pass_flops(s) + (b.defined() ? y_elems : 0),
+                           profile::bytes_of({&x, &w, &b}) + y_elems * static_cast<double>(dtype_size(x.dtype())), true};
+  });
+  Tensor y = conv_backward_input(x, w, y_shape, cp);
+  if (b.defined()) {
+    NoGradGuard no_grad;  // the bias is part of this op's one tape entry
+    const int64_t c_out = w.size(1);
+    Shape b_shape({c_out});
+    if (p.layout != Layout::NHWC) b_shape = dims == 3 ? Shape{c_out, 1, 1, 1} : Shape{c_out, 1, 1};
+    y = add(y, b.reshape(b_shape));
+  }
+  if (should_record({x, w, b})) {
+    Tensor saved_x = w.requires_grad() ? x : Tensor();
+    Tensor saved_w = x.requires_grad() ? w : Tensor();
+    record(op, {x, w, b}, {y}, {saved_x, saved_w},
+           [op, cp, dims, s, w_shape = w.shape()](const BackwardArgs& args) {
+             const Tensor& dy = args.grad_outputs[0];
+             profile::OpScope scope(dims == 3 ? "conv_transpose3d (backward)" : "conv_transpose2d (backward)", [&] {
+               const Tensor &x = args.saved[0], &w = args.saved[1];
+               profile::OpInfo info{{&dy, &x, &w}, 0, profile::bytes_of({&dy}), true};
+               const double xb = static_cast<double>(s.y_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
+               const double wb = static_cast<double>(s.w_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
+               if (args.needs_grad[0]) info.flops += pass_flops(s), info.bytes += wb + xb;  // reads w, writes dx
+               if (args.needs_grad[1]) info.flops += pass_flops(s), info.bytes += xb + wb;  // reads x, writes dw
+               if (args.needs_grad[2]) info.flops += static_cast<double>(dy.numel());
+               return info;
+             });
+             std::vector<Tensor> grads(3);
+             if (args.needs_grad[0]) {
+               TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               grads[0] = dims == 3 ? conv3d(dy, args.saved[1], Tensor(), cp) : conv2d(dy, args.saved[1], Tensor(), cp);
+             }
+             if (args.needs_grad[1]) {
+               TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
+                        "saved (requires_grad was switched on after the forward pass)");
+               // The convolution's weight gradient with its output gradient = x, its input = dy.
+               grads[1] = conv_backward_weight(args.saved[0], dy, w_shape, cp);
+             }
+             if (args.needs_grad[2]) grads[2] = conv_backward_bias(dy, cp.layout);
+             return grads;
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Shape& w_shape,
+                                  const ConvTransposeParams& p) {
   TG_CHECK_AS(ShapeError, w_shape.rank() == 4 || w_shape.rank() == 5, op, ": expected a 4-D or 5-D weight, got ",
               w_shape);
   TG_CHECK_AS(ShapeError, x_shape.rank() == w_shape.rank(), op, ": input ", x_shape, " and weight ", w_shape,
@@ -80,93 +134,12 @@ ConvShape transposed_problem(const char* op, const Shape& x_shape, const Shape& 
     y.push_back(out);
   }
   if (last) y.push_back(w_shape[1]);
-  ConvShape s = make_conv_shape(op, Shape(y), w_shape, conv_params(p));
-  // x fits in the full output by the arithmetic above (it has in + output_padding / stride
-  // positions per dim): a guard, as is the comparison of the shapes.
-  const auto x_spatial = [&](size_t d) { return last ? x_shape[1 + d] : x_shape[2 + d]; };
-  bool fits = true;
-  for (size_t d = 0; d < dims; ++d) {
-    int64_t& out = s.out[3 - dims + d];
-    fits = fits && x_spatial(d) <= out;
-    out = x_spatial(d);
-  }
-  TG_CHECK_AS(ShapeError, fits && s.y_shape() == x_shape, op, ": input ", x_shape,
-              " is not the output of a convolution of ", Shape(y), " by ", w_shape, " with these parameters");
-  return s;
-}
-
-// Whether output_padding reaches the stride in some dim (it is then below the dilation): the
-// convolution of the output then has more positions than x, which the CPU kernels skip but
-// the CUDA kernels are not known to.
-bool output_padding_reaches_stride(const ConvTransposeParams& p, int dims) {
-  const auto stride = conv_per_dim("conv_transpose", "stride", p.stride, dims, 1);
-  const auto out_pad = conv_per_dim("conv_transpose", "output_padding", p.output_padding, dims, 0);
-  for (int d = 0; d < dims; ++d)
-    if (out_pad[size_t(d)] >= stride[size_t(d)]) return true;
-  return false;
-}
-
-Tensor conv_transpose_nd(const char* op, size_t dims, const Tensor& x, const Tensor& w, const Tensor& b,
-                         const ConvTransposeParams& p) {
-  check_operands(op, dims, x, w, b, p);
-  const ConvShape s = transposed_problem(op, x.shape(), w.shape(), p);
-  TG_CHECK_AS(UnsupportedError, x.device().is_cpu() || !output_padding_reaches_stride(p, int(dims)), op,
-              ": output_padding ", Shape(p.output_padding), " not below the stride ", Shape(p.stride),
-              " (allowed below the dilation ", Shape(p.dilation), ") is implemented on the CPU only; got input ",
-              describe(x), " and weight ", w.shape(), " on ", x.device());
-  const Shape y_shape = s.x_shape();
-  profile::OpScope scope(op, [&] {
-    const double y_elems = static_cast<double>(y_shape.numel());
-    return profile::OpInfo{{&x, &w, &b}, pass_flops(s) + (b.defined() ? y_elems : 0),
-                           profile::bytes_of({&x, &w, &b}) + y_elems * static_cast<double>(dtype_size(x.dtype())), true};
-  });
-  Tensor y = conv_problem_backward_input(x, w, s);
-  if (b.defined()) {
-    NoGradGuard no_grad;  // the bias is part of this op's one tape entry
-    const int64_t c_out = w.size(1);
-    Shape b_shape({c_out});
-    if (p.layout != Layout::NHWC) b_shape = dims == 3 ? Shape{c_out, 1, 1, 1} : Shape{c_out, 1, 1};
-    y = add(y, b.reshape(b_shape));
-  }
-  if (should_record({x, w, b})) {
-    Tensor saved_x = w.requires_grad() ? x : Tensor();
-    Tensor saved_w = x.requires_grad() ? w : Tensor();
-    record(op, {x, w, b}, {y}, {saved_x, saved_w}, [op, layout = p.layout, dims, s](const BackwardArgs& args) {
-      const Tensor& dy = args.grad_outputs[0];
-      profile::OpScope scope(dims == 3 ? "conv_transpose3d (backward)" : "conv_transpose2d (backward)", [&] {
-        const Tensor &x = args.saved[0], &w = args.saved[1];
-        profile::OpInfo info{{&dy, &x, &w}, 0, profile::bytes_of({&dy}), true};
-        const double xb = static_cast<double>(s.y_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
-        const double wb = static_cast<double>(s.w_shape().numel() * static_cast<int64_t>(dtype_size(dy.dtype())));
-        if (args.needs_grad[0]) info.flops += pass_flops(s), info.bytes += wb + xb;  // reads w, writes dx
-        if (args.needs_grad[1]) info.flops += pass_flops(s), info.bytes += xb + wb;  // reads x, writes dw
-        if (args.needs_grad[2]) info.flops += static_cast<double>(dy.numel());
-        return info;
-      });
-      std::vector<Tensor> grads(3);
-      if (args.needs_grad[0]) {
-        TG_CHECK(args.saved[1].defined(), op, ": the input's gradient is needed but the weight was not "
-                 "saved (requires_grad was switched on after the forward pass)");
-        grads[0] = conv_problem_forward(dy, args.saved[1], s);
-      }
-      if (args.needs_grad[1]) {
-        TG_CHECK(args.saved[0].defined(), op, ": the weight's gradient is needed but the input was not "
-                 "saved (requires_grad was switched on after the forward pass)");
-        // The convolution's weight gradient with its output gradient = x, its input = dy.
-        grads[1] = conv_problem_backward_weight(args.saved[0], dy, s);
-      }
-      if (args.needs_grad[2]) grads[2] = conv_backward_bias(dy, layout);
-      return grads;
-    });
-  }
-  return y;
-}
-
-}  // namespace
-
-Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Shape& w_shape,
-                                  const ConvTransposeParams& p) {
-  return transposed_problem(op, x_shape, w_shape, p).x_shape();
+  const Shape y_shape(y);
+  // The convolution this op transposes must map y back to x's shape.
+  const ConvShape s = make_conv_shape(op, y_shape, w_shape, conv_params(p));
+  TG_CHECK_AS(ShapeError, s.y_shape() == x_shape, op, ": input ", x_shape, " is not the output of a convolution of ",
+              y_shape, " by ", w_shape, " with these parameters");
+  return y_shape;
 }
 
 // Half inputs and Autocast scopes: ops/half_compute.h (matrix_op).

@@ -11,10 +11,7 @@
 //   x (N, C_in, *in), w (C_in, C_out, *k), bias (C_out) or undefined -> y (N, C_out, *out)
 //   out = (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
 // output_padding (per dim, below stride or dilation, as PyTorch requires) picks one of the
-// input sizes that a strided convolution maps to the same output size. At or above the stride
-// (so below the dilation) it adds output positions that the convolution of y would map past
-// x's end; the forward and backward then run the convolution cut short to x's positions
-// (conv_problem_* in conv.h), which is implemented on the CPU only: UnsupportedError on a GPU.
+// input sizes that a strided convolution maps to the same output size.
 #pragma once
 #include <vector>
 
