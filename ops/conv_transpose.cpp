@@ -122,6 +122,11 @@ Shape conv_transpose_output_shape(const char* op, const Shape& x_shape, const Sh
     const int64_t in = last ? x_shape[1 + d] : x_shape[2 + d], k = w_shape[2 + d];
     TG_CHECK(out_pad[d] < stride[d] || out_pad[d] < dil[d], op, ": output_padding ", Shape(out_pad),
              " must be smaller than the stride ", Shape(stride), " or the dilation ", Shape(dil));
+    // PyTorch also takes stride <= output_padding < dilation; here the transposed convolution
+    // runs as the convolution of the output, which then ends up larger than x.
+    TG_CHECK_AS(UnsupportedError, out_pad[d] < stride[d], op, ": output_padding ", Shape(out_pad),
+                " at or above the stride ", Shape(stride), " (allowed by the dilation ", Shape(dil),
+                ") is not supported; use output_padding below the stride");
     // (in - 1) * stride - 2 * pad + dil * (k - 1) + output_padding + 1, every step checked.
     const int64_t grown = checked_mul(in - 1, stride[d], op, ": output size");
     const int64_t span = checked_add(checked_mul(dil[d], k - 1, op, ": kernel extent"), out_pad[d] + 1, op,

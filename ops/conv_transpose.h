@@ -10,8 +10,9 @@
 // Shapes (NCHW; NHWC for 2-D with layout = NHWC; NCDHW for 3-D):
 //   x (N, C_in, *in), w (C_in, C_out, *k), bias (C_out) or undefined -> y (N, C_out, *out)
 //   out = (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
-// output_padding (per dim, below stride or dilation, as PyTorch requires) picks one of the
-// input sizes that a strided convolution maps to the same output size.
+// output_padding (per dim, below the stride; PyTorch also allows it below the dilation, which
+// is refused here as unsupported) picks one of the input sizes that a strided convolution maps
+// to the same output size.
 #pragma once
 #include <vector>
 

@@ -138,6 +138,14 @@ TEST(ConvTranspose, BadArgumentsAreRejected) {
                   "conv_transpose2d", "output_padding");
   TG_EXPECT_ERROR(conv_transpose2d(random({1, 3, 4, 4}), random({3, 2, 3, 3}), random({3})), "conv_transpose2d",
                   "bias", "[2]");
+  // Below the dilation but not the stride: PyTorch's rule allows it; refused as unsupported,
+  // saying so, rather than as a shape that is not a convolution's output.
+  EXPECT_THROW(conv_transpose2d(random({1, 1, 3, 3}), random({1, 1, 2, 2}), Tensor(),
+                                {.stride = {1}, .output_padding = {2}, .dilation = {3}}),
+               UnsupportedError);
+  TG_EXPECT_ERROR(conv_transpose2d(random({1, 1, 3, 3}), random({1, 1, 2, 2}), Tensor(),
+                                   {.stride = {1}, .output_padding = {2}, .dilation = {3}}),
+                  "conv_transpose2d", "output_padding [2, 2] at or above the stride [1, 1]", "not supported");
   TG_EXPECT_ERROR(conv_transpose2d(random({1, 3, 2, 2}), random({3, 2, 1, 1}), Tensor(), {.padding = {1}}),
                   "conv_transpose2d", "empty output");
   TG_EXPECT_ERROR(conv_transpose3d(random({1, 3, 4, 4}), random({3, 2, 3, 3})), "conv_transpose3d", "5-D input");
