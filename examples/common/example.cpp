@@ -17,16 +17,15 @@ ExampleOptions parse_example_options(Args& args) {
   o.device = tg::parse_device(args.get("device", tg::cuda_available() ? "cuda" : "cpu"));
   // Full size needs a GPU: B's output and D's matrix are 8 GiB each.
   o.small = args.has("small") || o.device.is_cpu();
-  o.steps = args.get_int("steps", 5);
+  o.steps = args.get_nonnegative_int("steps", 5);
   o.optim = args.get("optim", "sgd");
   if (o.optim != "sgd" && o.optim != "adam") throw std::invalid_argument("--optim must be sgd or adam");
-  o.lr = args.get_double("lr", 0);
+  if (args.has("lr")) o.lr = args.get_positive_double("lr", 0);
   std::string p = args.get("precision", "fp32");
   if (p != "fp32" && p != "tf32") throw std::invalid_argument("--precision must be fp32 or tf32");
   o.precision = p == "tf32" ? tg::Precision::TF32 : tg::Precision::FP32;
-  o.samples = args.get_int("samples", 256);
-  o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
-  if (o.steps < 0 || o.samples < 2) throw std::invalid_argument("--steps must be >= 0 and --samples >= 2");
+  o.samples = args.get_int_in("samples", 256, 2, Args::kMaxCount);
+  o.seed = args.get_seed("seed", 0);
   return o;
 }
 
@@ -43,8 +42,7 @@ std::string run_summary(const ExampleOptions& o) {
 }
 
 double learning_rate(const ExampleOptions& o, double sgd_default, double adam_default) {
-  if (o.lr > 0) return o.lr;
-  return o.optim == "sgd" ? sgd_default : adam_default;
+  return o.lr.value_or(o.optim == "sgd" ? sgd_default : adam_default);
 }
 
 double tolerance(tg::Precision p) { return p == tg::Precision::FP32 ? 1e-4 : 5e-3; }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@ struct ExampleOptions {
   bool small = true;          // tiny batch/spatial sizes; always on the CPU
   int64_t steps = 5;          // training steps
   std::string optim = "sgd";  // sgd | adam
-  double lr = 0;              // 0: the workload's default for the optimizer
+  std::optional<double> lr;   // unset: the workload's default for the optimizer
   tg::Precision precision = tg::Precision::FP32;
   int64_t samples = 256;      // outputs checked against the f64 reference at full size
   uint64_t seed = 0;

@@ -19,10 +19,9 @@ class ExampleProfiler {
  public:
   // Reads --profile (a switch: list "profile" among Args' switches) and --trace PATH.
   explicit ExampleProfiler(Args& args)
-      : trace_(args.get("trace", "")), skip_(args.get_int("profile-skip", 1)) {
+      : trace_(args.get("trace", "")), skip_(args.get_nonnegative_int("profile-skip", 1)) {
     on_ = args.has("profile") || !trace_.empty();
     if (on_ && trace_.empty()) trace_ = "profile.json";
-    TG_CHECK(skip_ >= 0, "--profile-skip must be at least 0, got ", skip_);
   }
   static const char* usage() { return "[--profile] [--trace PATH] [--profile-skip STEPS (default 1)]"; }
   bool on() const { return on_; }
