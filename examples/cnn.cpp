@@ -16,6 +16,7 @@
 //   cnn --device cuda --epochs 12 --svg curves.svg
 //   cnn --device cuda --epochs 1 --profile --trace cnn_trace.json
 //   cnn --device cuda --graph
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -75,15 +76,16 @@ int main(int argc, char** argv) {
   return ex::guarded_main([&] {
     ex::Args args(argc, argv, {"profile", "graph"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
-    const int64_t epochs = args.get_int("epochs", 12);
-    const int64_t batch = args.get_int("batch", 32);
-    const int64_t train_count = args.get_int("train", 4000), test_count = args.get_int("test", 1000);
-    const double lr = args.get_double("lr", 3e-3);
-    const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
+    const int64_t epochs = args.get_positive_int("epochs", 12);
+    const int64_t batch = args.get_positive_int("batch", 32);
+    const int64_t train_count = args.get_positive_int("train", 4000);
+    const int64_t test_count = args.get_positive_int("test", 1000);
+    const double lr = args.get_positive_double("lr", 3e-3);
+    const uint64_t seed = args.get_seed("seed", 0);
     const std::string svg_path = args.get("svg", "");  // empty: no file
     // --require-accuracy 0.9: exit with status 1 unless the last epoch's held-out accuracy
     // reaches it (how the test suite holds the example to its promise).
-    const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    const double required_accuracy = args.get_fraction("require-accuracy", 0.0);
     const bool graph = args.has("graph");
     ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--epochs N] [--batch N] [--train N] [--test N] [--lr X] [--seed N] [--svg PATH] "
@@ -91,14 +93,19 @@ int main(int argc, char** argv) {
     TG_CHECK(!graph || device.is_cuda(), "--graph: CUDA graphs need --device cuda");
     TG_CHECK(!graph || !profiler.on(), "--graph and --profile: a profiler cannot time a captured step; "
                                        "profile the eager steps (drop --graph)");
+    // Training drops the last partial batch, so a smaller set would train on nothing.
+    TG_CHECK(train_count >= batch, "--train ", train_count, " gives no full batch of --batch ", batch,
+             " (the last partial batch is dropped)");
 
     tg::manual_seed(seed);
     // Different seeds: the held-out images are new draws, not copies of training images.
     const ex::ShapesDataset train = ex::make_shapes_dataset(train_count, 1000 + seed);
     const ex::ShapesDataset test = ex::make_shapes_dataset(test_count, 2000 + seed);
+    const int64_t sample = std::min<int64_t>(4, train.count - 1);  // a plus, when there are five images
     std::printf("synthetic shapes: %lld training and %lld held-out 16x16 images, 10 classes; a sample (%s):\n%s",
                 static_cast<long long>(train.count), static_cast<long long>(test.count),
-                ex::shape_class_names()[4].c_str(), ex::ascii_image(train, 4).c_str());
+                ex::shape_class_names()[static_cast<size_t>(train.labels[static_cast<size_t>(sample)])].c_str(),
+                ex::ascii_image(train, sample).c_str());
 
     auto model = ex::make_shapes_cnn(device);
     auto optimizer = ex::make_optimizer("adam", model->parameters(), lr);

@@ -44,6 +44,10 @@
 
 namespace {
 
+// Upper bounds that keep the image and weight sizes far from int64_t overflow (a run near
+// them fails on memory, with a message, long before), and the DataLoader's own worker limit.
+constexpr int64_t kMaxImageSize = 4096, kMaxWidth = 4096, kMaxLoaderWorkers = 256;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -64,23 +68,24 @@ int main(int argc, char** argv) {
     // A control for the scaling benchmark: every rank trains on its own, with no gradient
     // all-reduce, so the step time over N ranks shows what the slowest GPU alone costs.
     const bool no_sync = args.has("no-sync");
-    const int64_t batch = args.get_int("batch", conv_a ? (small ? 2 : 8) : (small ? 8 : 64));
-    const int64_t size = args.get_int("size", conv_a ? (small ? 16 : 512) : (small ? 16 : 64));
-    const int64_t steps = args.get_int("steps", small ? 40 : 50);
-    const int64_t warmup = args.get_int("warmup", small ? 2 : 10);
-    const int64_t log_every = args.get_int("log-every", 10);
+    const int64_t batch = args.get_positive_int("batch", conv_a ? (small ? 2 : 8) : (small ? 8 : 64));
+    const int64_t size = args.get_positive_int("size", conv_a ? (small ? 16 : 512) : (small ? 16 : 64), kMaxImageSize);
+    const int64_t steps = args.get_positive_int("steps", small ? 40 : 50);
+    const int64_t warmup = args.get_nonnegative_int("warmup", small ? 2 : 10);
+    const int64_t log_every = args.get_positive_int("log-every", 10);
     const std::string optim = args.get("optim", "sgd");
-    const double lr = args.get_double("lr", optim == "adam" ? (conv_a ? 2e-3 : 1e-3) : (conv_a ? 16.0 : 0.02));
+    const double lr =
+        args.get_positive_double("lr", optim == "adam" ? (conv_a ? 2e-3 : 1e-3) : (conv_a ? 16.0 : 0.02));
     const std::string precision = args.get("precision", "fp32");
-    const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
-    const int64_t threads = args.get_int("threads", 0);
+    const uint64_t seed = args.get_seed("seed", 0);
+    const int64_t threads = args.get_nonnegative_int("threads", 0, tg::kMaxThreads);  // 0: the default
     // The ResNet's own options; conv_a rejects them rather than ignoring them.
     const bool resnet_option_given =
         args.has("width") || args.has("train") || args.has("data") || args.has("workers");
-    const int64_t width = args.get_int("width", small ? 8 : 64);
-    const int64_t train_count = args.get_int("train", small ? 256 : 8192);
+    const int64_t width = args.get_positive_int("width", small ? 8 : 64, kMaxWidth);
+    const int64_t train_count = args.get_positive_int("train", small ? 256 : 8192);
     const std::string data = args.get("data", "shapes");
-    const int64_t workers = args.get_int("workers", wanted.is_cuda() ? 2 : 0);
+    const int64_t workers = args.get_nonnegative_int("workers", wanted.is_cuda() ? 2 : 0, kMaxLoaderWorkers);
     args.finish("[--device cpu|cuda] [--model resnet|conv_a] [--small] [--batch N (per rank)] [--size N] "
                 "[--steps N] [--warmup N] [--log-every N] [--optim sgd|adam] [--lr X] [--precision fp32|tf32] "
                 "[--seed N] [--threads N (CPU, per rank)] [--json] [--no-sync (no gradient all-reduce: a timing control)]\n"
@@ -92,8 +97,6 @@ int main(int argc, char** argv) {
     TG_CHECK(precision == "fp32" || precision == "tf32", "--precision: fp32 or tf32, got ", precision);
     TG_CHECK(optim == "sgd" || optim == "adam", "--optim: sgd or adam, got ", optim);
     TG_CHECK(data == "shapes" || data == "fixed", "--data: shapes or fixed, got ", data);
-    TG_CHECK(batch >= 1 && size >= 1 && steps >= 1 && warmup >= 0 && log_every >= 1 && workers >= 0 && threads >= 0,
-             "--batch, --size, --steps and --log-every must be positive, --warmup, --workers and --threads >= 0");
     TG_CHECK(width >= 2 && width % 2 == 0, "--width must be even and at least 2, got ", width);
     TG_CHECK(!conv_a || size >= 3, "--size must be at least 3 for conv_a (a 3x3 conv without padding), got ", size);
 

@@ -28,6 +28,10 @@
 
 namespace {
 
+// Upper bounds that keep the image and weight sizes far from int64_t overflow; a run near
+// them fails on memory, with a message, long before.
+constexpr int64_t kMaxImageSize = 4096, kMaxWidth = 4096;
+
 // The shapes at `size` x `size` (nearest neighbour from 16x16), in three colour channels:
 // channel c = image * tint_c, tint_c uniform in [0.4, 1.6) per image.
 struct ColorImages {
@@ -94,20 +98,20 @@ int main(int argc, char** argv) {
     ex::Args args(argc, argv, {"small", "profile", "graph"});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
     const bool small = args.has("small");
-    const int64_t size = args.get_int("size", small ? 16 : 32);
-    const int64_t width = args.get_int("width", small ? 16 : 64);
-    const int64_t epochs = args.get_int("epochs", small ? 4 : 3);
-    const int64_t batch = args.get_int("batch", small ? 32 : 128);
-    const int64_t train_count = args.get_int("train", small ? 2048 : 12800);
-    const int64_t test_count = args.get_int("test", small ? 512 : 2000);
-    const int64_t log_every = args.get_int("log-every", small ? 8 : 20);
-    const double lr = args.get_double("lr", 2e-3);
-    const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
+    const int64_t size = args.get_positive_int("size", small ? 16 : 32, kMaxImageSize);
+    const int64_t width = args.get_positive_int("width", small ? 16 : 64, kMaxWidth);
+    const int64_t epochs = args.get_positive_int("epochs", small ? 4 : 3);
+    const int64_t batch = args.get_positive_int("batch", small ? 32 : 128);
+    const int64_t train_count = args.get_positive_int("train", small ? 2048 : 12800);
+    const int64_t test_count = args.get_positive_int("test", small ? 512 : 2000);
+    const int64_t log_every = args.get_positive_int("log-every", small ? 8 : 20);
+    const double lr = args.get_positive_double("lr", 2e-3);
+    const uint64_t seed = args.get_seed("seed", 0);
     const std::string precision = args.get("precision", "fp32");
     const std::string svg_path = args.get("svg", "");
     // --require-accuracy F: exit 1 unless the last held-out accuracy reaches F (the tests'
     // hold on the example's promise).
-    const double required_accuracy = args.get_double("require-accuracy", 0.0);
+    const double required_accuracy = args.get_fraction("require-accuracy", 0.0);
     const bool graph = args.has("graph");
     ex::ExampleProfiler profiler(args);
     args.finish("[--device cpu|cuda] [--small] [--size N] [--width N] [--epochs N] [--batch N] [--train N] "
@@ -116,6 +120,9 @@ int main(int argc, char** argv) {
     TG_CHECK(!graph || device.is_cuda(), "--graph: CUDA graphs need --device cuda");
     TG_CHECK(!graph || !profiler.on(), "--graph and --profile: a profiler cannot time a captured step; "
                                        "profile the eager steps (drop --graph)");
+    // Training drops the last partial batch, so a smaller set would train on nothing.
+    TG_CHECK(train_count >= batch, "--train ", train_count, " gives no full batch of --batch ", batch,
+             " (the last partial batch is dropped)");
     TG_CHECK(precision == "fp32" || precision == "tf32" || precision == "bf16", "--precision: fp32, tf32 or bf16, got ",
              precision);
     // bf16: the forward under tg::Autocast (convolutions and the classifier in bf16, the rest in

@@ -162,15 +162,19 @@ int main(int argc, char** argv) {
   return ex::guarded_main([&] {
     ex::Args args(argc, argv, {});
     const tg::Device device = tg::parse_device(args.get("device", "cpu"));
-    const int64_t epochs = args.get_int("epochs", 6), batch = args.get_int("batch", 32);
-    const int64_t train_count = args.get_int("train", 1536), test_count = args.get_int("test", 256);
-    const double lr = args.get_double("lr", 1e-2);
-    const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
+    const int64_t epochs = args.get_positive_int("epochs", 6), batch = args.get_positive_int("batch", 32);
+    const int64_t train_count = args.get_positive_int("train", 1536);
+    const int64_t test_count = args.get_positive_int("test", 256);
+    const double lr = args.get_positive_double("lr", 1e-2);
+    const uint64_t seed = args.get_seed("seed", 0);
     const std::string svg_path = args.get("svg", "");  // empty: no file
     // --require-iou 0.8: exit with status 1 unless the last epoch's held-out IoU reaches it.
-    const double required_iou = args.get_double("require-iou", 0.0);
+    const double required_iou = args.get_fraction("require-iou", 0.0);
     args.finish("[--device cpu|cuda] [--epochs N] [--batch N] [--train N] [--test N] [--lr X] [--seed N] "
                 "[--svg PATH] [--require-iou F]");
+    // Training drops the last partial batch, so a smaller set would train on nothing.
+    TG_CHECK(train_count >= batch, "--train ", train_count, " gives no full batch of --batch ", batch,
+             " (the last partial batch is dropped)");
 
     tg::manual_seed(seed);
     const Shapes train(train_count, 2 * seed + 1), test(test_count, 2 * seed + 2);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 namespace ex {
 
@@ -45,6 +46,7 @@ bool inked(int label, double u, double v, double size) {
 }  // namespace
 
 ShapesDataset make_shapes_dataset(int64_t count, uint64_t seed, double noise) {
+  if (count < 0) throw std::invalid_argument("make_shapes_dataset: count " + std::to_string(count) + " < 0");
   constexpr int S = kShapeImageSize;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0), jitter(-2.0, 2.0);
@@ -69,6 +71,8 @@ ShapesDataset make_shapes_dataset(int64_t count, uint64_t seed, double noise) {
 }
 
 std::string ascii_image(const ShapesDataset& d, int64_t index) {
+  if (index < 0 || index >= d.count)
+    throw std::out_of_range("ascii_image: image " + std::to_string(index) + " of " + std::to_string(d.count));
   constexpr int S = kShapeImageSize;
   const char* ramp = " .:-=+*#%@";
   std::string out;

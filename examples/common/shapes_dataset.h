@@ -26,7 +26,8 @@ struct ShapesDataset {
 // `count` images, classes in turn; the same seed gives the same images.
 ShapesDataset make_shapes_dataset(int64_t count, uint64_t seed, double noise = 0.3);
 
-// One image as text (for the README, and a look at what the net sees).
+// One image as text (for the README, and a look at what the net sees); std::out_of_range
+// unless 0 <= index < d.count.
 std::string ascii_image(const ShapesDataset& d, int64_t index);
 
 }  // namespace ex
