@@ -218,3 +218,125 @@ TEST(GradScaler, CallOrderOptionsAndDisabled) {
   EXPECT_EQ(opt.step_count(), steps + 1);
   EXPECT_EQ(off.get_scale(), 65536.0);
 }
+
+namespace {
+
+// Backward of a scaled loss through the MLP: every parameter gets a (scaled) grad.
+void scaled_backward(Mlp& m, const nn::GradScaler& scaler) {
+  Tape tape;
+  tape.backward(scaler.scale(mse_loss(m(randn({4, 6})), randn({4, 3}))));
+}
+
+std::vector<double> as_doubles(const Tensor& t) { return t.to_vector<double>(); }
+
+}  // namespace
+
+// Each optimizer has its own unscaled / found-inf state: unscale_(a) does not count as
+// unscaling b (b's step would otherwise use grads still multiplied by the scale), and b
+// steps when only a's grads are bad; update() backs off when any optimizer's were.
+TEST(GradScaler, StateIsPerOptimizer) {
+  manual_seed(12);
+  Mlp m;
+  nn::SGD a(m.a.parameters(), {.lr = 0.1});
+  nn::SGD b(m.b.parameters(), {.lr = 0.1});
+  nn::GradScaler scaler({.init_scale = 1024.0});
+  scaled_backward(m, scaler);
+  const std::vector<double> bias = as_doubles(m.b.bias), scaled_grad = as_doubles(m.b.bias.grad());
+  scaler.unscale_(a);
+  EXPECT_TRUE(scaler.step(b));
+  // Reference in double: p - lr * (g_scaled / scale), to f32 rounding (the bug: 1024x off).
+  const std::vector<double> after = as_doubles(m.b.bias);
+  for (size_t k = 0; k < bias.size(); ++k) {
+    const double expected = bias[k] - 0.1 * (scaled_grad[k] / 1024.0);
+    EXPECT_NEAR(after[k], expected, 4 * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(expected)))
+        << "element " << k;
+  }
+  EXPECT_TRUE(scaler.step(a));  // a was unscaled once and steps once
+  TG_EXPECT_ERROR(scaler.unscale_(a), "unscale_", "already called");
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+  a.zero_grad();
+  b.zero_grad();
+
+  // Only a's grads overflow: a skips, b steps, and the scale backs off.
+  scaled_backward(m, scaler);
+  m.a.weight.grad().fill_(std::numeric_limits<float>::infinity());
+  const auto a_before = values_of(m.a.parameters()), b_before = values_of(m.b.parameters());
+  EXPECT_FALSE(scaler.step(a));
+  EXPECT_TRUE(scaler.step(b));
+  scaler.update();
+  EXPECT_EQ(values_of(m.a.parameters()), a_before);
+  EXPECT_NE(values_of(m.b.parameters()), b_before);
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+}
+
+// The finiteness probe looks at the unscaled grads: with a tiny (valid) scale, finite
+// scaled grads overflow when divided by it, and the step is skipped rather than writing
+// infinities into the parameters.
+TEST(GradScaler, TinyScaleSkipsStepsWhoseUnscaledGradsOverflow) {
+  manual_seed(13);
+  Mlp m;
+  nn::SGD opt(m.parameters(), {.lr = 0.1});
+  nn::GradScaler scaler({.init_scale = std::ldexp(1.0, -1000)});
+  scaled_backward(m, scaler);
+  m.b.bias.grad().fill_(1.0f);  // finite, but 2^1000 in the unscaled f32 grad
+  const auto before = values_of(m.parameters());
+  EXPECT_FALSE(scaler.step(opt));
+  EXPECT_EQ(values_of(m.parameters()), before);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), std::ldexp(1.0, -1001));
+}
+
+// A scale whose inverse overflows is refused, and backoff stops above such a scale.
+TEST(GradScaler, ScaleKeepsAFiniteInverse) {
+  TG_EXPECT_ERROR(nn::GradScaler({.init_scale = 1e-310}), "GradScaler", "init_scale", "inverse");
+  nn::GradScaler scaler;
+  TG_EXPECT_ERROR(scaler.load_state(1e-310, 0), "load_state", "inverse");
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+
+  manual_seed(14);
+  Mlp m;
+  nn::SGD opt(m.parameters(), {.lr = 0.1});
+  nn::GradScaler tiny({.init_scale = std::ldexp(1.0, -1021)});
+  const auto before = values_of(m.parameters());
+  for (int s = 0; s < 5; ++s) {
+    scaled_backward(m, tiny);
+    m.a.bias.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+    EXPECT_FALSE(tiny.step(opt));
+    tiny.update();
+    opt.zero_grad();
+  }
+  // 2^-1023 is the smallest power of two whose inverse is finite: there the scale stays.
+  EXPECT_EQ(tiny.get_scale(), std::ldexp(1.0, -1023));
+  EXPECT_TRUE(std::isfinite(1.0 / tiny.get_scale()));
+  EXPECT_EQ(values_of(m.parameters()), before);
+}
+
+// A refused unscale_ changes no grad, so a retry after fixing the bad one divides each
+// grad exactly once; the error names GradScaler::unscale_ and the parameter.
+TEST(GradScaler, FailedUnscaleLeavesTheGradsAsTheyWere) {
+  manual_seed(15);
+  Mlp m;
+  nn::SGD opt(m.parameters(), {.lr = 0.1});
+  nn::GradScaler scaler({.init_scale = 4.0});
+  scaled_backward(m, scaler);
+  const auto scaled = values_of({m.a.weight.grad(), m.a.bias.grad(), m.b.weight.grad()});
+  const Tensor good = m.b.bias.grad();
+  m.b.bias.set_grad(zeros({3}, {.dtype = DType::i64}));
+  try {
+    scaler.unscale_(opt);
+    ADD_FAILURE() << "expected a DTypeError";
+  } catch (const DTypeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("GradScaler::unscale_"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("parameter 3"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(values_of({m.a.weight.grad(), m.a.bias.grad(), m.b.weight.grad()}), scaled);
+  m.b.bias.set_grad(zeros({3, 1}));
+  TG_EXPECT_ERROR(scaler.unscale_(opt), "GradScaler::unscale_", "parameter 3", "shape");
+  m.b.bias.set_grad(good);
+  scaler.unscale_(opt);
+  const auto unscaled = values_of({m.a.weight.grad(), m.a.bias.grad(), m.b.weight.grad()});
+  for (size_t t = 0; t < scaled.size(); ++t)
+    for (size_t k = 0; k < scaled[t].size(); ++k) EXPECT_EQ(unscaled[t][k], scaled[t][k] / 4.0f);
+}
