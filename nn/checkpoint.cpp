@@ -1,7 +1,10 @@
 #include "nn/checkpoint.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -21,6 +24,9 @@ const std::string kLrKey = "tapegrad.optimizer.lr";
 // Every param group's lr, comma-separated in group order. A schedule may have brought one
 // to 0, which the single lr key (set_lr's rule) refuses: this key holds any finite lr >= 0.
 const std::string kGroupLrsKey = "tapegrad.optimizer.param_group_lrs";
+// Every parameter's step_count(i), comma-separated in parameter order: SGD's state (as
+// PyTorch's) has no step entries, so without this key its counts could not be restored.
+const std::string kParamStepCountsKey = "tapegrad.optimizer.param_step_counts";
 
 std::string optimizer_kind(const nn::Optimizer& o) { return o.name(); }
 
@@ -56,6 +62,39 @@ const std::string& required_metadata(const st::Header& h, const std::string& key
 
 // Metadata text for an error message (it may be anything a file holds).
 std::string json_text(const std::string& s) { return json::printable(s, 80); }
+
+std::string comma_list(const std::vector<std::string>& fields) {
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i > 0) out += ',';
+    out += fields[i];
+  }
+  return out;
+}
+
+// The comma-separated fields of a metadata value ("" is one empty field).
+std::vector<std::string_view> split_commas(const std::string& text) {
+  std::vector<std::string_view> out;
+  for (size_t begin = 0;;) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    out.emplace_back(text.data() + begin, end - begin);
+    if (end == text.size()) return out;
+    begin = end + 1;
+  }
+}
+
+// Metadata `key`: one integer per parameter (range checked by Optimizer::load_state).
+std::vector<int64_t> parse_step_counts(const std::string& text, const std::string& key, const std::string& path) {
+  std::vector<int64_t> counts;
+  for (std::string_view field : split_commas(text)) {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    TG_CHECK(ec == std::errc() && end == field.data() + field.size(), "tg::load: '", path, "': metadata ", key,
+             " = \"", json_text(text), "\" is not a list of integers");
+    counts.push_back(v);
+  }
+  return counts;
+}
 
 bool has_prefix(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
@@ -249,10 +288,11 @@ void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::s
   // Group 0's lr as in files without groups (readers that predate them); omitted where a
   // schedule made it 0, which that key's rule refuses.
   if (optimizer.lr() > 0) meta.emplace_back(kLrKey, format_double(optimizer.lr()));
-  std::string lrs;
-  for (size_t g = 0; g < optimizer.num_param_groups(); ++g)
-    lrs += (g ? "," : "") + format_double(optimizer.lr(g));
-  meta.emplace_back(kGroupLrsKey, lrs);
+  std::vector<std::string> lrs, counts;
+  for (size_t g = 0; g < optimizer.num_param_groups(); ++g) lrs.push_back(format_double(optimizer.lr(g)));
+  meta.emplace_back(kGroupLrsKey, comma_list(lrs));
+  for (size_t i = 0; i < optimizer.params().size(); ++i) counts.push_back(std::to_string(optimizer.step_count(i)));
+  if (!counts.empty()) meta.emplace_back(kParamStepCountsKey, comma_list(counts));
   st::save_file(tensors, path, meta);
 }
 
@@ -342,6 +382,12 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
              group_lrs.size(), " param groups but the optimizer has ", optimizer.num_param_groups());
   }
 
+  // Per-parameter step counts, checked against the state by Optimizer::load_state. Files
+  // without them (written before the key existed) leave the optimizer's fallback.
+  std::optional<std::vector<int64_t>> step_counts;
+  if (const std::string* text = h.find_metadata(kParamStepCountsKey))
+    step_counts = parse_step_counts(*text, kParamStepCountsKey, path);
+
   // Everything checked: read, then hand the state to the optimizer, which checks its values
   // and changes nothing if it objects; then the step count and lr (already checked: these
   // cannot fail) and the parameters.
@@ -350,7 +396,7 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   std::vector<std::pair<std::string, Tensor>> state;
   for (size_t i = 0; i < state_values.size(); ++i) state.emplace_back(state_keys[i], state_values[i].second);
   try {
-    optimizer.load_state(state);
+    optimizer.load_state(state, step_counts);
   } catch (const Error& e) {
     // The optimizer names state by parameter index ('3.exp_avg'): add the file's name.
     const std::string msg = e.what();

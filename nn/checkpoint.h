@@ -13,8 +13,11 @@
 // "conv.bias", "bn.running_mean", ...) in its dtype; with an optimizer also
 // "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg", "optim.0.weight.step" for
 // Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count",
-// "tapegrad.optimizer.lr" (param group 0's, omitted when a schedule made it 0) and
-// "tapegrad.optimizer.param_group_lrs" (every group's lr, comma-separated).
+// "tapegrad.optimizer.lr" (param group 0's, omitted when a schedule made it 0),
+// "tapegrad.optimizer.param_group_lrs" (every group's lr, comma-separated) and
+// "tapegrad.optimizer.param_step_counts" (every parameter's step_count(i), comma-separated:
+// SGD's state, as PyTorch's, has no step entries; a file without the key, written before
+// it existed, loads with a count of 1 for each parameter with a momentum buffer).
 //
 // Saving is atomic (temporary file, fsync, rename): a failed save leaves the previous file
 // intact. A save killed outright (SIGKILL, power loss) cannot clean up after itself: where

@@ -251,7 +251,34 @@ std::pair<int64_t, double> first_bad(const T* p, int64_t n, bool non_negative) {
 
 }  // namespace
 
-void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+void Optimizer::merge_step_counts(const std::vector<int64_t>& counts, std::map<size_t, ParamState>& next) const {
+  const char* op = "Optimizer::load_state";
+  TG_CHECK(counts.size() == params_.size(), op, ": ", counts.size(), " step counts for the ", params_.size(),
+           " parameters of this ", name());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    check_step_count(std::string(op) + ": the step count of parameter " + std::to_string(i), counts[i]);
+    const auto named = next.find(i);
+    if (named == next.end()) {
+      // No state saved: never updated, or (SGD) updated without a momentum buffer yet.
+      TG_CHECK(!has_step_state() || counts[i] == 0, op, ": parameter ", i, " has step count ", counts[i],
+               " but no state ('", i, ".step' and its buffers)");
+      continue;
+    }
+    if (has_step_state())
+      TG_CHECK(named->second.steps == counts[i], op, ": '", i, ".step' is ", named->second.steps,
+               " but the step count of parameter ", i, " is ", counts[i]);
+    else
+      TG_CHECK(counts[i] > 0, op, ": parameter ", i, " has state but a step count of 0");
+  }
+  // Checked: every parameter's state is now the loaded one.
+  for (size_t i = 0; i < counts.size(); ++i) {
+    ParamState& s = next.try_emplace(i).first->second;
+    s.steps = counts[i];
+  }
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                           const std::optional<std::vector<int64_t>>& step_counts) {
   const char* op = "Optimizer::load_state";
   // Phase 1 builds the new state of every parameter named, beside the live one: any check,
   // conversion or allocation that fails leaves the optimizer as it was.
@@ -321,6 +348,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
                " needs the step count and every buffer of a parameter, or none)");
     }
   }
+  if (step_counts) merge_step_counts(*step_counts, next);
   // Phase 2: commit (moves only, which cannot fail).
   for (auto& [index, s] : next) state_[index] = std::move(s);
 }

@@ -26,6 +26,8 @@
 //   opt.zero_grad();
 #pragma once
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,7 +104,15 @@ class Optimizer {
   // values must be finite after conversion to the parameter's dtype, and those that are
   // sums of squares (Adam's exp_avg_sq) >= 0; a parameter with state has all of it (step
   // and every buffer: a partial state would restart bias correction silently).
-  void load_state(const std::vector<std::pair<std::string, Tensor>>& state);
+  // `step_counts`, when given, holds every parameter's step_count(i) (one per parameter,
+  // each checked as a step count): it restores the counts of optimizers whose state has no
+  // "i.step" (SGD, as PyTorch's), which otherwise become 1 for a parameter with a buffer and
+  // stay as they were for the others. With it, every parameter's state is replaced: one
+  // not named in `state` gets its count and no buffers. It must agree with the state: a
+  // parameter with state entries was updated (count > 0), and where "i.step" is part of
+  // the state (Adam) each count equals it (0 for a parameter without state).
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                  const std::optional<std::vector<int64_t>>& step_counts = std::nullopt);
   // Sets step_count() (e.g. after loading a checkpoint); checked by check_step_count.
   void set_step_count(int64_t steps);
 
@@ -168,6 +178,9 @@ class Optimizer {
 
  private:
   void check_group(const char* op, size_t group) const;
+  // load_state's step_counts: checks them against the state being loaded (`next`, by
+  // parameter index) and sets every parameter's count there; throws, changing nothing.
+  void merge_step_counts(const std::vector<int64_t>& counts, std::map<size_t, ParamState>& next) const;
   int64_t steps_ = 0;
   std::vector<size_t> group_begin_;  // first parameter index of each group
   std::vector<size_t> group_of_;     // each parameter's group
