@@ -26,6 +26,9 @@ const std::string kLrKey = "tapegrad.optimizer.lr";
 const std::string kGroupLrsKey = "tapegrad.optimizer.param_group_lrs";
 // Every parameter's step_count(i), comma-separated in parameter order: SGD's state (as
 // PyTorch's) has no step entries, so without this key its counts could not be restored.
+// Every param group's initial lr (Optimizer::initial_lr, the base of its schedules),
+// comma-separated in group order; an empty field for a group that has none.
+const std::string kGroupInitialLrsKey = "tapegrad.optimizer.param_group_initial_lrs";
 const std::string kParamStepCountsKey = "tapegrad.optimizer.param_step_counts";
 
 std::string optimizer_kind(const nn::Optimizer& o) { return o.name(); }
@@ -81,6 +84,26 @@ std::vector<std::string_view> split_commas(const std::string& text) {
     if (end == text.size()) return out;
     begin = end + 1;
   }
+}
+
+// Metadata kGroupInitialLrsKey: one initial lr per group, finite and >= 0, or empty (none).
+std::vector<std::optional<double>> parse_initial_lrs(const std::string& text, size_t groups, const std::string& path) {
+  std::vector<std::optional<double>> lrs;
+  for (std::string_view field : split_commas(text)) {
+    if (field.empty()) {
+      lrs.emplace_back();
+      continue;
+    }
+    double v = 0;
+    auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    TG_CHECK(ec == std::errc() && end == field.data() + field.size() && std::isfinite(v) && v >= 0, "tg::load: '",
+             path, "': metadata ", kGroupInitialLrsKey, " = \"", json_text(text),
+             "\" is not a list of finite lrs >= 0 (or empty fields)");
+    lrs.push_back(v);
+  }
+  TG_CHECK(lrs.size() == groups, "tg::load: '", path, "' holds the initial lrs of ", lrs.size(),
+           " param groups but the optimizer has ", groups);
+  return lrs;
 }
 
 // Metadata `key`: one integer per parameter (range checked by Optimizer::load_state).
@@ -288,9 +311,14 @@ void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::s
   // Group 0's lr as in files without groups (readers that predate them); omitted where a
   // schedule made it 0, which that key's rule refuses.
   if (optimizer.lr() > 0) meta.emplace_back(kLrKey, format_double(optimizer.lr()));
-  std::vector<std::string> lrs, counts;
-  for (size_t g = 0; g < optimizer.num_param_groups(); ++g) lrs.push_back(format_double(optimizer.lr(g)));
+  std::vector<std::string> lrs, initial_lrs, counts;
+  for (size_t g = 0; g < optimizer.num_param_groups(); ++g) {
+    lrs.push_back(format_double(optimizer.lr(g)));
+    const std::optional<double> initial = optimizer.initial_lr(g);
+    initial_lrs.push_back(initial ? format_double(*initial) : "");
+  }
   meta.emplace_back(kGroupLrsKey, comma_list(lrs));
+  meta.emplace_back(kGroupInitialLrsKey, comma_list(initial_lrs));
   for (size_t i = 0; i < optimizer.params().size(); ++i) counts.push_back(std::to_string(optimizer.step_count(i)));
   if (!counts.empty()) meta.emplace_back(kParamStepCountsKey, comma_list(counts));
   st::save_file(tensors, path, meta);
@@ -382,6 +410,11 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
              group_lrs.size(), " param groups but the optimizer has ", optimizer.num_param_groups());
   }
 
+  // The initial lrs (the base of schedules built after the load). Files without them
+  // (written before the key existed) leave the optimizer's as they are.
+  std::optional<std::vector<std::optional<double>>> initial_lrs;
+  if (const std::string* text = h.find_metadata(kGroupInitialLrsKey))
+    initial_lrs = parse_initial_lrs(*text, optimizer.num_param_groups(), path);
   // Per-parameter step counts, checked against the state by Optimizer::load_state. Files
   // without them (written before the key existed) leave the optimizer's fallback.
   std::optional<std::vector<int64_t>> step_counts;
@@ -408,6 +441,8 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
   optimizer.set_step_count(steps);
   if (group_lrs.empty()) optimizer.set_lr(lr);
   for (size_t g = 0; g < group_lrs.size(); ++g) optimizer.set_scheduled_lr(g, group_lrs[g]);
+  if (initial_lrs)
+    for (size_t g = 0; g < initial_lrs->size(); ++g) optimizer.set_initial_lr(g, (*initial_lrs)[g]);
   apply_plan(plan, values);
 }
 

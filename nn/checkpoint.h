@@ -14,7 +14,10 @@
 // "optim.<parameter name>.<buffer>" ("optim.0.weight.exp_avg", "optim.0.weight.step" for
 // Adam, "optim.0.weight.momentum_buffer" for SGD) and metadata "tapegrad.optimizer" (SGD, Adam, AdamW), "tapegrad.optimizer.step_count",
 // "tapegrad.optimizer.lr" (param group 0's, omitted when a schedule made it 0),
-// "tapegrad.optimizer.param_group_lrs" (every group's lr, comma-separated) and
+// "tapegrad.optimizer.param_group_lrs" (every group's lr, comma-separated),
+// "tapegrad.optimizer.param_group_initial_lrs" (every group's Optimizer::initial_lr, the
+// base of its lr schedules, comma-separated, empty where unset; a file without the key
+// leaves the optimizer's initial lrs as they were) and
 // "tapegrad.optimizer.param_step_counts" (every parameter's step_count(i), comma-separated:
 // SGD's state, as PyTorch's, has no step entries; a file without the key, written before
 // it existed, loads with a count of 1 for each parameter with a momentum buffer).
@@ -106,7 +109,7 @@ LoadResult load(nn::Module& module, const std::unordered_map<std::string, Tensor
 void save(const nn::Module& module, const nn::Optimizer& optimizer, const std::string& path,
           const SaveOptions& options = {});
 // Restores the parameters (strictly: the options above do not apply), the optimizer's
-// buffers and step counts, and its learning rates, one per param group
+// buffers and step counts, its initial lrs, and its learning rates, one per param group
 // (as PyTorch's load_state_dict restores param_groups; the optimizer must have as many
 // groups; a file without per-group lrs sets its one lr on every group). The optimizer must be of the saved
 // kind and should be fresh: state it already holds for a parameter the file has no state

@@ -31,6 +31,7 @@ void Optimizer::add_group_params(std::vector<Tensor> params) {
   const size_t group = group_begin_.size();
   group_begin_.push_back(first);
   group_of_.resize(first + params.size(), group);
+  initial_lrs_.emplace_back();
   state_.resize(first + params.size());
   for (Tensor& p : params) params_.push_back(std::move(p));
 }
@@ -90,6 +91,18 @@ void Optimizer::validate_scheduled_lr(size_t group, double lr) const {
 void Optimizer::set_scheduled_lr(size_t group, double lr) {
   validate_scheduled_lr(group, lr);
   store_group_lr(group, lr);
+}
+
+std::optional<double> Optimizer::initial_lr(size_t group) const {
+  check_group("initial_lr", group);
+  return initial_lrs_[group];
+}
+
+void Optimizer::set_initial_lr(size_t group, std::optional<double> lr) {
+  check_group("set_initial_lr", group);
+  TG_CHECK(!lr || (std::isfinite(*lr) && *lr >= 0), group_name(group), ": invalid initial learning rate ", *lr,
+           " (it must be finite and >= 0)");
+  initial_lrs_[group] = lr;
 }
 
 double Optimizer::momentum(size_t group) const {

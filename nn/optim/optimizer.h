@@ -81,6 +81,16 @@ class Optimizer {
   void set_scheduled_lr(size_t group, double lr);
   void validate_scheduled_lr(size_t group, double lr) const;
 
+  // Each group's initial lr, as the "initial_lr" of PyTorch's param groups: the lr the group
+  // had when the first learning-rate scheduler was built over the optimizer (nn/optim/
+  // scheduler.h), recorded by that scheduler and the base of every later one, so that a
+  // scheduler built after the optimizer was restored from a checkpoint (whose lr is then a
+  // scheduled one) schedules from the same base. Unset (nullopt) until then; checkpoints
+  // save and restore it. set_initial_lr is for restoring it by hand (e.g. after loading a
+  // file written before checkpoints held it): checked finite and >= 0; nullopt unsets it.
+  std::optional<double> initial_lr(size_t group) const;
+  void set_initial_lr(size_t group, std::optional<double> lr);
+
   // The momentum a schedule may cycle (PyTorch's OneCycleLR with cycle_momentum): SGD's
   // momentum, Adam's and AdamW's beta1 (a PyTorch group's "momentum" or betas[0]).
   // has_momentum() says whether the optimizer has one; the others throw tg::Error if not.
@@ -184,6 +194,7 @@ class Optimizer {
   int64_t steps_ = 0;
   std::vector<size_t> group_begin_;  // first parameter index of each group
   std::vector<size_t> group_of_;     // each parameter's group
+  std::vector<std::optional<double>> initial_lrs_;  // per group, see initial_lr()
 };
 
 }  // namespace tg::nn

@@ -7,10 +7,17 @@
 namespace tg::nn {
 
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
-  for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.lr(g));
+  // The initial lr, not the current one: after a checkpoint is loaded the current lr is the
+  // scheduled lr of the saved step, and a base taken from it would schedule from there.
+  for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.initial_lr(g).value_or(opt.lr(g)));
 }
 
-void LRScheduler::start() { apply(0); }
+void LRScheduler::start() {
+  apply(0);
+  // Recorded only once construction has succeeded: a refused scheduler leaves no trace.
+  for (size_t g = 0; g < base_lrs_.size(); ++g)
+    if (!opt_.initial_lr(g)) opt_.set_initial_lr(g, base_lrs_[g]);
+}
 
 double LRScheduler::lr_at(size_t group, int64_t step) const {
   TG_CHECK(group < base_lrs_.size(), name(), ": param group ", group, " out of range (", base_lrs_.size(),

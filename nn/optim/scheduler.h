@@ -1,7 +1,10 @@
 // Learning-rate schedules, as torch.optim.lr_scheduler: each sets the lr of every param
-// group of an optimizer from that group's base lr (its lr when the scheduler was built) and
-// the step count, by a closed-form formula of the step (so resuming at step t is exact:
-// set_last_step(t)). Like PyTorch, construction applies step 0 and each step() advances one:
+// group of an optimizer from that group's base lr and the step count, by a closed-form
+// formula of the step (so resuming at step t is exact: set_last_step(t)). The base lr is the
+// group's initial lr (Optimizer::initial_lr, PyTorch's "initial_lr"): the first scheduler
+// built over an optimizer records each group's lr at that time as its initial lr, and every
+// later scheduler over that optimizer starts from it, not from the (scheduled) current lr.
+// Like PyTorch, construction applies step 0 and each step() advances one:
 //
 //   nn::AdamW opt(model.parameters(), {.lr = 1e-3});
 //   nn::WarmupCosineLR sched(opt, {.warmup_steps = 100, .cosine_steps = 900});
@@ -12,7 +15,10 @@
 // also sets each group's momentum (SGD) or beta1 (Adam, AdamW) by Optimizer::set_momentum.
 // Scheduler state is the step count alone: save last_step() beside a checkpoint and call
 // set_last_step on a scheduler built with the same options over the restored optimizer
-// (which sets the lrs and any cycled momentum of that step).
+// (which sets the lrs and any cycled momentum of that step). tg::load restores the initial
+// lrs, so the new scheduler has the saved run's base lrs. A file written before checkpoints
+// held them restores none: the scheduler then takes the loaded (scheduled) lr as its base,
+// unless Optimizer::set_initial_lr gives the right one first.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -35,7 +41,7 @@ class LRScheduler {
   void step();
   int64_t last_step() const { return step_; }  // PyTorch's last_epoch: 0 after construction
   void set_last_step(int64_t step);            // sets the lrs of that step (resuming)
-  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  const std::vector<double>& base_lrs() const { return base_lrs_; }  // the initial lrs
   std::vector<double> last_lr() const;  // the lrs the latest step set (get_last_lr)
   // The schedule's lr for group g at `step`, without changing anything.
   double lr_at(size_t group, int64_t step) const;
@@ -131,7 +137,7 @@ class WarmupCosineLR : public LRScheduler {
   WarmupCosineLROptions o_;
 };
 
-// PyTorch's OneCycleLR. Each group's lr at construction is its max_lr. With initial =
+// PyTorch's OneCycleLR. Each group's base lr (its initial lr, as above) is its max_lr. With initial =
 // max_lr / div_factor and min = initial / final_div_factor, the phases end at step (floats,
 // as PyTorch):
 //   two-phase:   pct_start * total - 1 (initial -> max_lr), total - 1 (max_lr -> min)

@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
+#include "nn/optim/scheduler.h"
 
 using namespace tg;
 using namespace tg::test;
@@ -151,4 +152,133 @@ TEST(CheckpointResume, AdamStepCountsMatchItsStepState) {
   nn::Adam fresh(res->parameters(), {.lr = 0.01});
   TG_EXPECT_ERROR(load(*res, fresh, path), "'4.step' is 1", "step count of parameter 4 is 2");
   EXPECT_TRUE(fresh.state().empty());
+}
+
+namespace {
+
+// AdamW over two groups with different lrs (the conv's 0.02, the rest 0.01).
+std::unique_ptr<nn::AdamW> two_group_adamw(nn::Module& model) {
+  std::vector<Tensor> conv, rest;
+  for (auto& [name, p] : model.named_parameters()) (name.rfind("0.", 0) == 0 ? conv : rest).push_back(p);
+  std::vector<nn::AdamParamGroup> groups;
+  groups.push_back({conv, {.lr = 0.02}});
+  groups.push_back({rest, {}});
+  return std::make_unique<nn::AdamW>(std::move(groups), nn::AdamWOptions{.lr = 0.01});
+}
+
+using MakeScheduler = std::function<std::unique_ptr<nn::LRScheduler>(nn::Optimizer&)>;
+
+struct ScheduledRun {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<nn::AdamW> opt = {};
+  std::unique_ptr<nn::LRScheduler> sched = {};
+  std::vector<std::vector<double>> lrs = {};  // after each scheduler step
+};
+
+// Steps [from, to): a training step at the current lr, then a scheduler step.
+void run_scheduled(ScheduledRun& r, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    train_step(*r.model, *r.opt, make_batch(100 + s), false);
+    r.sched->step();
+    r.lrs.push_back(r.sched->last_lr());
+  }
+}
+
+// An uninterrupted run of `total` steps against one saved at step `cut`, loaded into a
+// fresh model and optimizer, given a new scheduler as scheduler.h documents (same options,
+// built after the load, set_last_step(cut)) and continued: bit-identical.
+void expect_exact_scheduled_resume(const MakeScheduler& make, int cut, int total) {
+  SCOPED_TRACE("cut " + std::to_string(cut));
+  TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  ScheduledRun ref{small_cnn(1)};
+  ref.opt = two_group_adamw(*ref.model);
+  ref.sched = make(*ref.opt);
+  run_scheduled(ref, 0, total);
+
+  ScheduledRun part{small_cnn(1)};
+  part.opt = two_group_adamw(*part.model);
+  part.sched = make(*part.opt);
+  run_scheduled(part, 0, cut);
+  save(*part.model, *part.opt, path);
+
+  ScheduledRun res{small_cnn(2)};
+  res.opt = two_group_adamw(*res.model);
+  load(*res.model, *res.opt, path);
+  res.sched = make(*res.opt);
+  res.sched->set_last_step(part.sched->last_step());
+  EXPECT_EQ(res.sched->base_lrs(), ref.sched->base_lrs());
+  EXPECT_EQ(res.sched->base_lrs(), (std::vector<double>{0.02, 0.01}));
+  EXPECT_EQ(res.sched->last_lr(), part.sched->last_lr());
+  run_scheduled(res, cut, total);
+  EXPECT_EQ(res.lrs, std::vector<std::vector<double>>(ref.lrs.begin() + cut, ref.lrs.end()));
+  expect_same_parameters(*ref.model, *res.model);
+}
+
+const MakeScheduler warmup_cosine = [](nn::Optimizer& o) {
+  return std::make_unique<nn::WarmupCosineLR>(o, nn::WarmupCosineLROptions{.warmup_steps = 4, .cosine_steps = 10});
+};
+
+}  // namespace
+
+// At step 0 the warmup from 0 has set every lr to 0: the base must come from the file.
+TEST(CheckpointResume, WarmupCosineResumesExactly) {
+  for (int cut : {0, 3, 6}) expect_exact_scheduled_resume(warmup_cosine, cut, 8);
+}
+
+TEST(CheckpointResume, StepLRAndOneCycleResumeExactly) {
+  const MakeScheduler step_lr = [](nn::Optimizer& o) {
+    return std::make_unique<nn::StepLR>(o, nn::StepLROptions{.step_size = 2, .gamma = 0.5});
+  };
+  const MakeScheduler one_cycle = [](nn::Optimizer& o) {
+    return std::make_unique<nn::OneCycleLR>(o, nn::OneCycleLROptions{.total_steps = 10});
+  };
+  for (int cut : {0, 3}) {
+    expect_exact_scheduled_resume(step_lr, cut, 7);
+    expect_exact_scheduled_resume(one_cycle, cut, 7);
+  }
+}
+
+// A file written before checkpoints held initial lrs: it loads, restores none, and a
+// scheduler built after it takes the loaded lr as its base (the old behaviour), unless the
+// initial lr is given by hand.
+TEST(CheckpointResume, FilesWithoutInitialLrsLoad) {
+  TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  ScheduledRun part{small_cnn(1)};
+  part.opt = two_group_adamw(*part.model);
+  part.sched = warmup_cosine(*part.opt);
+  run_scheduled(part, 0, 3);
+  save(*part.model, *part.opt, path);
+  EXPECT_EQ(*st::read_header(path).find_metadata("tapegrad.optimizer.param_group_initial_lrs"), "0.02,0.01");
+  drop_metadata(path, "tapegrad.optimizer.param_group_initial_lrs");
+
+  auto model = small_cnn(2);
+  auto opt = two_group_adamw(*model);
+  load(*model, *opt, path);
+  EXPECT_FALSE(opt->initial_lr(0).has_value());
+  EXPECT_EQ(opt->lr(0), 0.02 * 3 / 4);
+  {
+    nn::WarmupCosineLR s(*opt, {.warmup_steps = 4, .cosine_steps = 10});
+    EXPECT_EQ(s.base_lrs(), (std::vector<double>{0.02 * 3 / 4, 0.01 * 3 / 4}));
+  }
+  auto fixed_model = small_cnn(2);
+  auto fixed = two_group_adamw(*fixed_model);
+  load(*fixed_model, *fixed, path);
+  fixed->set_initial_lr(0, 0.02);
+  fixed->set_initial_lr(1, 0.01);
+  nn::WarmupCosineLR s(*fixed, {.warmup_steps = 4, .cosine_steps = 10});
+  s.set_last_step(3);
+  EXPECT_EQ(s.last_lr(), part.sched->last_lr());
+
+  // A malformed key is refused before anything changes.
+  st::Metadata meta;
+  st::NamedTensors tensors = st::load_file(path, &meta);
+  meta.emplace_back("tapegrad.optimizer.param_group_initial_lrs", "0.02,-1");
+  st::save_file(tensors, path, meta);
+  auto target = small_cnn(3);
+  auto target_opt = two_group_adamw(*target);
+  TG_EXPECT_ERROR(load(*target, *target_opt, path), "param_group_initial_lrs", "0.02,-1");
+  EXPECT_TRUE(target_opt->state().empty());
+  EXPECT_EQ(target_opt->lr(0), 0.02);
 }

@@ -190,9 +190,11 @@ TEST(Scheduler, BadOptionsAndGroupChangesAreRejected) {
   TG_EXPECT_ERROR(nn::OneCycleLR(m.opt, {.total_steps = 10, .pct_start = 1.0}), "pct_start 1");
   TG_EXPECT_ERROR(nn::OneCycleLR(m.opt, {.total_steps = 10, .pct_start = 0.1}), "leaves a phase of no steps");
   TG_EXPECT_ERROR(nn::OneCycleLR(m.opt, {.total_steps = 10, .div_factor = 0}), "div_factor");
-  // Refused constructions set no lr.
+  // Refused constructions set no lr, and record no initial lr.
   EXPECT_EQ(m.opt.lr(0), 0.1);
   EXPECT_EQ(m.opt.lr(1), 0.025);
+  EXPECT_FALSE(m.opt.initial_lr(0).has_value());
+  EXPECT_FALSE(m.opt.initial_lr(1).has_value());
   nn::StepLR s(m.opt, {.step_size = 1});
   TG_EXPECT_ERROR(s.set_last_step(-2), "StepLR: step -2 is negative");
   m.opt.add_param_group({random({4}).requires_grad_()});
@@ -224,4 +226,31 @@ TEST(Scheduler, AStepThatThrowsChangesNoGroup) {
   EXPECT_EQ(sgd.momentum(0), momentum0);
   EXPECT_EQ(sgd.momentum(1), momentum1);
   EXPECT_EQ(cycle.last_step(), 2);
+}
+
+// The first scheduler records each group's lr as its initial lr; a later scheduler over the
+// same optimizer schedules from it, not from the lr the first one left (PyTorch's
+// "initial_lr"): with a warmup from 0 that lr is 0, and a base of 0 would stay 0.
+TEST(Scheduler, LaterSchedulersStartFromTheInitialLr) {
+  TwoGroups m;
+  {
+    nn::WarmupCosineLR first(m.opt, {.warmup_steps = 4, .cosine_steps = 10});
+    EXPECT_EQ(m.opt.lr(0), 0.0);
+    EXPECT_EQ(m.opt.initial_lr(0), 0.1);
+    EXPECT_EQ(m.opt.initial_lr(1), 0.025);
+    first.step();
+  }
+  nn::WarmupCosineLR second(m.opt, {.warmup_steps = 4, .cosine_steps = 10});
+  EXPECT_EQ(second.base_lrs(), (std::vector<double>{0.1, 0.025}));
+  second.set_last_step(6);
+  // Reference: the cosine phase at u = 2 of T = 10 from base 0.1 to 0.
+  EXPECT_NEAR(m.opt.lr(0), 0.1 * (1 + std::cos(kPi * 2 / 10)) / 2, 1e-17);
+  // set_initial_lr is checked and can unset.
+  TG_EXPECT_ERROR(m.opt.set_initial_lr(0, -1.0), "initial learning rate -1");
+  TG_EXPECT_ERROR(m.opt.set_initial_lr(2, 0.1), "param group 2 out of range");
+  m.opt.set_initial_lr(1, std::nullopt);
+  m.opt.set_lr(1, 0.5);
+  nn::StepLR third(m.opt, {.step_size = 2});
+  EXPECT_EQ(third.base_lrs(), (std::vector<double>{0.1, 0.5}));
+  EXPECT_EQ(m.opt.initial_lr(1), 0.5);
 }
