@@ -56,6 +56,61 @@ const char* kind_name(const PoolProblem& p) {
   return p.spatial == 2 ? "adaptive_avg_pool2d" : "adaptive_avg_pool3d";
 }
 
+// PyTorch's pooling_output_shape for one dim (see ops/pool.h), or -1 where the dilated kernel
+// is larger than the padded input. Needs kernel, stride, dilation >= 1 and padding >= 0; the
+// sums are checked, since a caller-built problem may hold any values.
+int64_t pooled_size(const char* op, int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation,
+                    bool ceil_mode) {
+  const int64_t padded = checked_add(in, checked_mul(2, padding, op), op);
+  const int64_t extent = checked_add(checked_mul(dilation, kernel - 1, op), 1, op);
+  const int64_t n = checked_add(padded - extent, ceil_mode ? stride - 1 : 0, op);
+  if (n < 0) return -1;
+  int64_t out = n / stride + 1;
+  // A ceil_mode window that would start in the right padding is dropped.
+  if (ceil_mode && (out - 1) * stride >= in + padding) --out;
+  return out;
+}
+
+// The first output position along dim k whose max window has no tap inside the input, or -1.
+// Only dilation can skip every real element, of a window that begins in the left padding
+// (one that begins at 0 or later holds its first tap), and only when the input is shorter
+// than the dilation: padding at most half the window puts a tap in [0, dilation).
+int64_t first_window_without_input(const PoolProblem& p, int k) {
+  if (p.kind != PoolKind::max || p.dilation[k] == 1 || p.in[k] >= p.dilation[k]) return -1;
+  for (int64_t o = 0; o < p.out[k] && o * p.stride[k] < p.padding[k]; ++o) {
+    const PoolWindow w = pool_window(p, k, o);
+    if (w.begin >= w.end) return o;
+  }
+  return -1;
+}
+
+std::string describe_problem(const PoolProblem& p) {
+  auto dims = [](const int64_t* v) { return Shape({v[0], v[1], v[2]}).str(); };
+  return detail::concat("(N ", p.N, ", C ", p.C, ", in ", dims(p.in), ", out ", dims(p.out), ", kernel ",
+                        dims(p.kernel), ", stride ", dims(p.stride), ", padding ", dims(p.padding), ", dilation ",
+                        dims(p.dilation), ")");
+}
+
+// The geometry of one dim of a max or average problem: the parameters in range, the output
+// size the one that floor or ceil mode gives.
+void check_window_dim(const char* op, const PoolProblem& p, int k) {
+  TG_CHECK(p.kernel[k] >= 1 && p.stride[k] >= 1 && p.padding[k] >= 0 && p.dilation[k] >= 1, op,
+           ": invalid problem: kernel, stride and dilation must be positive and padding non-negative ",
+           describe_problem(p));
+  TG_CHECK(p.kind == PoolKind::max || p.dilation[k] == 1, op, ": invalid problem: average pooling has no dilation ",
+           describe_problem(p));
+  const int64_t extent = checked_add(checked_mul(p.dilation[k], p.kernel[k] - 1, op), 1, op);
+  TG_CHECK(p.padding[k] <= extent / 2, op, ": invalid problem: padding above half the dilated kernel ",
+           describe_problem(p));
+  const int64_t floor_out = pooled_size(op, p.in[k], p.kernel[k], p.stride[k], p.padding[k], p.dilation[k], false);
+  const int64_t ceil_out = pooled_size(op, p.in[k], p.kernel[k], p.stride[k], p.padding[k], p.dilation[k], true);
+  TG_CHECK_AS(ShapeError, p.out[k] == floor_out || p.out[k] == ceil_out, op, ": invalid problem: output size ",
+              p.out[k], " in dim ", "DHW"[k], " is not the pooled size of the input (", floor_out, ", or ", ceil_out,
+              " with ceil_mode) ", describe_problem(p));
+  TG_CHECK_AS(ShapeError, first_window_without_input(p, k) < 0, op,
+              ": invalid problem: a dilated window holds no input element ", describe_problem(p));
+}
+
 // Profiler costs (core/profiler.h): one FLOP per window tap (a compare or an add), i.e.
 // N*C*(output plane)*(kernel volume); adaptive windows tile the input: N*C*(input plane).
 // The backward does as many (scatter-adds). Bytes: x (or dy, and max pooling's indices)
@@ -165,25 +220,22 @@ PoolProblem make_pool_problem(const char* op, PoolKind kind, int spatial, const 
     p.stride[slot] = s[d];
     p.padding[slot] = pad[d];
     p.dilation[slot] = dil[d];
-    // PyTorch's pooling_output_shape (see ops/pool.h).
-    const int64_t padded = checked_add(p.in[slot], checked_mul(2, pad[d], op), op);
-    const int64_t extent = dil[d] * (k[d] - 1) + 1;  // checked by check_pool_params
-    const int64_t n = checked_add(padded - extent, params.ceil_mode ? s[d] - 1 : 0, op);
-    TG_CHECK_AS(ShapeError, n >= 0, op, ": kernel_size ", Shape(params.kernel_size), with_dilation(params.dilation),
-                " is larger than the padded input in dim ", dim_name(spatial, d), " (", padded, ") of ", describe(x));
-    int64_t out = n / s[d] + 1;
-    if (params.ceil_mode && (out - 1) * s[d] >= p.in[slot] + pad[d]) --out;
+    // As PyTorch: a window over nothing but padding has no max (-inf) and no average (0 / 0).
+    TG_CHECK_AS(ShapeError, p.in[slot] >= 1, op, ": input ", describe(x), " is empty in spatial dim ",
+                dim_name(spatial, d));
+    const int64_t out = pooled_size(op, p.in[slot], k[d], s[d], pad[d], dil[d], params.ceil_mode);
+    TG_CHECK_AS(ShapeError, out >= 0, op, ": kernel_size ", Shape(params.kernel_size), with_dilation(params.dilation),
+                " is larger than the padded input in dim ", dim_name(spatial, d), " (", p.in[slot] + 2 * pad[d],
+                ") of ", describe(x));
     TG_CHECK_AS(ShapeError, out >= 1, op, ": output size ", out, " in dim ", dim_name(spatial, d), " of ",
                 describe(x), " is too small");
     p.out[slot] = out;
     // Dilated windows over padding can miss every real element (a -inf max in PyTorch).
-    for (int64_t o = 0; kind == PoolKind::max && dil[d] > 1 && o < out; ++o) {
-      const PoolWindow w = pool_window(p, slot, o);
-      TG_CHECK_AS(ShapeError, w.begin < w.end, op, ": the window of output position ", o, " in dim ",
-                  dim_name(spatial, d), " holds no element of ", describe(x), " (kernel_size ",
-                  Shape(params.kernel_size), ", dilation ", Shape(params.dilation), ", padding ",
-                  Shape(params.padding), ")");
-    }
+    const int64_t empty = first_window_without_input(p, slot);
+    TG_CHECK_AS(ShapeError, empty < 0, op, ": the window of output position ", empty, " in dim ",
+                dim_name(spatial, d), " holds no element of ", describe(x), " (kernel_size ",
+                Shape(params.kernel_size), ", dilation ", Shape(params.dilation), ", padding ",
+                Shape(params.padding), ")");
   }
   return p;
 }
@@ -212,6 +264,35 @@ PoolProblem make_adaptive_pool_problem(const char* op, int spatial, const Tensor
   return p;
 }
 
+void check_pool_problem(const char* op, const PoolProblem& p) {
+  TG_CHECK((p.kind == PoolKind::max || p.kind == PoolKind::avg || p.kind == PoolKind::adaptive_avg) &&
+               (p.spatial == 2 || p.spatial == 3),
+           op, ": invalid problem: unknown kind ", static_cast<int>(p.kind), " or spatial rank ", p.spatial);
+  bool sizes_positive = p.N >= 0 && p.C >= 0;
+  for (int k = 0; k < 3; ++k) sizes_positive = sizes_positive && p.in[k] >= 1 && p.out[k] >= 1;
+  TG_CHECK_AS(ShapeError, sizes_positive, op, ": invalid problem: negative N or C, or a spatial size below 1 ",
+              describe_problem(p));
+  // Both tensors must be addressable with int64 offsets, as a tensor of that shape would be.
+  const int64_t in_dims[] = {p.N, p.C, p.in[0], p.in[1], p.in[2]};
+  const int64_t out_dims[] = {p.N, p.C, p.out[0], p.out[1], p.out[2]};
+  checked_extent(in_dims, op);
+  checked_extent(out_dims, op);
+  // A 2-D problem is a 3-D one whose D slot is the identity (ops/pool.h): its tensors hold no D.
+  const bool unit_depth = p.in[0] == 1 && p.out[0] == 1 &&
+                          (p.kind == PoolKind::adaptive_avg || (p.kernel[0] == 1 && p.stride[0] == 1 &&
+                                                                p.padding[0] == 0 && p.dilation[0] == 1));
+  TG_CHECK(p.spatial == 3 || unit_depth, op, ": invalid problem: a 2-D problem needs the identity in the D slot ",
+           describe_problem(p));
+  if (p.kind != PoolKind::adaptive_avg) {
+    for (int k = 0; k < 3; ++k) check_window_dim(op, p, k);
+    return;
+  }
+  // The adaptive window bounds multiply an index by the other size.
+  for (int k = 0; k < 3; ++k)
+    checked_mul(checked_add(p.in[k], 1, op), checked_add(p.out[k], 1, op), op, ": window bounds of ",
+                describe_problem(p));
+}
+
 Shape pool_input_shape(const PoolProblem& p) {
   return p.spatial == 2 ? Shape{p.N, p.C, p.in[1], p.in[2]} : Shape{p.N, p.C, p.in[0], p.in[1], p.in[2]};
 }
@@ -222,6 +303,7 @@ Shape pool_output_shape(const PoolProblem& p) {
 
 void check_pool_forward_buffers(const Tensor& out, const Tensor& indices, const Tensor& x, const PoolProblem& p) {
   const char* op = kind_name(p);
+  check_pool_problem(op, p);
   check_same_device_dtype(op, out, x);
   TG_CHECK_AS(ShapeError, x.shape() == pool_input_shape(p) && out.shape() == pool_output_shape(p), op, ": input ",
               describe(x), " and output ", describe(out), " do not fit the problem (input ", pool_input_shape(p),
@@ -238,6 +320,7 @@ void check_pool_forward_buffers(const Tensor& out, const Tensor& indices, const 
 
 void check_pool_backward_buffers(const Tensor& dx, const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
   const std::string op = std::string(kind_name(p)) + "_backward";
+  check_pool_problem(op.c_str(), p);
   check_same_device_dtype(op.c_str(), dx, dy);
   TG_CHECK_AS(ShapeError, dy.shape() == pool_output_shape(p), op, ": gradient ", describe(dy),
               " does not match the output shape ", pool_output_shape(p));
@@ -277,6 +360,7 @@ Tensor adaptive_avg_pool3d(const Tensor& x_in, const std::vector<int64_t>& outpu
 
 Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProblem& p) {
   TG_CHECK(p.kind == PoolKind::max, "max_pool_backward: the problem is not a max pooling");
+  check_pool_problem("max_pool_backward", p);  // before dx is allocated from it
   check_floating("max_pool_backward", dy);
   profile::OpScope scope("max_pool_backward", [&] { return pool_info(p, dy, indices, true); });
   Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});
@@ -286,6 +370,7 @@ Tensor max_pool_backward(const Tensor& dy, const Tensor& indices, const PoolProb
 
 Tensor avg_pool_backward(const Tensor& dy, const PoolProblem& p) {
   TG_CHECK(p.kind != PoolKind::max, "avg_pool_backward: the problem is a max pooling");
+  check_pool_problem("avg_pool_backward", p);  // before dx is allocated from it
   check_floating("avg_pool_backward", dy);
   profile::OpScope scope("avg_pool_backward", [&] { return pool_info(p, dy, kNoIndices, true); });
   Tensor dx = Tensor::empty(pool_input_shape(p), {.dtype = dy.dtype(), .device = dy.device()});

@@ -11,10 +11,11 @@
 // (the dilated extent) and n = in + 2 padding - e + (ceil_mode ? stride - 1 : 0):
 //   out = floor(n / stride) + 1, and with ceil_mode, out -= 1 if (out - 1) * stride >= in + padding
 // (a window must start inside the input or the left padding; one that would start in the
-// right padding is dropped). n < 0 or an output size below 1 is an error. As PyTorch,
-// padding may be at most half of e. Dilation is max pooling's only (PyTorch's avg_pool has
-// none); a max window must hold at least one real element (padding counts as -inf), which
-// dilation with padding could break: that is an error rather than a -inf output.
+// right padding is dropped). n < 0, an output size below 1 or an empty input dim (windows
+// over padding alone) is an error. As PyTorch, padding may be at most half of e. Dilation
+// is max pooling's only (PyTorch's avg_pool has none); a max window must hold at least one
+// real element (padding counts as -inf), which dilation with padding could break: that is an
+// error rather than a -inf output.
 // Max ties pick the first maximum in window order; a NaN in the window wins, as in PyTorch.
 // Average divisor per output, a product over dims: with count_include_pad (the default) the
 // window's size clipped to in + padding (a ceil_mode window can reach past it); without,
@@ -112,6 +113,13 @@ PoolProblem make_adaptive_pool_problem(const char* op, int spatial, const Tensor
 // The parameters alone (lengths, signs, padding at most half the dilated kernel, no
 // dilation for averages): what a module can check when it is built, before it sees an input.
 void check_pool_params(const char* op, PoolKind kind, int spatial, const PoolParams& p);
+// Throws unless the problem is one that make_pool_problem or make_adaptive_pool_problem could
+// have built: sizes positive (N and C may be 0), the 2-D problem's D slot the identity,
+// kernel, stride and dilation positive, padding at most half the dilated kernel, every output
+// size what floor or ceil mode gives, every max window holding an input element. The buffer
+// checks below and the public backward functions call it, so a caller-built problem is
+// checked before any kernel divides or indexes with it.
+void check_pool_problem(const char* op, const PoolProblem& p);
 Shape pool_input_shape(const PoolProblem& p);
 Shape pool_output_shape(const PoolProblem& p);
 

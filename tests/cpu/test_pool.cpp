@@ -285,6 +285,99 @@ TEST(Pool, ErrorsAreTypedAndNameTheOp) {
   TG_EXPECT_ERROR(max_pool_backward(random({2, 3, 4, 5}), ind, p), "index 63");
 }
 
+// An empty spatial dim leaves windows over nothing but padding (a -inf max, a 0 / 0 average):
+// rejected as PyTorch does, naming the op, the shape and the dim. An empty batch or channel
+// dim is an empty result, forward and backward.
+TEST(Pool, EmptySpatialDimIsRejectedEmptyBatchIsNot) {
+  const PoolParams params{.kernel_size = {2}, .stride = {1}, .padding = {1}};
+  const PoolParams exclude_pad{.kernel_size = {2}, .stride = {1}, .padding = {1}, .count_include_pad = false};
+  EXPECT_THROW(max_pool2d(random({1, 1, 0, 3}), params), ShapeError);
+  TG_EXPECT_ERROR(max_pool2d(random({1, 1, 0, 3}), params), "max_pool2d: input f64[1, 1, 0, 3]",
+                  "is empty in spatial dim H");
+  TG_EXPECT_ERROR(avg_pool2d(random({1, 1, 3, 0}), exclude_pad), "avg_pool2d", "[1, 1, 3, 0]", "dim W");
+  TG_EXPECT_ERROR(avg_pool3d(random({1, 1, 0, 3, 3}), params), "avg_pool3d", "[1, 1, 0, 3, 3]", "dim D");
+  TG_EXPECT_ERROR(max_pool3d(random({1, 1, 3, 3, 0}), params), "max_pool3d", "[1, 1, 3, 3, 0]", "dim W");
+
+  for (const Shape& shape : {Shape{0, 3, 7, 9}, Shape{2, 0, 7, 9}}) {
+    SCOPED_TRACE(shape.str());
+    Tensor x = Tensor::empty(shape, {.dtype = f64}).requires_grad_();
+    Tape tape;
+    Tensor y = max_pool2d(x, params), z = avg_pool2d(x, exclude_pad), a = adaptive_avg_pool2d(x, {2});
+    EXPECT_EQ(y.shape(), Shape({shape[0], shape[1], 8, 10}));
+    EXPECT_EQ(z.shape(), y.shape());
+    tape.backward(add(add(sum(y), sum(z)), sum(a)));
+    EXPECT_EQ(x.grad().shape(), shape);
+  }
+}
+
+// A PoolProblem built by a caller goes to the kernels as it is: the public backward
+// functions and the kernel entries validate it first, as make_pool_problem would have built
+// it (a zero dilation divided by zero, a negative one read before the input).
+TEST(Pool, CallerBuiltProblemsAreValidated) {
+  // W = 3, kernel 2, stride 1, padding 1: 4 outputs.
+  PoolProblem good;
+  good.kind = PoolKind::avg;
+  good.N = good.C = 1;
+  good.in[2] = 3;
+  good.out[2] = 4;
+  good.kernel[2] = 2;
+  good.padding[2] = 1;
+  const Tensor dy = random({1, 1, 1, 4});
+  // Windows [-1, 0], [0, 1], [1, 2], [2, 3] with padding counted: each of 2 taps.
+  const std::vector<double> g = values(dy);
+  const std::vector<double> want = {(g[0] + g[1]) / 2, (g[1] + g[2]) / 2, (g[2] + g[3]) / 2};
+  const std::vector<double> got = values(avg_pool_backward(dy, good));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15);
+
+  auto with = [&](auto&& change) {
+    PoolProblem p = good;
+    change(p);
+    return p;
+  };
+  const std::vector<std::pair<const char*, PoolProblem>> bad = {
+      {"dilation 0", with([](PoolProblem& p) { p.dilation[2] = 0; })},
+      {"dilation -1", with([](PoolProblem& p) { p.dilation[2] = -1; })},
+      {"dilation 2 for an average", with([](PoolProblem& p) { p.dilation[2] = 2; })},
+      {"stride 0", with([](PoolProblem& p) { p.stride[2] = 0; })},
+      {"kernel 0", with([](PoolProblem& p) { p.kernel[2] = 0; })},
+      {"padding -1", with([](PoolProblem& p) { p.padding[2] = -1; })},
+      {"padding above half the kernel", with([](PoolProblem& p) { p.padding[2] = 2; })},
+      {"output too long", with([](PoolProblem& p) { p.out[2] = 5; })},
+      {"output too short", with([](PoolProblem& p) { p.out[2] = 2; })},
+      {"empty input", with([](PoolProblem& p) { p.in[2] = 0; })},
+      {"negative batch", with([](PoolProblem& p) { p.N = -1; })},
+      {"2-D problem with a depth", with([](PoolProblem& p) { p.in[0] = p.out[0] = 3; })},
+      {"overflowing plane", with([](PoolProblem& p) { p.in[0] = p.in[1] = int64_t(1) << 40; p.spatial = 3; })},
+  };
+  for (const auto& [what, p] : bad) {
+    SCOPED_TRACE(what);
+    TG_EXPECT_ERROR(avg_pool_backward(dy, p), "avg_pool_backward");
+    Tensor dx = Tensor::empty({1, 1, 1, 3}, {.dtype = f64});
+    TG_EXPECT_ERROR(cpu::pool_backward(dx, dy, Tensor(), p), "avg_pool", "_backward");
+  }
+  TG_EXPECT_ERROR(avg_pool_backward(dy, bad[0].second), "avg_pool_backward: invalid problem", "dilation [1, 1, 0]");
+
+  // A max problem whose dilated window (taps at -2 and 1 over W = 1) holds no element.
+  PoolProblem max_p;
+  max_p.N = max_p.C = 1;
+  max_p.out[2] = 2;
+  max_p.kernel[2] = 2;
+  max_p.padding[2] = 2;
+  max_p.dilation[2] = 3;
+  const Tensor ind = from_vector(std::vector<int64_t>{0, 0}, {1, 1, 1, 2});
+  TG_EXPECT_ERROR(max_pool_backward(random({1, 1, 1, 2}), ind, max_p), "max_pool_backward", "holds no input");
+  Tensor out = Tensor::empty({1, 1, 1, 2}, {.dtype = f64}), idx = Tensor::empty({1, 1, 1, 2}, {.dtype = DType::i64});
+  TG_EXPECT_ERROR(cpu::pool_forward(out, idx, random({1, 1, 1, 1}), max_p), "max_pool2d", "holds no input");
+
+  PoolProblem adaptive;
+  adaptive.kind = PoolKind::adaptive_avg;
+  adaptive.N = adaptive.C = 1;
+  adaptive.in[2] = 0;
+  adaptive.out[2] = 2;
+  TG_EXPECT_ERROR(avg_pool_backward(random({1, 1, 1, 2}), adaptive), "avg_pool_backward", "invalid problem");
+}
+
 TEST(PoolModules, MatchTheFunctionalOpsAndTrain) {
   manual_seed(54);
   Tensor x = random({2, 3, 7, 9});
