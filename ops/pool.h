@@ -87,6 +87,12 @@ TG_HOST_DEVICE PoolWindow pool_window(const PoolProblem& p, int k, int64_t o) {
   return {b, e, d, p.count_include_pad ? padded_size : e - b};
 }
 
+// An average's divisor, the product of its windows' divisors: in double, since the int64
+// product of three window sizes can overflow (a kernel of 2^32 in two dims).
+TG_HOST_DEVICE double pool_divisor(const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
+  return static_cast<double>(wd.divisor) * static_cast<double>(wh.divisor) * static_cast<double>(ww.divisor);
+}
+
 // The output positions [first, last) along dim k whose windows span input position i
 // (o * stride - padding <= i <= o * stride - padding + dilation * (kernel - 1)): what a
 // backward that gathers (rather than scatters) loops over. With dilation 1 these are

@@ -28,6 +28,16 @@ void for_each_window(const PoolProblem& p, F&& f) {
   }
 }
 
+// The work of one (n, c) plane, for the thread split only: the input plane plus each output's
+// kernel volume of taps, in double and capped, since the kernel volume alone can overflow.
+int64_t plane_cost(const PoolProblem& p) {
+  const double taps = static_cast<double>(p.in_plane()) + static_cast<double>(p.out_plane()) *
+                                                              static_cast<double>(p.kernel[0]) *
+                                                              static_cast<double>(p.kernel[1]) *
+                                                              static_cast<double>(p.kernel[2]);
+  return taps < 0x1p62 ? static_cast<int64_t>(taps) : int64_t(1) << 62;
+}
+
 }  // namespace
 
 void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, const PoolProblem& p) {
@@ -39,8 +49,7 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
     int64_t* idx = p.kind == PoolKind::max ? indices.data<int64_t>() : nullptr;
     const T* px = x.data<T>();
     T* py = out.data<T>();
-    const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
-    parallel_for(planes, in_plane + out_plane * window, [&](int64_t nc) {
+    parallel_for(planes, plane_cost(p), [&](int64_t nc) {
       const T* xp = px + nc * in_plane;  // (D, H, W)
       T* yp = py + nc * out_plane;       // (oD, oH, oW)
       for_each_window(p, [&](int64_t o, const PoolWindow& wd, const PoolWindow& wh, const PoolWindow& ww) {
@@ -66,7 +75,7 @@ void pool_forward(const Tensor& out, const Tensor& indices, const Tensor& x, con
           for (int64_t d = wd.begin; d < wd.end; d += wd.step)
             for (int64_t h = wh.begin; h < wh.end; h += wh.step)
               for (int64_t w = ww.begin; w < ww.end; w += ww.step) s += xp[(d * H + h) * W + w];
-          yp[o] = static_cast<T>(s / double(wd.divisor * wh.divisor * ww.divisor));
+          yp[o] = static_cast<T>(s / pool_divisor(wd, wh, ww));
         }
       });
     });
@@ -87,8 +96,7 @@ void pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, co
                     " is outside the input plane of ", in_plane, " elements");
     const T* pdy = dy.data<T>();
     T* pdx = dx.data<T>();
-    const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
-    parallel_ranges(planes, in_plane + out_plane * window, [&](int64_t nc0, int64_t nc1) {
+    parallel_ranges(planes, plane_cost(p), [&](int64_t nc0, int64_t nc1) {
       std::vector<double> acc(static_cast<size_t>(in_plane));  // this thread's
       for (int64_t nc = nc0; nc < nc1; ++nc) {
         const T* gp = pdy + nc * out_plane;  // (oD, oH, oW)
@@ -99,7 +107,7 @@ void pool_backward(const Tensor& dx, const Tensor& dy, const Tensor& indices, co
             acc[static_cast<size_t>(idx[nc * out_plane + o])] += gp[o];
             return;
           }
-          const double g = double(gp[o]) / double(wd.divisor * wh.divisor * ww.divisor);
+          const double g = double(gp[o]) / pool_divisor(wd, wh, ww);
           for (int64_t d = wd.begin; d < wd.end; d += wd.step)
             for (int64_t h = wh.begin; h < wh.end; h += wh.step)
               for (int64_t w = ww.begin; w < ww.end; w += ww.step)

@@ -310,6 +310,28 @@ TEST(Pool, EmptySpatialDimIsRejectedEmptyBatchIsNot) {
   }
 }
 
+// A window of 2^32 x 2^32 taps (padding 2^31 each side) over one element: the divisor 2^64
+// overflows int64 and must not come out as inf. The 3-D kernel 2^21 in every dim is 2^63.
+TEST(Pool, HugeWindowsDivideByTheirTrueSize) {
+  manual_seed(57);
+  const int64_t k = int64_t(1) << 32;
+  Tensor x = random({1, 1, 1, 1}).requires_grad_();
+  Tape tape;
+  const Tensor y = avg_pool2d(x, {.kernel_size = {k}, .padding = {k / 2}});
+  ASSERT_EQ(y.shape(), Shape({1, 1, 1, 1}));
+  EXPECT_EQ(y.item(), x.item() * std::ldexp(1.0, -64));  // scaling by a power of 2 is exact
+  const Tensor dy = random({1, 1, 1, 1});
+  tape.backward(y, dy);
+  EXPECT_EQ(x.grad().item(), dy.item() * std::ldexp(1.0, -64));
+  EXPECT_EQ(max_pool2d(x, {.kernel_size = {k}, .padding = {k / 2}}).item(), x.item());
+
+  const int64_t k3 = int64_t(1) << 21;
+  Tensor x3 = random({1, 2, 1, 1, 1});
+  const std::vector<double> y3 = values(avg_pool3d(x3, {.kernel_size = {k3}, .padding = {k3 / 2}}));
+  ASSERT_EQ(y3.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(y3[i], values(x3)[i] * std::ldexp(1.0, -63));
+}
+
 // A PoolProblem built by a caller goes to the kernels as it is: the public backward
 // functions and the kernel entries validate it first, as make_pool_problem would have built
 // it (a zero dilation divided by zero, a negative one read before the input).
