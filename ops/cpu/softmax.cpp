@@ -12,6 +12,8 @@ namespace tg::cpu {
 void softmax(const Tensor& out, const Tensor& x, const SoftmaxProblem& p) {
   const char* op = p.log ? "log_softmax" : "softmax";
   check_softmax_buffers(op, out, x, p);
+  // With dim_size 0, outer * inner rows of nothing (or an overflowing count): no work.
+  if (x.numel() == 0) return;
   dispatch_floating(op, x.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const int64_t D = p.dim_size, inner = p.inner;
@@ -40,6 +42,7 @@ void softmax(const Tensor& out, const Tensor& x, const SoftmaxProblem& p) {
 void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, const SoftmaxProblem& p) {
   const char* op = p.log ? "log_softmax_backward" : "softmax_backward";
   check_softmax_backward_buffers(op, dx, dy, y, p);
+  if (y.numel() == 0) return;  // as the forward
   dispatch_floating(op, y.dtype(), [&](auto* tag) {
     using T = TG_ELEMENT_TYPE(tag);
     const int64_t D = p.dim_size, inner = p.inner;

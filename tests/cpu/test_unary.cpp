@@ -2,6 +2,7 @@
 // formulas in f64 (std::erf, std::tanh, not the library's shared formulas) and known PyTorch
 // values, gradients against central differences at odd shapes, PyTorch's edge values, the
 // typed errors, and the nn modules.
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -346,6 +347,26 @@ TEST(Softmax, LongRowsScalarsAndEmptyTensors) {
   EXPECT_EQ(log_softmax(full({}, 3.0, {.dtype = f64}), -1).item(), 0.0);
   EXPECT_EQ(softmax(Tensor::empty({0, 5}), 1).shape(), Shape({0, 5}));
   EXPECT_EQ(log_softmax(Tensor::empty({4, 0}), 1).shape(), Shape({4, 0}));
+}
+
+// [2^20, 0, 2^20] has no elements but 2^40 rows (outer * inner) along dim 1: the forward
+// and backward must skip them, not loop over them (days of empty rows).
+TEST(Softmax, EmptyTensorsWithManyRowsFinishAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t big = int64_t(1) << 20;
+  const Shape shape{big, 0, big};
+  for (bool log : {false, true}) {
+    Tensor x = Tensor::empty(shape, {.dtype = f64}).requires_grad_();
+    Tape tape;
+    Tensor y = log ? log_softmax(x, 1) : softmax(x, 1);
+    EXPECT_EQ(y.shape(), shape);
+    tape.backward(sum(y));
+    EXPECT_EQ(x.grad().shape(), shape);
+    EXPECT_EQ(softmax_backward(y, y, 1, log).shape(), shape);
+    Tensor out = Tensor::empty(shape, {.dtype = f64});
+    cpu::softmax(out, x, make_softmax_problem("softmax", shape, 1, log));  // the kernel entry itself
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
 TEST(Softmax, ErrorsAreTypedAndNameTheOp) {
