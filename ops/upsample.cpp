@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "autograd/tape.h"
 #include "core/profiler.h"
@@ -35,6 +38,8 @@ void linear_taps(int64_t in, int64_t out, double scale, bool align_corners, std:
   R r;
   if (align_corners) r = out > 1 ? static_cast<R>(in - 1) / static_cast<R>(out - 1) : R(0);
   else r = scale > 0 ? static_cast<R>(1.0 / scale) : static_cast<R>(in) / static_cast<R>(out);
+  idx.reserve(2 * static_cast<size_t>(out));
+  w.reserve(2 * static_cast<size_t>(out));
   for (int64_t o = 0; o < out; ++o) {
     int64_t i0, i1;
     R l0, l1;
@@ -59,6 +64,8 @@ void linear_taps(int64_t in, int64_t out, double scale, bool align_corners, std:
 
 void nearest_taps(int64_t in, int64_t out, double scale, std::vector<int64_t>& idx, std::vector<double>& w) {
   const float r = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+  idx.reserve(static_cast<size_t>(out));
+  w.reserve(static_cast<size_t>(out));
   for (int64_t o = 0; o < out; ++o) {
     int64_t i;
     if (out == in) i = o;
@@ -69,9 +76,25 @@ void nearest_taps(int64_t in, int64_t out, double scale, std::vector<int64_t>& i
   }
 }
 
-}  // namespace
+// The 8-byte entries the tables hold at most, per dim: out * taps source indices and
+// weights; in + 1 row starts and up to out * taps (output, weight) pairs for the transpose.
+// In double: a caller's problem may ask for more than int64 counts.
+double table_entries(const UpsampleProblem& p) {
+  double entries = 0;
+  for (int d = 0; d < 3; ++d)
+    entries += 4.0 * static_cast<double>(p.out[d]) * p.taps() + static_cast<double>(p.in[d]) + 1;
+  return entries;
+}
 
-UpsampleTables upsample_tables(const UpsampleProblem& p, DType dtype) {
+[[noreturn]] void throw_tables_too_large(const UpsampleProblem& p) {
+  const double bytes = 8 * table_entries(p);
+  const auto requested = bytes < 0x1p63 ? static_cast<std::size_t>(bytes) : std::numeric_limits<std::size_t>::max();
+  throw OutOfMemory(detail::concat("upsample: out of host memory for the index tables of output size [", p.out[0],
+                                   ", ", p.out[1], ", ", p.out[2], "] (about ", bytes, " bytes)"),
+                    requested, 0);
+}
+
+UpsampleTables build_tables(const UpsampleProblem& p, DType dtype) {
   UpsampleTables t;
   const int K = p.taps();
   t.layout.taps = K;
@@ -110,6 +133,20 @@ UpsampleTables upsample_tables(const UpsampleProblem& p, DType dtype) {
   return t;
 }
 
+}  // namespace
+
+// The tables grow with the output's spatial size, not its element count: a size the output
+// tensor could hold may still need more host memory than there is. That is a typed error,
+// and sizes no vector can hold are refused before any allocation is tried.
+UpsampleTables upsample_tables(const UpsampleProblem& p, DType dtype) {
+  if (table_entries(p) > static_cast<double>(std::vector<int64_t>().max_size())) throw_tables_too_large(p);
+  try {
+    return build_tables(p, dtype);
+  } catch (const std::bad_alloc&) {
+    throw_tables_too_large(p);
+  }
+}
+
 void check_upsample_buffers(const char* op, const Tensor& y, const Tensor& x, const UpsampleProblem& p) {
   check_floating(op, x);
   check_same_device_dtype(op, x, y);
@@ -117,8 +154,11 @@ void check_upsample_buffers(const char* op, const Tensor& y, const Tensor& x, co
   for (int d = 0; d < 3; ++d) ok = ok && p.in[d] > 0 && p.out[d] > 0;
   TG_CHECK(ok, op, ": invalid problem NC=", p.NC, " in=[", p.in[0], ", ", p.in[1], ", ", p.in[2], "] out=[", p.out[0],
            ", ", p.out[1], ", ", p.out[2], "]");
-  TG_CHECK_AS(ShapeError, x.numel() == p.in_numel() && y.numel() == p.out_numel(), op, ": input ", describe(x),
-              " and output ", describe(y), " must hold ", p.in_numel(), " and ", p.out_numel(), " elements");
+  // Checked: a caller's problem may hold sizes whose product wraps.
+  const int64_t in_dims[] = {p.NC, p.in[0], p.in[1], p.in[2]}, out_dims[] = {p.NC, p.out[0], p.out[1], p.out[2]};
+  const int64_t in_numel = checked_numel(in_dims, op), out_numel = checked_numel(out_dims, op);
+  TG_CHECK_AS(ShapeError, x.numel() == in_numel && y.numel() == out_numel, op, ": input ", describe(x),
+              " and output ", describe(y), " must hold ", in_numel, " and ", out_numel, " elements");
 }
 
 // Profiler costs (core/profiler.h): nearest copies (0 FLOPs); bilinear and trilinear blend
@@ -185,14 +225,15 @@ Tensor upsample(const Tensor& x_in, const UpsampleParams& params) {
   for (int64_t s = 0; s < S; ++s) out_shape.push_back(p.out[first + s]);
   profile::OpScope scope(op, [&] { return upsample_info(p, x, S, false); });
   Tensor y = Tensor::empty(Shape(out_shape), {.dtype = x.dtype(), .device = x.device()});
-  TG_DISPATCH(x.device(), upsample_forward(y, x, p));
+  // An empty batch may ask for a huge size: the kernels' tables would hold it, the output not.
+  if (y.numel() > 0) TG_DISPATCH(x.device(), upsample_forward(y, x, p));
   if (should_record({x})) {
     const Shape in_shape = x.shape();
     record(op, {x}, {y}, {}, [op, p, in_shape, S](const BackwardArgs& args) {
       const Tensor& dy = args.grad_outputs[0];
       profile::OpScope scope(op, [&] { return upsample_info(p, dy, S, true); });
       Tensor dx = Tensor::empty(in_shape, {.dtype = dy.dtype(), .device = dy.device()});
-      TG_DISPATCH(dy.device(), upsample_backward(dx, dy, p));
+      if (dx.numel() > 0) TG_DISPATCH(dy.device(), upsample_backward(dx, dy, p));
       return std::vector<Tensor>{dx};
     });
   }

@@ -195,3 +195,29 @@ TEST(Upsample, ModuleAndErrors) {
   // An empty batch is fine.
   EXPECT_EQ(upsample_nearest(Tensor::empty({0, 3, 5, 7}, {.dtype = f64}), {2}).shape(), Shape({0, 3, 10, 14}));
 }
+
+// The kernels' tables grow with the output's spatial size: an empty batch, whose output holds
+// nothing whatever the size, must not build them (2^31 entries here), forward or backward.
+// f32: the byte count of an f64 [0, 1, 2^31, 2^29] would not fit in int64.
+TEST(Upsample, EmptyBatchWithAHugeSizeBuildsNoTables) {
+  const int64_t h = int64_t(1) << 31, w = int64_t(1) << 29;
+  for (UpsampleMode mode : {UpsampleMode::nearest, UpsampleMode::bilinear}) {
+    Tensor x = Tensor::empty({0, 1, 1, 1}, {.dtype = DType::f32}).requires_grad_();
+    Tape tape;
+    const Tensor y = upsample(x, {.mode = mode, .size = {h, w}});
+    EXPECT_EQ(y.shape(), Shape({0, 1, h, w}));
+    tape.backward(sum(y));
+    EXPECT_EQ(x.grad().shape(), Shape({0, 1, 1, 1}));
+    const UpsampleProblem p{.NC = 0, .in = {1, 1, 1}, .out = {1, h, w}, .mode = mode};
+    cpu::upsample_forward(y, x, p);  // the kernel entry itself
+  }
+}
+
+// Tables too large for any host are a typed out-of-memory error, raised before an
+// allocation is tried, not std::bad_alloc or std::length_error.
+TEST(Upsample, TablesTooLargeAreATypedError) {
+  const UpsampleProblem p{.NC = 1, .in = {1, 1, 1}, .out = {1, 1, int64_t(1) << 62}};
+  EXPECT_THROW(upsample_tables(p, DType::f32), OutOfMemory);
+  TG_EXPECT_ERROR(upsample_tables(p, DType::f32), "upsample: out of host memory for the index tables",
+                  "[1, 1, 4611686018427387904]");
+}
