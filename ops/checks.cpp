@@ -1,5 +1,7 @@
 #include "ops/checks.h"
 
+#include <cmath>
+
 #include "core/dtype_dispatch.h"
 
 namespace tg {
@@ -20,6 +22,10 @@ void check_same_device_and_dtype(const char* op, const Tensor& a, const Tensor& 
   TG_CHECK(a.defined() && b.defined(), op, ": an input is an undefined tensor");
   TG_CHECK_AS(DeviceError, a.device() == b.device(), op, ": tensors on different devices: ", describe(a), " and ", describe(b));
   TG_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, ": dtypes differ: ", describe(a), " and ", describe(b));
+}
+
+void check_eps(const char* op, double eps) {
+  TG_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and non-negative, got ", eps);
 }
 
 }  // namespace tg

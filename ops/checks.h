@@ -10,5 +10,8 @@ void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b); 
 // The same without the floating check, for the ops whose callers route half tensors to half
 // kernels (conv_bf16, linear_bf16_impl).
 void check_same_device_and_dtype(const char* op, const Tensor& a, const Tensor& b);
+// A normalization's eps: finite and non-negative (an infinite eps makes every rstd 0 and
+// the output silently constant; a NaN one makes it NaN).
+void check_eps(const char* op, double eps);  // Error
 
 }  // namespace tg

@@ -40,7 +40,7 @@ Conv3dGnMeanProblem make_conv3d_gn_mean_problem(const char* op, const Tensor& x,
   TG_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
   TG_CHECK_AS(ShapeError, K % groups == 0, op, ": the ", K, " output channels of weight ", w.shape(),
               " are not divisible into ", groups, " groups");
-  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  check_eps(op, eps);
   Conv3dGnMeanProblem p;
   // Stride 1, padding 0, dilation 1: the only geometry this op has.
   p.conv = make_conv_shape(op, x.shape(), w.shape(), ConvParams{});

@@ -1,8 +1,6 @@
 // layer_norm's public function: validation, device dispatch, the tape entry.
 #include "ops/layer_norm.h"
 
-#include <cmath>
-
 #include "autograd/tape.h"
 #include "core/profiler.h"
 #include "ops/checks.h"
@@ -22,7 +20,8 @@ void check_buffer(const char* op, const char* what, const Tensor& t, const Tenso
 }
 
 void check_problem(const char* op, const LayerNormProblem& p) {
-  TG_CHECK(p.M >= 0 && p.D > 0 && p.eps >= 0, op, ": invalid problem M=", p.M, " D=", p.D, " eps=", p.eps);
+  TG_CHECK(p.M >= 0 && p.D > 0, op, ": invalid problem M=", p.M, " D=", p.D);
+  check_eps(op, p.eps);
 }
 
 }  // namespace
@@ -76,7 +75,7 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
   for (int64_t i = 0; i < k; ++i)
     TG_CHECK_AS(ShapeError, x.size(x.dim() - k + i) == normalized_shape[static_cast<size_t>(i)], op,
                 ": normalized_shape ", ns, " does not match the trailing dims of input ", describe(x));
-  TG_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and non-negative, got ", eps);
+  check_eps(op, eps);
   const char* names[2] = {"weight", "bias"};
   const Tensor* params[2] = {&weight, &bias};
   for (int i = 0; i < 2; ++i) {

@@ -36,6 +36,7 @@ void check_group_norm_buffers(const char* op, const Tensor& x, const Tensor& mea
                               const Tensor& gamma, const Tensor& beta, const GroupNormProblem& p) {
   TG_CHECK(p.N >= 0 && p.C > 0 && p.HW > 0 && p.groups > 0 && p.C % p.groups == 0, op,
            ": invalid problem N=", p.N, " C=", p.C, " HW=", p.HW, " groups=", p.groups);
+  check_eps(op, p.eps);
   check_group_norm_x(op, x, mean);
   check_same_device_dtype(op, mean, rstd);
   TG_CHECK_AS(ShapeError, x.numel() == p.N * p.C * p.HW, op, ": ", describe(x), " does not hold N*C*HW = ",
@@ -132,7 +133,7 @@ Tensor group_norm_op(const char* op, const Tensor& x_in, const Tensor& gamma, co
   TG_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
   TG_CHECK_AS(ShapeError, C > 0 && C % groups == 0, op, ": ", C, " channels are not divisible into ", groups,
               " groups");
-  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  check_eps(op, eps);
   const char* names[2] = {"gamma", "beta"};
   const Tensor* params[2] = {&gamma, &beta};
   for (int i = 0; i < 2; ++i) {

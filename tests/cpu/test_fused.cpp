@@ -280,6 +280,10 @@ TEST(Conv3dGroupNormMean, BadArgumentsAreRejected) {
                   "kernel larger", "[2, 3, 2, 5, 5]");
   TG_EXPECT_ERROR(conv3d_group_norm_mean(in.x.to(f64), in.w, in.b, in.gamma, in.beta, 2), op, "f64", "f32");
   TG_EXPECT_ERROR(conv3d_group_norm_mean(in.x, in.w, in.b, in.gamma, in.beta, 2, -1.0), op, "eps");
+  // A non-finite eps would make rstd 0 (or NaN) and the output silently mean(beta).
+  for (double eps : {INFINITY, NAN})
+    TG_EXPECT_ERROR(conv3d_group_norm_mean(in.x, in.w, in.b, in.gamma, in.beta, 2, eps), op,
+                    ": eps must be finite and non-negative");
 }
 
 TEST(Conv3dGroupNormMeanModule, PyTorchNamesAndSameFunction) {

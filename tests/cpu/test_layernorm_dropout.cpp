@@ -147,6 +147,9 @@ TEST(LayerNorm, Errors) {
   Tensor y = Tensor::empty({4, 6}, {.dtype = f64}), mean = Tensor::empty({4}, {.dtype = f64});
   TG_EXPECT_ERROR(cpu::layer_norm_forward(y, mean, Tensor::empty({3}, {.dtype = f64}), x, Tensor(), Tensor(), p),
                   "layer_norm_forward: rstd f64[3] on cpu must hold 4 elements");
+  const LayerNormProblem inf_eps{.M = 4, .D = 6, .eps = INFINITY};
+  TG_EXPECT_ERROR(cpu::layer_norm_forward(y, mean, Tensor::empty({4}, {.dtype = f64}), x, Tensor(), Tensor(), inf_eps),
+                  "layer_norm_forward: eps must be finite and non-negative");
 }
 
 TEST(LayerNorm, ModuleNamesInitAndForward) {

@@ -124,7 +124,24 @@ TEST(GroupNorm, BadArgumentsAreRejected) {
   TG_EXPECT_ERROR(group_norm(x, random({6}), random({6, 1}), 3), "group_norm: beta [6, 1]");
   TG_EXPECT_ERROR(group_norm(x, random({6}, f32), Tensor(), 3), "group_norm", "dtypes differ", "f32[6]");
   TG_EXPECT_ERROR(group_norm(random({2, 6, 0}), Tensor(), Tensor(), 3), "group_norm", "empty spatial extent");
-  TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 3, -1.0), "group_norm: eps must be non-negative");
+  TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 3, -1.0), "group_norm: eps must be finite and non-negative");
+}
+
+// An infinite eps would make every rstd 0 and the output silently beta (zeros without it), a
+// NaN one NaN: both are rejected as layer_norm rejects them, by the op and by the kernels.
+TEST(GroupNorm, NonFiniteEpsIsRejected) {
+  const Tensor x = random({2, 6, 5});
+  for (double eps : {INFINITY, -INFINITY, NAN}) {
+    TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 3, eps), "group_norm: eps must be finite and non-negative");
+    TG_EXPECT_ERROR(group_norm_relu(x, Tensor(), Tensor(), 3, eps), "group_norm_relu: eps must be finite");
+    TG_EXPECT_ERROR(group_norm_add_relu(x, Tensor(), Tensor(), 3, random({2, 6, 5}), eps),
+                    "group_norm_add_relu: eps must be finite");
+    const GroupNormProblem p{.N = 2, .C = 6, .HW = 5, .groups = 3, .eps = eps};
+    Tensor y = Tensor::empty({2, 6, 5}, {.dtype = f64});
+    Tensor mean = Tensor::empty({2, 3}, {.dtype = f64}), rstd = Tensor::empty({2, 3}, {.dtype = f64});
+    TG_EXPECT_ERROR(cpu::group_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), p),
+                    "group_norm_forward: eps must be finite");
+  }
 }
 
 // group_norm_relu is relu(group_norm(...)) in one op: the same values and, with the ReLU's
