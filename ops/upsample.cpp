@@ -154,6 +154,13 @@ void check_upsample_buffers(const char* op, const Tensor& y, const Tensor& x, co
   for (int d = 0; d < 3; ++d) ok = ok && p.in[d] > 0 && p.out[d] > 0;
   TG_CHECK(ok, op, ": invalid problem NC=", p.NC, " in=[", p.in[0], ", ", p.in[1], ", ", p.in[2], "] out=[", p.out[0],
            ", ", p.out[1], ", ", p.out[2], "]");
+  // A scale factor, where one was given, must be the one the output size came from, as
+  // upsample() builds it: a tiny or NaN one would send the source indices out of the input.
+  for (int d = 0; d < 3; ++d)
+    TG_CHECK(p.scale[d] == 0 || (std::isfinite(p.scale[d]) && p.scale[d] > 0 &&
+                                 std::floor(static_cast<double>(p.in[d]) * p.scale[d]) == static_cast<double>(p.out[d])),
+             op, ": invalid problem: scale factor ", p.scale[d], " does not give output size ", p.out[d],
+             " from input size ", p.in[d]);
   // Checked: a caller's problem may hold sizes whose product wraps.
   const int64_t in_dims[] = {p.NC, p.in[0], p.in[1], p.in[2]}, out_dims[] = {p.NC, p.out[0], p.out[1], p.out[2]};
   const int64_t in_numel = checked_numel(in_dims, op), out_numel = checked_numel(out_dims, op);

@@ -192,6 +192,15 @@ TEST(Upsample, ModuleAndErrors) {
   UpsampleProblem p{.NC = 6, .in = {1, 5, 7}, .out = {1, 10, 14}};
   Tensor y = Tensor::empty({2, 3, 10, 13}, {.dtype = f64});
   TG_EXPECT_ERROR(cpu::upsample_forward(y, x, p), "upsample_forward: input", "must hold 210 and 840 elements");
+  // A caller's scale factor must give its output size: 1e-300 would read index 2^63 and more.
+  Tensor y2 = Tensor::empty({2, 3, 10, 14}, {.dtype = f64});
+  for (double bad : {1e-300, -2.0, std::nan(""), 3.0}) {
+    const UpsampleProblem scaled{.NC = 6, .in = {1, 5, 7}, .out = {1, 10, 14}, .scale = {0, bad, 2}};
+    TG_EXPECT_ERROR(cpu::upsample_forward(y2, x, scaled), "upsample_forward: invalid problem: scale factor");
+  }
+  const UpsampleProblem scaled{.NC = 6, .in = {1, 5, 7}, .out = {1, 10, 14}, .scale = {0, 2, 2}};
+  cpu::upsample_forward(y2, x, scaled);
+  expect_all_near(y2.to_vector<double>(), upsample_nearest(x, {2}).to_vector<double>(), 0);
   // An empty batch is fine.
   EXPECT_EQ(upsample_nearest(Tensor::empty({0, 3, 5, 7}, {.dtype = f64}), {2}).shape(), Shape({0, 3, 10, 14}));
 }
