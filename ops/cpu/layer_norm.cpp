@@ -4,7 +4,8 @@
 // Backward, per row with xhat = (x - mean) * rstd and g = weight * dy:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy
-// The CUDA kernels use the same formulas.
+// The CUDA kernels use the same formulas. Backward recomputes each row's mean in double
+// rather than read the saved one, rounded to x's dtype (see row_means).
 //
 // Threads split the rows (forward, and dx in backward); dweight and dbias are a second pass
 // that splits the columns, each summing its rows in order.
@@ -16,6 +17,24 @@
 #include "ops/layer_norm.h"
 
 namespace tg::cpu {
+namespace {
+
+// Each row's mean in double, summed as the forward sums it. The saved mean is rounded to x's
+// dtype: for rows with a large common offset that rounding shifts every xhat by
+// ulp(offset) * rstd, which can be of the order of xhat itself, so backward recomputes it.
+template <class T>
+std::vector<double> row_means(const T* px, int64_t M, int64_t D) {
+  std::vector<double> mus(static_cast<size_t>(M));
+  parallel_for(M, D, [&](int64_t r) {
+    const T* xr = px + r * D;
+    double s = 0;
+    for (int64_t i = 0; i < D; ++i) s += xr[i];
+    mus[static_cast<size_t>(r)] = s / double(D);
+  });
+  return mus;
+}
+
+}  // namespace
 
 void layer_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                         const Tensor& weight, const Tensor& bias, const LayerNormProblem& p) {
@@ -55,14 +74,14 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     const int64_t D = p.D;
     const T* px = x.data<T>();    // (M, D)
     const T* pdy = dy.data<T>();  // (M, D)
-    const T* pmean = mean.data<T>();
+    const std::vector<double> mus = row_means(px, p.M, D);
     const T* prstd = rstd.data<T>();
     if (dx.defined()) {
       T* pdx = dx.data<T>();
       parallel_for(p.M, 4 * D, [&](int64_t r) {
         const T* xr = px + r * D;
         const T* dyr = pdy + r * D;
-        const double mu = pmean[r], rs = prstd[r];
+        const double mu = mus[static_cast<size_t>(r)], rs = prstd[r];
         double sg = 0, sgx = 0;  // sum(g), sum(g * xhat)
         for (int64_t i = 0; i < D; ++i) {
           const double xhat = (xr[i] - mu) * rs;
@@ -87,7 +106,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       for (int64_t r = 0; r < p.M; ++r) {
         const T* xr = px + r * D;
         const T* dyr = pdy + r * D;
-        const double mu = pmean[r], rs = prstd[r];
+        const double mu = mus[static_cast<size_t>(r)], rs = prstd[r];
         for (int64_t i = i0; i < i1; ++i) {
           const double xhat = (xr[i] - mu) * rs;
           wsum[static_cast<size_t>(i - i0)] += double(dyr[i]) * xhat;

@@ -66,7 +66,6 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
     using T = TG_ELEMENT_TYPE(tag);
     const T* px = x.data<T>();    // (N, C, HW)
     const T* pdy = dy.data<T>();  // (N, C, HW)
-    const T* pm = mean.data<T>();  // (N, G)
     const T* pr = rstd.data<T>();  // (N, G)
     const T* pg = gamma.defined() ? gamma.data<T>() : nullptr;  // (C)
     const T* py = p.relu ? y.data<T>() : nullptr;              // (N, C, HW): dy counts where y > 0
@@ -77,8 +76,13 @@ void group_norm_backward(const Tensor& dx, const Tensor& dgamma, const Tensor& d
     parallel_for(p.N * G, 4 * M, [&](int64_t ng) {
       const int64_t n = ng / G;
       const int64_t g = ng % G;
-      const double mu = pm[ng], rs = pr[ng];
       const T* xg = px + ng * M;
+      // The group's mean in double, summed as the forward sums it: the saved one is rounded
+      // to x's dtype, and with a large common offset that rounding shifts every (x - mean)
+      // by ulp(offset), which can be of the order of the deviations themselves.
+      double sum_x = 0;
+      for (int64_t i = 0; i < M; ++i) sum_x += xg[i];
+      const double mu = sum_x / static_cast<double>(M), rs = pr[ng];
       // The gradient reaching the normalization: dy, or with the ReLU dy where y > 0.
       std::vector<T> masked;
       const T* dyg = pdy + ng * M;

@@ -76,6 +76,28 @@ TEST(LayerNorm, LargeMeanKeepsItsPrecision) {
   expect_all_near(y.to_vector<double>(), layer_norm_loop(x.to(f64), 257, Tensor(), Tensor(), 1e-5), 2e-3);
 }
 
+// The same in backward: rows of 1e4 plus a few ulps. Its gradients against the same op in
+// f64 on the same values (exact means there); a mean rounded to f32 shifts every xhat by
+// ulp(1e4) * rstd, of the order of xhat itself here.
+TEST(LayerNorm, LargeMeanKeepsItsPrecisionInBackward) {
+  const float ulp = std::nextafter(1e4f, 2e4f) - 1e4f;
+  std::vector<float> v(3 * 8);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 1e4f + ulp * float(i % 3 + (i / 8 == 1 ? 1 : 0));
+  const Tensor c = random({3, 8}, f64);
+  const Tensor w0 = random({8}, f64);
+  std::vector<std::vector<double>> grads;
+  for (DType t : {f32, f64}) {
+    Tensor x = from_vector(v, {3, 8}).to(t).requires_grad_();
+    Tensor w = w0.to(t).requires_grad_();
+    Tape tape;
+    tape.backward(sum(layer_norm(x, {8}, w) * c.to(t)));
+    grads.push_back(x.grad().to_vector<double>());
+    grads.push_back(w.grad().to_vector<double>());
+  }
+  expect_all_near(grads[0], grads[2], 2e-3);  // dx: f32 against f64
+  expect_all_near(grads[1], grads[3], 2e-3);  // dweight
+}
+
 TEST(LayerNorm, GradcheckAtOddShapes) {
   manual_seed(2);
   struct Case {

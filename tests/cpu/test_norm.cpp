@@ -113,6 +113,27 @@ TEST(GroupNorm, ParameterGradientsMatchDefinition) {
   expect_all_near(beta.grad().to_vector<double>(), db, 1e-12);
 }
 
+// Groups of 1e4 plus a few ulps: f32 gradients against the same op in f64 on the same
+// values. A mean rounded to f32 would shift every deviation by ulp(1e4), of their order.
+TEST(GroupNorm, LargeMeanKeepsItsPrecisionInBackward) {
+  const float ulp = std::nextafter(1e4f, 2e4f) - 1e4f;
+  std::vector<float> v(2 * 4 * 3);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 1e4f + ulp * float(i % 4);  // group means 7/6, 11/6 ulps
+  const Tensor c = random({2, 4, 3}, f64);
+  const Tensor gamma0 = random({4}, f64);
+  std::vector<std::vector<double>> grads;
+  for (DType t : {f32, f64}) {
+    Tensor x = from_vector(v, {2, 4, 3}).to(t).requires_grad_();
+    Tensor gamma = gamma0.to(t).requires_grad_();
+    Tape tape;
+    tape.backward(sum(group_norm(x, gamma, Tensor(), 2) * c.to(t)));
+    grads.push_back(x.grad().to_vector<double>());
+    grads.push_back(gamma.grad().to_vector<double>());
+  }
+  expect_all_near(grads[0], grads[2], 2e-3);  // dx: f32 against f64
+  expect_all_near(grads[1], grads[3], 2e-3);  // dgamma
+}
+
 TEST(GroupNorm, BadArgumentsAreRejected) {
   Tensor x = random({2, 6, 5});
   TG_EXPECT_ERROR(group_norm(x, Tensor(), Tensor(), 4), "group_norm: 6 channels are not divisible into 4 groups");
