@@ -24,11 +24,11 @@ const std::string kLrKey = "tapegrad.optimizer.lr";
 // Every param group's lr, comma-separated in group order. A schedule may have brought one
 // to 0, which the single lr key (set_lr's rule) refuses: this key holds any finite lr >= 0.
 const std::string kGroupLrsKey = "tapegrad.optimizer.param_group_lrs";
-// Every parameter's step_count(i), comma-separated in parameter order: SGD's state (as
-// PyTorch's) has no step entries, so without this key its counts could not be restored.
 // Every param group's initial lr (Optimizer::initial_lr, the base of its schedules),
 // comma-separated in group order; an empty field for a group that has none.
 const std::string kGroupInitialLrsKey = "tapegrad.optimizer.param_group_initial_lrs";
+// Every parameter's step_count(i), comma-separated in parameter order: SGD's state (as
+// PyTorch's) has no step entries, so without this key its counts could not be restored.
 const std::string kParamStepCountsKey = "tapegrad.optimizer.param_step_counts";
 
 std::string optimizer_kind(const nn::Optimizer& o) { return o.name(); }
@@ -86,23 +86,25 @@ std::vector<std::string_view> split_commas(const std::string& text) {
   }
 }
 
-// Metadata kGroupInitialLrsKey: one initial lr per group, finite and >= 0, or empty (none).
-std::vector<std::optional<double>> parse_initial_lrs(const std::string& text, size_t groups, const std::string& path) {
+// Metadata `key` (kGroupLrsKey, kGroupInitialLrsKey): one lr per param group, finite and
+// >= 0; with `empty_allowed`, an empty field for a group that has none (nullopt).
+std::vector<std::optional<double>> parse_group_lrs(const std::string& text, const std::string& key,
+                                                   bool empty_allowed, size_t groups, const std::string& path) {
   std::vector<std::optional<double>> lrs;
   for (std::string_view field : split_commas(text)) {
-    if (field.empty()) {
+    if (empty_allowed && field.empty()) {
       lrs.emplace_back();
       continue;
     }
     double v = 0;
     auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
     TG_CHECK(ec == std::errc() && end == field.data() + field.size() && std::isfinite(v) && v >= 0, "tg::load: '",
-             path, "': metadata ", kGroupInitialLrsKey, " = \"", json_text(text),
-             "\" is not a list of finite lrs >= 0 (or empty fields)");
+             path, "': metadata ", key, " = \"", json_text(text), "\" is not a list of finite lrs >= 0",
+             empty_allowed ? " (or empty fields)" : "");
     lrs.push_back(v);
   }
-  TG_CHECK(lrs.size() == groups, "tg::load: '", path, "' holds the initial lrs of ", lrs.size(),
-           " param groups but the optimizer has ", groups);
+  TG_CHECK(lrs.size() == groups, "tg::load: '", path, "' holds the ", key == kGroupLrsKey ? "lrs" : "initial lrs",
+           " of ", lrs.size(), " param groups but the optimizer has ", groups);
   return lrs;
 }
 
@@ -394,27 +396,16 @@ void load(nn::Module& module, nn::Optimizer& optimizer, const std::string& path)
     }
   }
   std::vector<double> group_lrs;
-  if (group_lrs_text) {
-    const std::string& t = *group_lrs_text;
-    for (size_t begin = 0; begin <= t.size();) {
-      size_t end = t.find(',', begin);
-      if (end == std::string::npos) end = t.size();
-      double v = 0;
-      auto [vend, vec] = std::from_chars(t.data() + begin, t.data() + end, v);
-      TG_CHECK(vec == std::errc() && vend == t.data() + end && std::isfinite(v) && v >= 0, "tg::load: '", path,
-               "': metadata ", kGroupLrsKey, " = \"", json_text(t), "\" is not a list of finite lrs >= 0");
-      group_lrs.push_back(v);
-      begin = end + 1;
-    }
-    TG_CHECK(group_lrs.size() == optimizer.num_param_groups(), "tg::load: '", path, "' holds the lrs of ",
-             group_lrs.size(), " param groups but the optimizer has ", optimizer.num_param_groups());
-  }
+  if (group_lrs_text)
+    for (const std::optional<double>& v :
+         parse_group_lrs(*group_lrs_text, kGroupLrsKey, false, optimizer.num_param_groups(), path))
+      group_lrs.push_back(*v);
 
   // The initial lrs (the base of schedules built after the load). Files without them
   // (written before the key existed) leave the optimizer's as they are.
   std::optional<std::vector<std::optional<double>>> initial_lrs;
   if (const std::string* text = h.find_metadata(kGroupInitialLrsKey))
-    initial_lrs = parse_initial_lrs(*text, optimizer.num_param_groups(), path);
+    initial_lrs = parse_group_lrs(*text, kGroupInitialLrsKey, true, optimizer.num_param_groups(), path);
   // Per-parameter step counts, checked against the state by Optimizer::load_state. Files
   // without them (written before the key existed) leave the optimizer's fallback.
   std::optional<std::vector<int64_t>> step_counts;
