@@ -1,4 +1,5 @@
-// The profiler's recording side: phases, op scopes, GPU events, the report and the trace.
+// The profiler's recording side: phases, op scopes, GPU events and the report (the trace:
+// core/profiler_trace.cpp).
 // The ceilings (peak rates) are measured with ops (tg::matmul) and live in
 // ops/profiler_ceilings.cpp, so that this file needs nothing above core.
 #include "core/profiler.h"
@@ -9,14 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <ostream>
 
 #include "core/cuda_graph.h"
 #include "core/error.h"
-#include "core/json.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 #if TG_CUDA
@@ -367,19 +366,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string shapes_json(const std::vector<Shape>& shapes) {
-  std::string s = "[";
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    s += i ? ",[" : "[";
-    for (size_t j = 0; j < shapes[i].dims().size(); ++j) {
-      if (j) s += ',';
-      s += std::to_string(shapes[i].dims()[j]);
-    }
-    s += "]";
-  }
-  return s + "]";
-}
-
 }  // namespace
 
 void Profiler::report(std::ostream& os) {
@@ -449,43 +435,6 @@ void Profiler::report(std::ostream& os) {
   if (!have_peaks.empty())
     os << "GPU device times: " << (device_times_from_cupti() ? "CUPTI activity records (each op's kernels, copies and memsets)"
                                                               : "CUDA events around each op") << "\n";
-}
-
-void Profiler::write_trace(const std::string& path) {
-  const std::vector<Record>& recs = records();
-  // Tracks: GPU d is tid d + 1 (its tapegrad stream), CPU thread k is tid 1000 + k.
-  auto tid = [](const Record& r) { return r.device.is_cuda() ? r.device.index + 1 : 1000 + r.thread; };
-  std::map<int, std::string> tracks;
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-  bool first = true;
-  for (const Record& r : recs) {
-    if (r.ms < 0) continue;
-    const int t = tid(r);
-    if (!tracks.count(t))
-      tracks[t] = r.device.is_cuda() ? r.device.str() + " (tapegrad stream)" : "cpu thread " + std::to_string(r.thread);
-    out += first ? "\n" : ",\n";
-    first = false;
-    // Op names come from user code (record(), an optimizer's name()): the trace must parse
-    // whatever bytes they hold.
-    out += "{\"name\":" + json::quote(json::with_replacement_characters(r.op)) + ",\"cat\":\"" +
-           profile::phase_name(r.phase) + "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + std::to_string(t) +
-           ",\"ts\":" + fmt("%.3f", r.start_us) +
-           ",\"dur\":" + fmt("%.3f", r.ms * 1e3) + ",\"args\":{\"phase\":\"" + profile::phase_name(r.phase) +
-           "\",\"device\":\"" + r.device.str() + "\",\"shapes\":" + shapes_json(r.input_shapes) +
-           ",\"flops\":" + fmt("%.17g", r.flops) + ",\"bytes\":" + fmt("%.17g", r.bytes) + "}}";
-  }
-  for (const auto& [t, name] : tracks) {
-    out += first ? "\n" : ",\n";
-    first = false;
-    out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" + std::to_string(t) +
-           ",\"args\":{\"name\":" + json::quote(name) + "}}";
-  }
-  out += "\n]}\n";
-  std::ofstream f(path, std::ios::binary);
-  TG_CHECK_AS(IOError, f.good(), "Profiler::write_trace: cannot open ", path, " for writing");
-  f << out;
-  f.close();
-  TG_CHECK_AS(IOError, f.good(), "Profiler::write_trace: failed writing ", path);
 }
 
 // Where the ceilings are cached (a user setting, read here in core; ops/profiler_ceilings.cpp
