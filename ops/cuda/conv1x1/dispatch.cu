@@ -51,8 +51,8 @@ bool conv1x1_applies(const ConvShape& s) {
 bool conv1x1_applies(const ConvShape& s, DType dtype) { return dtype == DType::f32 && conv1x1_applies(s); }
 
 bool conv1x1_runs_on_tma(const Tensor& out, const Tensor& in, const ConvShape& s, bool grad_input) {
-  if (!out.defined() || !in.defined() || !conv1x1_applies(s) || out.dtype() != DType::f32 || in.dtype() != DType::f32 || !out.device().is_cuda() ||
-      !kernel_policy().conv1x1.tma)
+  if (!out.defined() || !in.defined() || !conv1x1_applies(s) || out.dtype() != DType::f32 ||
+      in.dtype() != DType::f32 || !out.device().is_cuda() || !kernel_policy().conv1x1.tma)
     return false;
   const int64_t M = grad_input ? s.C : s.K, R = grad_input ? s.K : s.C;
   const PointwiseTmaProblem q{const_cast<float*>(out.data<float>()), in.data<float>(), nullptr, 0, 0, nullptr, s.N,
